@@ -4,7 +4,8 @@ Pool semantics. Each sequence has its own pool (no cross-request leakage, freed 
 request). The pool maps every n-gram (1 <= n <= max_ngram) of the committed tokens to the
 position just after one of its occurrences. A query takes the longest suffix of the sequence
 (max_ngram tokens down to 1) that occurred before, and proposes the tokens that followed that
-occurrence, up to the budget. With `prefer="latest"` (default) the most recent earlier
+occurrence, up to the budget; a continuation that runs into the end of the sequence continues
+periodically (copy with overlap), so repetitive text gets full-length drafts. With `prefer="latest"` (default) the most recent earlier
 occurrence wins, which suits editing and repetitive code; `prefer="oldest"` keeps the first.
 Indexing is incremental: each committed token is indexed once, so a step costs O(new tokens x
 max_ngram), not O(sequence length).
@@ -50,5 +51,11 @@ class NGramIndex:
         for n in range(min(self.max_ngram, len(toks) - 1), 0, -1):
             start = self._pool.get(tuple(toks[-n:]))
             if start is not None:
-                return toks[start : start + budget]
+                # Copy with overlap (like LZ77): a match close to the end continues into the
+                # draft itself, so periodic text ("abcabc...") gets full-length drafts.
+                out: list[int] = []
+                for j in range(budget):
+                    i = start + j
+                    out.append(toks[i] if i < len(toks) else out[i - len(toks)])
+                return out
         return []

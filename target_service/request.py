@@ -101,6 +101,8 @@ class Request:
     draft_probs: list[tuple[list[int], list[float]]] | None = None
     # Set by the executor when padding: how many of `draft_tokens` are real this step.
     num_real_drafts: int = 0
+    # Set by the scheduler: drafts this step's token budget leaves room for.
+    step_draft_cap: int = 0
     stats: SpecStats = field(default_factory=SpecStats)
     finish_reason: str | None = None
     generator: torch.Generator | None = None
@@ -117,10 +119,15 @@ class Request:
         return len(self.prompt_ids) + len(self.output_ids)
 
     @property
-    def draft_budget(self) -> int:
-        """Draft tokens this request may use this step (never past max_new_tokens)."""
+    def useful_drafts(self) -> int:
+        """Drafts that could be used at all (never past max_new_tokens)."""
         remaining = self.max_new_tokens - len(self.output_ids) - 1
         return max(0, min(self.max_draft_len, remaining))
+
+    @property
+    def draft_budget(self) -> int:
+        """Draft tokens a drafter may propose for this request this step."""
+        return min(self.useful_drafts, self.step_draft_cap)
 
     @property
     def finished(self) -> bool:

@@ -71,6 +71,13 @@ class ModelConfig:
     def from_hf_dict(cls, cfg: dict[str, Any]) -> ModelConfig:
         """Build from a Hugging Face config.json dictionary."""
         archs = cfg.get("architectures") or [_arch_from_model_type(cfg.get("model_type", ""))]
+        if archs[0] not in SUPPORTED_ARCHITECTURES:
+            # Checked before the fields: another family's config lacks llama's keys, and
+            # "unsupported architecture" is the message that helps.
+            raise ModelError(
+                f"unsupported architecture {archs[0]!r} "
+                f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+            )
         if cfg.get("sliding_window") and cfg.get("use_sliding_window", True) and (
             cfg.get("model_type") == "mistral"
         ):

@@ -1,0 +1,113 @@
+"""`specwire drafter`: run the drafter service.
+
+Every flag can also come from an environment variable (for docker compose); a flag on the
+command line wins over the environment, which wins over the default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import threading
+
+from drafter_service.config import DRAFTER_KINDS, DrafterServiceConfig
+
+_DEFAULTS = DrafterServiceConfig()
+
+# (flag, environment variable, type, config field, help)
+_FLAGS: tuple[tuple[str, str, type, str, str], ...] = (
+    ("--host", "SPECWIRE_DRAFTER_HOST", str, "host", "address to listen on"),
+    ("--port", "SPECWIRE_DRAFTER_PORT", int, "port", "port to listen on (0 = any free port)"),
+    ("--drafter", "SPECWIRE_DRAFTER", str, "drafter", DRAFTER_KINDS),
+    (
+        "--max-draft-len",
+        "SPECWIRE_MAX_DRAFT_LEN",
+        int,
+        "max_draft_len",
+        "most draft tokens per sequence per step",
+    ),
+    ("--max-ngram", "SPECWIRE_MAX_NGRAM", int, "max_ngram", "ngram: longest n-gram matched"),
+    (
+        "--prefer",
+        "SPECWIRE_NGRAM_PREFER",
+        str,
+        "prefer",
+        "ngram: which earlier match wins (latest | oldest)",
+    ),
+    ("--device", "SPECWIRE_DRAFTER_DEVICE", str, "device", "model drafters: cpu | cuda[:N]"),
+    (
+        "--dtype",
+        "SPECWIRE_DRAFTER_DTYPE",
+        str,
+        "dtype",
+        "model drafters: auto (float32 on CPU, bfloat16 on CUDA) | float32 | bfloat16 | ...",
+    ),
+    (
+        "--kv-blocks",
+        "SPECWIRE_DRAFTER_KV_BLOCKS",
+        int,
+        "kv_blocks",
+        "model drafters: KV cache blocks shared by all sessions",
+    ),
+    (
+        "--draft-probs-top-n",
+        "SPECWIRE_DRAFT_PROBS_TOP_N",
+        int,
+        "draft_probs_top_n",
+        "model drafters: 0 = greedy, no draft probabilities (default); N > 0 = sample each draft "
+        "token from the top-N softmax and send that distribution (for rejection sampling)",
+    ),
+    ("--seed", "SPECWIRE_DRAFTER_SEED", int, "seed", "seed for sampling drafters"),
+    (
+        "--session-ttl",
+        "SPECWIRE_SESSION_TTL",
+        float,
+        "session_ttl_s",
+        "seconds an idle session is kept",
+    ),
+    (
+        "--delay-ms",
+        "SPECWIRE_DRAFTER_DELAY_MS",
+        float,
+        "delay_ms",
+        "injected delay per draft call, for tests and benchmarks",
+    ),
+)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "drafter",
+        help="run the drafter service",
+        description="Serve draft tokens over gRPC (specwire.v1.Drafter).",
+    )
+    for flag, env, typ, fieldname, text in _FLAGS:
+        default = os.environ.get(env, getattr(_DEFAULTS, fieldname))
+        # argparse applies `type` to string defaults too, so a bad env value fails like a flag.
+        p.add_argument(
+            flag,
+            type=typ,
+            default=default,
+            dest=fieldname,
+            help=f"{text} [env {env}; default %(default)s]",
+        )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from drafter_service.server import serve
+
+    config = DrafterServiceConfig(**{f[3]: getattr(args, f[3]) for f in _FLAGS})
+    running = serve(config)
+    print(
+        f"specwire drafter listening on {config.host}:{running.port} "
+        f"(drafter={running.engine.drafter.name})",
+        flush=True,
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    running.stop(grace=2.0)
+    return 0

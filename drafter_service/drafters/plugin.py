@@ -1,0 +1,91 @@
+"""User drafters loaded by import path: `--drafter mypkg.mymodule:MyDrafter`.
+
+The class is instantiated with no arguments and must provide the `SessionDrafter` methods
+(subclassing `drafter_service.drafters.base.SessionDrafter` is the easy way, but duck typing
+works too):
+
+    new_state() -> state                    a fresh per-session state
+    extend(state, tokens: list[int])        committed tokens, appended in order
+    propose(state, budget: int, want_probs: bool = False)
+        -> (tokens: list[int], probs: list[(ids, probs)] | None)
+
+Optional: `propose_batch`, `release(state)`, `check_integrity(states)`, `close()`, and the
+handshake attributes `name`, `vocab_size` (0 = any), `tokenizer_fingerprint` ("" = any),
+`capabilities`. Missing optional parts get the `SessionDrafter` defaults.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from typing import Any
+
+from common.errors import UserError
+from drafter_service.drafters.base import Proposal, SessionDrafter
+
+_REQUIRED = ("new_state", "extend", "propose")
+
+
+def load_plugin(spec: str) -> SessionDrafter:
+    """Import `module:Class`, instantiate it and adapt it to `SessionDrafter`."""
+    module_name, _, class_name = spec.partition(":")
+    if not module_name or not class_name.isidentifier():
+        raise UserError(f"--drafter {spec!r}: expected ngram, model:NAME or module:Class")
+    # Like `python -m`, let plugins live in the directory the service is started from.
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UserError(f"--drafter {spec!r}: cannot import {module_name!r}: {exc}") from exc
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        raise UserError(f"--drafter {spec!r}: module {module_name!r} has no {class_name!r}")
+    try:
+        obj = cls()
+    except Exception as exc:
+        raise UserError(f"--drafter {spec!r}: {class_name}() failed: {exc}") from exc
+    if isinstance(obj, SessionDrafter):
+        return obj
+    missing = [m for m in _REQUIRED if not callable(getattr(obj, m, None))]
+    if missing:
+        raise UserError(f"--drafter {spec!r}: {class_name} lacks {', '.join(missing)}()")
+    return _DuckDrafter(obj, default_name=spec)
+
+
+class _DuckDrafter(SessionDrafter):
+    """Adapts a duck-typed plugin object, filling in the optional parts."""
+
+    def __init__(self, obj: Any, default_name: str) -> None:
+        self._obj = obj
+        self.name = str(getattr(obj, "name", default_name))
+        self.vocab_size = int(getattr(obj, "vocab_size", 0))
+        self.tokenizer_fingerprint = str(getattr(obj, "tokenizer_fingerprint", ""))
+        self.capabilities = tuple(getattr(obj, "capabilities", ()))
+
+    def new_state(self) -> Any:
+        return self._obj.new_state()
+
+    def extend(self, state: Any, tokens: list[int]) -> None:
+        self._obj.extend(state, tokens)
+
+    def propose(self, state: Any, budget: int, want_probs: bool = False) -> Proposal:
+        return self._obj.propose(state, budget, want_probs)
+
+    def propose_batch(self, states, budgets, want_probs=False) -> list[Proposal]:
+        if callable(getattr(self._obj, "propose_batch", None)):
+            return list(self._obj.propose_batch(states, budgets, want_probs))
+        return super().propose_batch(states, budgets, want_probs)
+
+    def release(self, state: Any) -> None:
+        if callable(getattr(self._obj, "release", None)):
+            self._obj.release(state)
+
+    def check_integrity(self, live_states) -> None:
+        if callable(getattr(self._obj, "check_integrity", None)):
+            self._obj.check_integrity(live_states)
+
+    def close(self) -> None:
+        if callable(getattr(self._obj, "close", None)):
+            self._obj.close()

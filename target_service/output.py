@@ -1,0 +1,128 @@
+"""Turning committed tokens into what the client sees: text deltas, stop rules, events.
+
+A request finishes at EOS (unless ignored), at max_new_tokens, when the context is full, or
+when its text contains a stop string (the stop string itself is not returned, and text that
+might be the start of a stop string is held back until it is known not to be).
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from dataclasses import dataclass, field
+
+from common.tokenizer import IncrementalDecoder, Tokenizer
+from target_service.request import Request, SpecStats
+
+
+@dataclass
+class Chunk:
+    token_ids: list[int]
+    text: str
+    draft_tokens: int
+    accepted_tokens: int
+    step: int
+
+
+@dataclass
+class Complete:
+    finish_reason: str  # "eos" | "length" | "stop" | "context" | "cancelled"
+    prompt_tokens: int
+    completion_tokens: int
+    stats: SpecStats
+    text: str
+    time_to_first_token_s: float
+    total_time_s: float
+    token_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Failed:
+    code: str  # gRPC status code name
+    message: str
+
+
+Event = Chunk | Complete | Failed
+
+
+class OutputStream:
+    """Per-request output state, owned by the executor; events go to `events` (thread-safe)."""
+
+    def __init__(self, request: Request, tokenizer: Tokenizer, eos_ids: set[int], max_context: int):
+        self.request = request
+        self.events: queue.Queue[Event] = queue.Queue()
+        self.decoder = IncrementalDecoder(tokenizer)
+        self.eos_ids = eos_ids
+        self.max_context = max_context
+        self.text = ""  # everything decoded so far (stop strings cut it)
+        self.sent = 0  # characters of `text` already streamed
+
+    def commit(self, new_tokens: list[int], drafted: int, accepted: int, step: int) -> bool:
+        """Append verified tokens, stream a chunk; True when the request finished."""
+        req = self.request
+        if req.first_token_time is None:
+            req.first_token_time = time.monotonic()
+        kept: list[int] = []
+        reason = None
+        for tok in new_tokens:
+            req.output_ids.append(tok)
+            kept.append(tok)
+            if tok in self.eos_ids and not req.ignore_eos:
+                reason = "eos"
+            elif len(req.output_ids) >= req.max_new_tokens:
+                reason = "length"
+            elif req.num_tokens >= self.max_context:
+                reason = "context"
+            if reason:
+                break
+        ids_for_text = kept[:-1] if reason == "eos" else kept
+        self.text += self.decoder.feed_many(ids_for_text)
+        if reason:
+            self.text += self.decoder.flush()
+        stop_at = self._find_stop()
+        if stop_at is not None:
+            self.text = self.text[:stop_at]
+            reason = "stop"
+        visible = len(self.text) if reason else len(self.text) - self._held_back()
+        delta = self.text[self.sent : max(self.sent, visible)]
+        self.sent = max(self.sent, visible)
+        self.events.put(Chunk(kept, delta, drafted, min(accepted, len(kept)), step))
+        if reason:
+            self.finish(reason)
+            return True
+        return False
+
+    def _find_stop(self) -> int | None:
+        hits = [i for s in self.request.stop if s and (i := self.text.find(s, 0)) >= 0]
+        return min(hits) if hits else None
+
+    def _held_back(self) -> int:
+        """Length of the longest text suffix that is a proper prefix of a stop string."""
+        best = 0
+        for s in self.request.stop:
+            for n in range(min(len(s) - 1, len(self.text)), best, -1):
+                if self.text.endswith(s[:n]):
+                    best = n
+                    break
+        return best
+
+    def finish(self, reason: str) -> None:
+        req = self.request
+        now = time.monotonic()
+        req.finish_reason = reason
+        ttft = (req.first_token_time or now) - req.arrival_time
+        self.events.put(
+            Complete(
+                finish_reason=reason,
+                prompt_tokens=len(req.prompt_ids),
+                completion_tokens=len(req.output_ids),
+                stats=req.stats,
+                text=self.text,
+                time_to_first_token_s=ttft,
+                total_time_s=now - req.arrival_time,
+                token_ids=list(req.output_ids),
+            )
+        )
+
+    def fail(self, code: str, message: str) -> None:
+        self.events.put(Failed(code, message))

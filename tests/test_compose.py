@@ -1,0 +1,261 @@
+"""docker-compose.yml: it validates, it says what we mean, and its services really run.
+
+There is no Docker engine in CI, so the file is checked three ways:
+- `docker-compose config` (or `docker compose config`) validates it, GPU profile included
+  (scripts/ci-deps.sh installs Debian's docker-compose; skipped with the reason when missing);
+- its structure: health checks through `python -m common.healthcheck`, the target waiting for a
+  healthy drafter, published ports, a `gpu` profile reserving an NVIDIA GPU;
+- each (non-profile) service's command runs as a local process with the service's environment,
+  the hostname `drafter` mapped to 127.0.0.1 and each port to a free one, until its own health
+  check passes; then a speculative generation through the target equals the plain one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+import yaml
+from procs import free_port, output_tail, start_service, stop_service
+
+from common import healthcheck
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE_FILE = ROOT / "docker-compose.yml"
+# Overrides for the local run: the seeded tiny model keeps the test fast.
+LOCAL_OVERRIDES = {"SPECWIRE_MODEL": "tiny-random"}
+PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n"
+MAX_NEW_TOKENS = 32
+_PORT_VARS = ("SPECWIRE_PORT", "SPECWIRE_DRAFTER_PORT")
+_HOST_VARS = ("SPECWIRE_HOST", "SPECWIRE_DRAFTER_HOST")
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load(COMPOSE_FILE.read_text())
+
+
+def _compose_command() -> list[str] | None:
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    if shutil.which("docker"):
+        probe = subprocess.run(["docker", "compose", "version"], capture_output=True, timeout=30)
+        if probe.returncode == 0:
+            return ["docker", "compose"]
+    return None
+
+
+# --- validation by Compose itself --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("profile", [None, "gpu"])
+def test_compose_config_validates(profile: str | None) -> None:
+    cmd = _compose_command()
+    if cmd is None:
+        pytest.skip("no docker-compose / `docker compose`: run scripts/ci-deps.sh (as root)")
+    cmd += ["-f", str(COMPOSE_FILE)]
+    if profile:
+        cmd += ["--profile", profile]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECWIRE_")}
+    result = subprocess.run(
+        [*cmd, "config"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    services = yaml.safe_load(result.stdout)["services"]
+    expected = {"drafter", "target"} | ({"target-gpu"} if profile else set())
+    assert expected <= set(services)
+
+
+# --- what the file says ------------------------------------------------------------------------
+
+
+def test_services_and_images(compose: dict) -> None:
+    services = compose["services"]
+    assert {"drafter", "target", "target-gpu"} <= set(services)
+    assert services["drafter"]["command"][:2] == ["specwire", "drafter"]
+    assert services["target"]["command"][:2] == ["specwire", "target"]
+    for name, svc in services.items():
+        dockerfile = ROOT / svc["build"].get("context", ".") / svc["build"]["dockerfile"]
+        assert dockerfile.is_file(), f"{name}: {dockerfile} missing"
+
+
+@pytest.mark.parametrize("name", ["drafter", "target", "target-gpu"])
+def test_health_checks_use_the_grpc_probe_on_the_service_port(compose: dict, name: str) -> None:
+    svc = compose["services"][name]
+    env = _environment(svc)
+    port = env.get("SPECWIRE_PORT") or env["SPECWIRE_DRAFTER_PORT"]
+    test = svc["healthcheck"]["test"]
+    assert test[:4] == ["CMD", "python", "-m", "common.healthcheck"]
+    assert test[4] == f"127.0.0.1:{port}"
+    assert f"{port}:{port}" in [str(p) for p in svc["ports"]]
+
+
+def test_target_waits_for_a_healthy_drafter(compose: dict) -> None:
+    drafter_port = _environment(compose["services"]["drafter"])["SPECWIRE_DRAFTER_PORT"]
+    for name in ("target", "target-gpu"):
+        svc = compose["services"][name]
+        assert svc["depends_on"]["drafter"]["condition"] == "service_healthy"
+        assert _environment(svc)["SPECWIRE_DRAFTER"] == f"grpc://drafter:{drafter_port}"
+
+
+def test_gpu_profile_reserves_an_nvidia_gpu(compose: dict) -> None:
+    svc = compose["services"]["target-gpu"]
+    assert svc["profiles"] == ["gpu"]
+    (device,) = svc["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
+    command = svc["command"]
+    assert command[command.index("--device") + 1] == "cuda"
+    # The default services must not need a GPU.
+    for name in ("drafter", "target"):
+        assert "profiles" not in compose["services"][name]
+        assert _environment(compose["services"][name]).get("SPECWIRE_DEVICE", "cpu") == "cpu"
+
+
+# --- the services, run as local processes ------------------------------------------------------
+
+
+def test_compose_services_run_locally_and_speculation_is_lossless(compose: dict) -> None:
+    services = {n: s for n, s in compose["services"].items() if "profiles" not in s}
+    # Each service's container port gets a free loopback port.
+    ports = {name: {_service_port(svc): free_port()} for name, svc in services.items()}
+
+    with ExitStack() as stack:
+        for name in _start_order(services):
+            svc = services[name]
+            env = _local_environment(name, svc, ports)
+            cmd = _local_command(svc["command"])
+            proc, _ = start_service(cmd, env, None, timeout=0, cwd=ROOT)  # ready = healthy
+            stack.callback(stop_service, proc)
+            address = f"127.0.0.1:{ports[name][_service_port(svc)]}"
+            _wait_healthy(proc, address, name, timeout=300)
+            # The service's own health check command passes too.
+            probe = _localize(svc["healthcheck"]["test"][1:], ports)
+            assert subprocess.run(probe, cwd=ROOT, timeout=30).returncode == 0
+
+        target = f"127.0.0.1:{ports['target'][_service_port(services['target'])]}"
+        speculative = _generate(target)
+        plain = _generate(target, "--no-speculation")
+
+    assert speculative["text"] == plain["text"]
+    assert speculative["token_ids"] == plain["token_ids"]
+    assert plain["speculation"]["draft_tokens"] == 0
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+_VAR = re.compile(r"\$\$|\$\{(\w+)(?::?-([^}]*))?\}|\$(\w+)")
+
+
+def _interpolate(value: str) -> str:
+    """Compose-style ${VAR:-default} / ${VAR} / $VAR / $$ with an empty shell environment,
+    so the file's own defaults are what the test sees."""
+
+    def sub(m: re.Match[str]) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        return m.group(2) or ""
+
+    return _VAR.sub(sub, value)
+
+
+def _environment(svc: dict) -> dict[str, str]:
+    env = svc.get("environment") or {}
+    if isinstance(env, list):  # ["KEY=value", ...]
+        env = dict(item.split("=", 1) for item in env)
+    return {k: _interpolate(str(v)) for k, v in env.items()}
+
+
+def _service_port(svc: dict) -> str:
+    env = _environment(svc)
+    return next(env[var] for var in _PORT_VARS if var in env)
+
+
+def _localize(args: list[str], ports: dict[str, dict[str, int]]) -> list[str]:
+    """Point service addresses (`drafter:50052`, `127.0.0.1:50052`) at the local free ports."""
+    out = []
+    for arg in args:
+        for name, mapping in ports.items():
+            for container_port, local_port in mapping.items():
+                arg = re.sub(
+                    rf"\b(?:{re.escape(name)}|127\.0\.0\.1|localhost):{container_port}\b",
+                    f"127.0.0.1:{local_port}",
+                    arg,
+                )
+        out.append(arg)
+    return out
+
+
+def _local_environment(
+    name: str, svc: dict, ports: dict[str, dict[str, int]]
+) -> dict[str, str | None]:
+    """The service's environment with loopback hosts and the free ports; the test overrides."""
+    env = _environment(svc)
+    local: dict[str, str | None] = dict(zip(env, _localize(list(env.values()), ports), strict=True))
+    for var in _PORT_VARS:
+        if var in env:
+            local[var] = str(ports[name][env[var]])
+    for var in _HOST_VARS:
+        if var in env:
+            local[var] = "127.0.0.1"
+    local.update({k: v for k, v in LOCAL_OVERRIDES.items() if k in env})
+    # Variables the file does not set must not leak in from the developer's shell.
+    unset = {k: None for k in os.environ if k.startswith("SPECWIRE_") and k not in env}
+    return {**unset, **local}
+
+
+def _local_command(command: list[str]) -> list[str]:
+    assert command[0] == "specwire", command
+    script = Path(sys.executable).with_name("specwire")
+    head = [str(script)] if script.exists() else [sys.executable, "-m", "common.cli"]
+    return head + list(command[1:])
+
+
+def _start_order(services: dict) -> Iterator[str]:
+    """Dependencies first (depends_on), as Compose starts them."""
+    done: list[str] = []
+
+    def visit(name: str) -> None:
+        if name in done:
+            return
+        for dep in services[name].get("depends_on") or {}:
+            visit(dep)
+        done.append(name)
+
+    for name in services:
+        visit(name)
+    return iter(done)
+
+
+def _wait_healthy(proc: subprocess.Popen, address: str, name: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    status = "unreachable"
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"{name} exited with {proc.returncode}:\n{output_tail(proc)}")
+        try:
+            status = healthcheck.check(address, timeout=2)
+        except Exception as exc:  # noqa: BLE001 - not up yet
+            status = type(exc).__name__
+        if status == "SERVING":
+            return
+        time.sleep(0.3)
+    tail = output_tail(proc)
+    pytest.fail(f"{name} at {address} not SERVING after {timeout}s ({status}):\n{tail}")
+
+
+def _generate(target: str, *extra: str) -> dict:
+    cmd = _local_command(["specwire", "generate"])
+    cmd += ["--target", target, "--prompt", PROMPT, "--max-new-tokens", str(MAX_NEW_TOKENS)]
+    cmd += ["--json", *extra]
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout)

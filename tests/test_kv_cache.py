@@ -1,0 +1,84 @@
+"""KV cache manager and scheduler: block accounting under thousands of random steps."""
+
+import random
+
+import pytest
+
+from target_service.request import Request, RequestState
+from target_service.resources.kv_cache import KVCacheManager, OutOfBlocks
+from target_service.scheduler import Scheduler, SchedulerConfig
+
+
+def _req(i: int, prompt_len: int, max_new: int = 40, k: int = 4) -> Request:
+    return Request(request_id=f"r{i}", prompt_ids=list(range(1, prompt_len + 1)),
+                   max_new_tokens=max_new, max_draft_len=k)
+
+
+def test_reserve_rewind_free_roundtrip():
+    kv = KVCacheManager(num_blocks=10, block_size=4, max_draft_len=4)
+    r = _req(0, 5)
+    kv.reserve(r, 10)  # 3 blocks
+    assert len(kv.block_table(r)) == 3 and kv.num_free_blocks == 6
+    kv.rewind(r, 5)  # keep 2 blocks
+    assert len(kv.block_table(r)) == 2 and kv.num_free_blocks == 7
+    kv.check_integrity()
+    with pytest.raises(OutOfBlocks):
+        kv.reserve(r, 100)
+    kv.free(r)
+    assert kv.num_free_blocks == 9
+    kv.check_integrity()
+
+
+def test_dummy_block_is_never_handed_out():
+    kv = KVCacheManager(num_blocks=5, block_size=2, max_draft_len=0)
+    r = _req(0, 1)
+    kv.reserve(r, 8)
+    assert KVCacheManager.DUMMY_BLOCK not in kv.block_table(r)
+    assert kv.num_free_blocks == 0
+
+
+def test_thousands_of_random_steps_never_leak():
+    """Simulate the executor's KV lifecycle: schedule, prepare, accept a random number of
+    drafts, rewind, finish or cancel at random; preemption under pressure included."""
+    rng = random.Random(1234)
+    kv = KVCacheManager(num_blocks=40, block_size=4, max_draft_len=4)
+    sched = Scheduler(SchedulerConfig(max_batch_size=6, max_num_tokens=48, max_draft_len=4), kv)
+    start_free = kv.num_free_blocks
+    next_id = 0
+    preemptions = 0
+    finished = 0
+    for _step in range(3000):
+        if rng.random() < 0.3:
+            sched.add(_req(next_id, rng.randint(1, 30), rng.randint(1, 60)))
+            next_id += 1
+        batch = sched.schedule()
+        preemptions += len(batch.preempted)
+        kv.prepare(batch.requests)
+        for row in batch.rows:
+            req = row.request
+            assert len(kv.block_table(req)) * kv.block_size >= req.num_computed + row.num_committed
+            accepted = rng.randint(0, req.draft_budget) if row.decode else 0
+            req.num_computed += row.num_committed + accepted
+            if row.decode:
+                req.state = RequestState.DECODE
+                req.output_ids.extend([7] * (accepted + 1))
+        kv.update(batch.requests, {})
+        for req in list(batch.requests):
+            done = req.num_tokens >= len(req.prompt_ids) + req.max_new_tokens
+            if done or rng.random() < 0.02:  # finish or cancel
+                req.state = RequestState.FINISHED
+                sched.remove(req)
+                kv.free(req)
+                finished += 1
+        if rng.random() < 0.01 and sched.waiting:  # cancel a waiting request
+            req = sched.waiting[-1]
+            sched.remove(req)
+            kv.free(req)
+        kv.check_integrity()
+    for req in list(sched.running) + list(sched.waiting):
+        sched.remove(req)
+        kv.free(req)
+    kv.check_integrity()
+    assert kv.num_free_blocks == start_free
+    assert finished > 100
+    assert preemptions > 0, "the pool was sized to force preemption; none happened"
