@@ -1,4 +1,4 @@
-"""Text <-> token ids for a model: encode with the model's BOS rule, chat templates, streaming decode.
+"""Text <-> token ids for a model: the model's BOS rule, its chat template, streaming decode.
 
 `Tokenizer` wraps a Hugging Face fast tokenizer (a `tokenizers.Tokenizer` underneath). It is built
 from a model folder's `tokenizer.json` or from the vocabulary a GGUF file carries; both give the
@@ -49,7 +49,9 @@ class Tokenizer:
     ) -> Tokenizer:
         """From a `tokenizers.Tokenizer` built in code (the tiny-random model's)."""
         hf = PreTrainedTokenizerFast(
-            tokenizer_object=core, bos_token=bos_token, eos_token=eos_token,
+            tokenizer_object=core,
+            bos_token=bos_token,
+            eos_token=eos_token,
             chat_template=chat_template,
         )
         return cls(hf)
@@ -107,7 +109,7 @@ class Tokenizer:
         """
         model = json.loads(self.core.to_str())["model"]
         # Older tokenizers serialize a merge as "a b", newer ones as ["a", "b"].
-        merges = [m.split(" ", 1) if isinstance(m, str) else list(m) for m in model.get("merges", [])]
+        merges = [m.split(" ", 1) if isinstance(m, str) else m for m in model.get("merges", ())]
         vocab = sorted(self.core.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
         blob = json.dumps({"vocab": vocab, "merges": merges}, ensure_ascii=False)
         return hashlib.sha256(blob.encode("utf-8")).hexdigest()

@@ -7,10 +7,10 @@ command line wins over the environment, which wins over the default.
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import threading
 
+from common.cli_env import env_default
 from drafter_service.config import DRAFTER_KINDS, DrafterServiceConfig
 
 _DEFAULTS = DrafterServiceConfig()
@@ -83,8 +83,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Serve draft tokens over gRPC (specwire.v1.Drafter).",
     )
     for flag, env, typ, fieldname, text in _FLAGS:
-        default = os.environ.get(env, getattr(_DEFAULTS, fieldname))
-        # argparse applies `type` to string defaults too, so a bad env value fails like a flag.
+        default = env_default(env, getattr(_DEFAULTS, fieldname), typ)
         p.add_argument(
             flag,
             type=typ,

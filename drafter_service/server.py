@@ -15,6 +15,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from common.errors import UserError
+from common.grpc_errors import ErrorInterceptor
 from common.protogen import drafter_pb2, drafter_pb2_grpc
 from drafter_service.config import DrafterServiceConfig
 from drafter_service.drafters import SessionDrafter, build_drafter
@@ -24,6 +25,10 @@ from drafter_service.sessions import SessionStore
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = drafter_pb2.DESCRIPTOR.services_by_name["Drafter"].full_name
+
+
+class NotReady(UserError):
+    code = "UNAVAILABLE"
 
 
 def updates_from_proto(request: drafter_pb2.DraftRequest) -> list[SeqUpdate]:
@@ -45,14 +50,17 @@ def response_to_proto(step: int, drafts: list[SeqDraft]) -> drafter_pb2.DraftRes
 
 
 class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
-    """protobuf -> SeqUpdates -> engine.draft -> protobuf. `engine` is None until ready."""
+    """protobuf -> SeqUpdates -> engine.draft -> protobuf. `engine` is None until ready.
+
+    Errors are raised, not handled: `ErrorInterceptor` maps UserError to INVALID_ARGUMENT.
+    """
 
     def __init__(self, max_draft_len: int) -> None:
         self.max_draft_len = max_draft_len
         self.engine: DraftEngine | None = None
 
     def GetInfo(self, request, context):
-        engine = self._ready(context)
+        engine = self._ready()
         d = engine.drafter
         caps = ["stream", *(c for c in d.capabilities if c != "stream")]
         return drafter_pb2.DrafterInfo(
@@ -72,16 +80,12 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
             yield self._draft(request, context)
 
     def _draft(self, request, context) -> drafter_pb2.DraftResponse:
-        engine = self._ready(context)
-        try:
-            drafts = engine.draft(updates_from_proto(request), request.want_probs)
-        except UserError as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        drafts = self._ready().draft(updates_from_proto(request), request.want_probs)
         return response_to_proto(request.step, drafts)
 
-    def _ready(self, context) -> DraftEngine:
+    def _ready(self) -> DraftEngine:
         if self.engine is None:
-            context.abort(grpc.StatusCode.UNAVAILABLE, "drafter is still starting")
+            raise NotReady("drafter is still starting")
         return self.engine
 
 
@@ -121,6 +125,7 @@ def serve(config: DrafterServiceConfig, drafter: SessionDrafter | None = None) -
     """Start the service; `drafter` overrides `config.drafter` (tests inject their own)."""
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=config.max_workers),
+        interceptors=[ErrorInterceptor()],
         options=[("grpc.so_reuseport", 0)],  # a second service on the same port must fail
     )
     servicer = DrafterServicer(config.max_draft_len)

@@ -149,8 +149,10 @@ def test_node_drafter_stream_answers_in_order(node_drafter: str) -> None:
         stub = drafter_pb2_grpc.DrafterStub(channel)
         replies = list(stub.DraftStream(iter(requests), timeout=10))
     assert [r.step for r in replies] == steps
-    assert list(replies[0].drafts[0].tokens) == [6, 5]
-    assert replies[1].drafts[0].base_len == 4 and list(replies[1].drafts[0].tokens) == [5, 6]
+    # A loop is drafted for the whole budget, not just up to the end of the sequence.
+    assert list(replies[0].drafts[0].tokens) == [6, 5, 6, 5]
+    assert replies[1].drafts[0].base_len == 4
+    assert list(replies[1].drafts[0].tokens) == [5, 6, 5, 6]
     assert list(replies[2].drafts) == []
 
 

@@ -30,7 +30,9 @@ class Checkpoint:
 def hf_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor a `LlamaForCausalLM` checkpoint of `cfg` holds, with its shape."""
     q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, cfg.hidden_size)}
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (cfg.vocab_size, cfg.hidden_size)
+    }
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
         shapes[p + "input_layernorm.weight"] = (cfg.hidden_size,)

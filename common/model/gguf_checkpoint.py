@@ -36,9 +36,10 @@ def read_gguf(path: Path, *, progress: bool = True) -> Checkpoint:
     hf_name = _hf_names_by_gguf_name(config)
     tensors: dict[str, torch.Tensor] = {}
     try:
-        for t in tqdm(reader.tensors, desc=f"loading {path.name}", unit="tensor", disable=not progress):
+        bar = tqdm(reader.tensors, desc=f"loading {path.name}", unit="tensor", disable=not progress)
+        for t in bar:
             if t.name == "rope_freqs.weight":
-                raise ModelError(f"{path}: llama3-style rope_freqs scaling in GGUF is not supported")
+                raise ModelError(f"{path}: llama3 rope_freqs scaling in GGUF is not supported")
             name = hf_name.get(t.name)
             if name is None:
                 continue
@@ -91,7 +92,8 @@ def gguf_model_config(path: Path, reader: gguf.GGUFReader) -> ModelConfig:
         "tie_word_embeddings": all(t.name != "output.weight" for t in reader.tensors),
     }
     if rope_kind == "linear":
-        hf["rope_scaling"] = {"rope_type": "linear", "factor": meta.get(gguf.Keys.Rope.SCALING_FACTOR, arch)}
+        factor = meta.get(gguf.Keys.Rope.SCALING_FACTOR, arch)
+        hf["rope_scaling"] = {"rope_type": "linear", "factor": factor}
     return ModelConfig.from_hf_dict(hf)
 
 
@@ -126,4 +128,5 @@ def _hf_names_by_gguf_name(cfg: ModelConfig) -> dict[str, str]:
 def _unpermute_rope_rows(w: torch.Tensor, heads: int) -> torch.Tensor:
     # w: [heads * head_dim, ...]. llama.cpp stores each head's rows as (pair, 2) interleaved;
     # HF stores them as (2, half). Swap back.
-    return w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+    pairs = w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:])  # [heads, half, 2, ...]
+    return pairs.transpose(1, 2).reshape(w.shape)

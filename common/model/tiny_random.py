@@ -17,7 +17,9 @@ from common.model.config import TINY_RANDOM
 from common.tokenizer import Tokenizer
 
 SEED = 0
-INIT_STD = 0.02
+# 1/sqrt(hidden): unit gain per projection. At 0.02 the residual stream swamps both layers and
+# greedy decoding repeats one token forever, which makes a poor stand-in for a real model.
+INIT_STD = TINY_RANDOM.hidden_size**-0.5
 TOKENIZER_VOCAB = 320  # 2 specials + 256 bytes + 62 merges; TINY_RANDOM has 512 embedding rows
 CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}{{ eos_token }}\n{% endfor %}"

@@ -41,20 +41,8 @@ def _build_model_drafter(name: str, config: DrafterServiceConfig) -> SessionDraf
         loaded.model,
         name=f"model:{loaded.name}",
         vocab_size=int(loaded.config.vocab_size),
-        tokenizer_fingerprint=_fingerprint(loaded),
+        tokenizer_fingerprint=loaded.tokenizer.fingerprint,
         num_blocks=config.kv_blocks,
         probs_top_n=config.draft_probs_top_n,
         seed=config.seed,
     )
-
-
-def _fingerprint(loaded) -> str:
-    # The loader is young: accept the fingerprint as an attribute or method of the tokenizer
-    # or of the loaded model itself; "" only if it offers none.
-    for owner in (loaded.tokenizer, loaded):
-        fp = getattr(owner, "fingerprint", None) or getattr(owner, "tokenizer_fingerprint", None)
-        if callable(fp):
-            fp = fp()
-        if fp:
-            return str(fp)
-    return ""

@@ -24,7 +24,7 @@ const { HealthImplementation } = require('grpc-health-check');
 const PROTO_ROOT = path.resolve(__dirname, '..', '..', 'protos');
 const PROTOCOL_VERSION = 1;
 
-/** The n-gram pool of one sequence (same semantics as common/ngram.py, prefer="latest"). */
+/** The n-gram pool of one sequence (common/ngram.py's pool, prefer="latest", plus loops). */
 class NGramIndex {
   constructor(maxNgram) {
     this.maxNgram = maxNgram;
@@ -46,13 +46,23 @@ class NGramIndex {
     this.indexed = Math.max(this.indexed, toks.length);
   }
 
-  /** Up to `budget` tokens continuing the longest earlier match of the suffix (unpadded). */
+  /**
+   * Up to `budget` tokens continuing the longest earlier match of the suffix (unpadded).
+   *
+   * The latest match of a loop ("a b a b a b") sits close to the end, leaving fewer than
+   * `budget` tokens after it; the sequence is then periodic with period `length - start`, so
+   * the draft keeps repeating that period instead of stopping short.
+   */
   propose(budget) {
     const toks = this.tokens;
     if (budget <= 0 || toks.length < 2) return [];
     for (let n = Math.min(this.maxNgram, toks.length - 1); n > 0; n--) {
       const start = this.pool.get(toks.slice(toks.length - n).join(','));
-      if (start !== undefined) return toks.slice(start, start + budget);
+      if (start === undefined) continue;
+      const period = toks.length - start;
+      const draft = [];
+      for (let i = 0; i < budget; i++) draft.push(i < period ? toks[start + i] : draft[i - period]);
+      return draft;
     }
     return [];
   }

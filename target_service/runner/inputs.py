@@ -96,8 +96,9 @@ class InputPreparer:
         )
 
     def block_table_tensor(self, tables: list[list[int]], ctxs: list[int]) -> torch.Tensor:
-        # Width: the whole static table for the uniform (graph) layout, else what this step needs.
-        width = self.max_blocks
+        # Only as wide as this step needs: eager attention gathers no more than that, and
+        # graph replay fills the rest of its static table with the dummy block.
+        width = max(1, min(self.max_blocks, max(-(-c // self.block_size) for c in ctxs)))
         out = torch.full((len(tables), width), self.dummy_block, dtype=torch.int32)
         for i, t in enumerate(tables):
             t = t[:width]

@@ -107,10 +107,15 @@ class ModelRunner:
         return self.inputs.prepare(rows, tables)
 
     @torch.inference_mode()
-    def forward(self, rows: list[Row], tables: list[list[int]]) -> StepLogits:
-        """Run the model on the scheduled rows; logits for every decode row's verify span."""
+    def forward(
+        self, rows: list[Row], tables: list[list[int]], allow_graphs: bool = True
+    ) -> StepLogits:
+        """Run the model on the scheduled rows; logits for every decode row's verify span.
+
+        `allow_graphs=False` forces the eager path (tests compare the two)."""
         inputs = self.prepare(rows, tables)
-        key = self.graphs.select(inputs) if self.graphs is not None else None
+        use = allow_graphs and self.graphs is not None
+        key = self.graphs.select(inputs) if use else None
         if key is not None:
             logits = self.graphs.replay(key, inputs)
         else:

@@ -1,0 +1,222 @@
+"""Loading models: GGUF and HF folder agree, tiny-random is reproducible, tokenizers round-trip,
+and every way a `--model` value can be wrong is a one-line `ModelError`."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from common.errors import UserError
+from common.model.config import ModelError
+from common.model.loader import LoadedModel, export_hf_folder, load_model, smollm2_gguf_path
+from common.model.tiny_random import tiny_random_checkpoint
+from common.tokenizer import IncrementalDecoder, Tokenizer
+
+TEXTS = [
+    "Hello, world!",
+    "  leading spaces, trailing tab\t\nand a newline",
+    "Naïve café, Straße, 東京, Ελληνικά, emoji 🤖🎉 and a flag 🇫🇷",
+    "<|im_start|>user\nspecial tokens inline<|im_end|>",
+    "",
+]
+CHAT = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Où est le café? ☕"},
+]
+
+
+def assert_same_model(a: LoadedModel, b: LoadedModel) -> None:
+    assert a.config == b.config
+    sa, sb = a.model.state_dict(), b.model.state_dict()
+    assert sa.keys() == sb.keys()
+    for name in sa:
+        assert torch.equal(sa[name], sb[name]), name
+
+
+def assert_same_tokenizer(a: Tokenizer, b: Tokenizer) -> None:
+    assert a.fingerprint == b.fingerprint
+    assert (a.vocab_size, a.bos_token_id, a.eos_token_id, a.add_bos) == (
+        b.vocab_size, b.bos_token_id, b.eos_token_id, b.add_bos,
+    )
+    for text in TEXTS:
+        assert a.encode(text) == b.encode(text), text
+    assert a.apply_chat_template(CHAT) == b.apply_chat_template(CHAT)
+
+
+# --- GGUF vs the HF folder exported from it -----------------------------------------------------
+
+
+@pytest.mark.slow
+def test_gguf_and_exported_folder_are_the_same_model(smollm2, smollm2_folder: Path) -> None:
+    from_folder = load_model(str(smollm2_folder), progress=False)
+    assert_same_model(smollm2, from_folder)
+    assert_same_tokenizer(smollm2.tokenizer, from_folder.tokenizer)
+
+
+@pytest.mark.slow
+def test_smollm2_tokenizer(smollm2) -> None:
+    tok = smollm2.tokenizer
+    assert tok.vocab_size == smollm2.config.vocab_size == 49152
+    assert not tok.add_bos and tok.encode("Hello")[0] != tok.bos_token_id
+    assert tok.decode([tok.eos_token_id]) == "<|im_end|>"
+    for text in TEXTS:
+        assert tok.decode(tok.encode(text)) == text
+    ids = tok.apply_chat_template(CHAT)
+    assert tok.decode(ids).endswith("<|im_start|>assistant\n")
+    assert tok.decode(tok.apply_chat_template(CHAT, add_generation_prompt=False)).endswith(
+        "<|im_end|>\n"
+    )
+    assert ids.count(tok.encode("<|im_start|>")[0]) == 3  # one special id per turn
+
+
+# --- tiny-random ------------------------------------------------------------------------------------
+
+
+def test_tiny_random_is_reproducible(tiny) -> None:
+    a, b = tiny_random_checkpoint(), tiny_random_checkpoint()
+    assert a.tensors.keys() == b.tensors.keys()
+    assert all(torch.equal(a.tensors[n], b.tensors[n]) for n in a.tensors)
+    # Pinned values: a drafter and a target on different machines must build the same model.
+    head = a.tensors["model.embed_tokens.weight"][0, :3]
+    assert torch.allclose(head, torch.tensor([0.1926, 0.1852, -0.2628]), atol=1e-4), head
+    assert tiny.tokenizer.encode("The quick brown fox") == [0, 297, 222, 82, 86, 74, 68, 76, 222, 67, 308, 88, 79, 275, 80, 89]
+
+
+def test_tiny_tokenizer_round_trips_text(tiny) -> None:
+    tok = tiny.tokenizer
+    assert tok.vocab_size < tiny.config.vocab_size == 512  # embedding rows beyond the vocab
+    assert tok.add_bos and tok.bos_token_id == 0 and tok.eos_token_id == 1
+    for text in TEXTS:
+        ids = tok.encode(text)
+        assert ids[0] == tok.bos_token_id and max(ids) < tok.vocab_size
+        assert tok.decode(ids[1:]) == text
+    chat = tok.decode(tok.apply_chat_template(CHAT))
+    assert chat == "system: You are terse.</s>\nuser: Où est le café? ☕</s>\nassistant:"
+
+
+def test_tiny_exported_folder_loads_as_the_same_model(tiny, tmp_path: Path) -> None:
+    folder = export_hf_folder("tiny-random", tmp_path, progress=False)
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in folder.iterdir()}
+    again = load_model(str(folder), progress=False)
+    assert_same_model(tiny, again)
+    assert_same_tokenizer(tiny.tokenizer, again.tokenizer)
+
+
+def test_tokenizer_pickles(tiny) -> None:
+    tok = pickle.loads(pickle.dumps(tiny.tokenizer))
+    assert_same_tokenizer(tok, tiny.tokenizer)
+
+
+# --- streaming decode -------------------------------------------------------------------------------
+
+
+def test_incremental_decoder_never_splits_a_character(tiny) -> None:
+    tok = tiny.tokenizer
+    text = "héllo 東京 🤖!"
+    ids = tok.encode(text)[1:]  # the tiny vocabulary spells each non-ASCII byte as its own token
+    decoder = IncrementalDecoder(tok)
+    deltas = [decoder.feed(i) for i in ids]
+    assert "".join(deltas) + decoder.flush() == text
+    assert "" in deltas  # bytes were held back ...
+    assert all("\ufffd" not in d for d in deltas)  # ... and never emitted half-done
+    assert deltas[-1] == "!"
+
+
+def test_incremental_decoder_flush_returns_held_bytes(tiny) -> None:
+    tok = tiny.tokenizer
+    first_byte_of_robot = tok.encode("🤖")[1]
+    decoder = IncrementalDecoder(tok)
+    assert decoder.feed_many(tok.encode("ok ")[1:]) == "ok "
+    assert decoder.feed(first_byte_of_robot) == ""
+    assert decoder.flush() == "\ufffd"  # an incomplete character, at the end of the stream
+    assert decoder.feed_many(tok.encode("fine")[1:]) == "fine"
+
+
+# --- errors -----------------------------------------------------------------------------------------
+
+
+def load_error(spec: str | Path) -> str:
+    with pytest.raises(ModelError) as info:
+        load_model(str(spec), progress=False)
+    message = str(info.value)
+    assert isinstance(info.value, UserError) and "\n" not in message
+    return message
+
+
+@pytest.fixture
+def tiny_folder(tmp_path: Path) -> Path:
+    return export_hf_folder("tiny-random", tmp_path / "tiny", progress=False)
+
+
+def test_unknown_model_name_lists_the_valid_ones() -> None:
+    message = load_error("llama-9000")
+    assert "unknown model 'llama-9000'" in message
+    assert "smollm2-135m" in message and "tiny-random" in message
+
+
+def test_missing_paths(tmp_path: Path) -> None:
+    assert "does not exist" in load_error(tmp_path / "nope.gguf")
+    assert "does not exist" in load_error(tmp_path / "no" / "folder")
+
+
+def test_corrupt_gguf(tmp_path: Path) -> None:
+    garbage = tmp_path / "garbage.gguf"
+    garbage.write_bytes(b"this is not a gguf file" * 100)
+    assert "cannot read GGUF file" in load_error(garbage)
+    truncated = tmp_path / "truncated.gguf"
+    with smollm2_gguf_path().open("rb") as f:
+        truncated.write_bytes(f.read(4_000_000))  # header and vocabulary, half a tensor
+    assert "cannot read" in load_error(truncated)
+
+
+def test_not_a_gguf_file(tmp_path: Path) -> None:
+    path = tmp_path / "model.bin"
+    path.write_bytes(b"\0" * 16)
+    assert "not a .gguf file" in load_error(path)
+
+
+def test_broken_config_json(tiny_folder: Path) -> None:
+    (tiny_folder / "config.json").write_text("{not json")
+    assert "cannot read" in load_error(tiny_folder) and "config.json" in load_error(tiny_folder)
+
+
+def test_broken_safetensors(tiny_folder: Path) -> None:
+    (tiny_folder / "model.safetensors").write_bytes(b"\x10\0\0\0\0\0\0\0garbage")
+    assert "cannot read weights" in load_error(tiny_folder)
+
+
+def test_unsupported_architecture(tiny_folder: Path) -> None:
+    gpt2 = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 64}
+    (tiny_folder / "config.json").write_text(json.dumps(gpt2))
+    assert "unsupported architecture 'GPT2LMHeadModel'" in load_error(tiny_folder)
+
+
+def test_missing_tensor(tiny_folder: Path) -> None:
+    weights = load_file(tiny_folder / "model.safetensors")
+    del weights["model.layers.1.mlp.up_proj.weight"]
+    save_file(weights, tiny_folder / "model.safetensors")
+    assert "missing tensor model.layers.1.mlp.up_proj.weight" in load_error(tiny_folder)
+
+
+def test_shape_mismatch(tiny_folder: Path) -> None:
+    config = json.loads((tiny_folder / "config.json").read_text())
+    config["intermediate_size"] = 96
+    (tiny_folder / "config.json").write_text(json.dumps(config))
+    message = load_error(tiny_folder)
+    assert "has shape (128, 64), expected (96, 64)" in message
+
+
+def test_folder_without_tokenizer(tiny_folder: Path) -> None:
+    (tiny_folder / "tokenizer.json").unlink()
+    assert "no tokenizer.json" in load_error(tiny_folder)
+
+
+def test_folder_without_weights(tiny_folder: Path, tmp_path: Path) -> None:
+    shutil.move(tiny_folder / "model.safetensors", tmp_path / "elsewhere.safetensors")
+    assert "no *.safetensors" in load_error(tiny_folder)

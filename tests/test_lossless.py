@@ -1,0 +1,105 @@
+"""Greedy speculation is lossless: identical token ids with and without it, for every drafter.
+
+The engine runs for real (tiny-random or SmolLM2-135M on the CPU, fp32), all prompts in flight
+at once so requests join and leave the batch between steps.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from lossless_prompts import lossless_prompts
+from target_service.config import TargetConfig
+from target_service.engine import build_engine
+from target_service.output import Complete
+
+PROMPTS = lossless_prompts(50)
+
+
+def run_all(engine, prompts, max_new_tokens=24, speculate=True):
+    tok = engine.loaded.tokenizer
+    streams = [
+        engine.executor.submit(
+            engine.new_request(tok.encode(p), max_new_tokens=max_new_tokens, speculate=speculate)
+        )
+        for p in prompts
+    ]
+    engine.executor.run_until_idle()
+    results = []
+    for s in streams:
+        events = []
+        while not s.events.empty():
+            events.append(s.events.get())
+        assert isinstance(events[-1], Complete), events[-1]
+        results.append(events[-1])
+    engine.kv.check_integrity()
+    assert engine.kv.num_free_blocks == engine.kv.num_blocks - 1, "KV blocks leaked"
+    return results
+
+
+def _engine(model, drafter, k=4, **kw):
+    cfg = TargetConfig(model=model, drafter=drafter, max_draft_len=k, progress=False,
+                       max_batch_size=kw.pop("max_batch_size", 16), **kw)
+    return build_engine(cfg)
+
+
+@pytest.fixture(scope="module")
+def tiny_baseline():
+    eng = _engine("tiny-random", "none")
+    return [c.token_ids for c in run_all(eng, PROMPTS)]
+
+
+DRAFTERS = [
+    "ngram",
+    "examples.python.lookup_drafter:LastOccurrenceDrafter",
+    "adversarial_drafters:RandomDrafter",
+    "adversarial_drafters:EmptyDrafter",
+    "adversarial_drafters:OverlongDrafter",
+    "adversarial_drafters:OutOfVocabDrafter",
+    "adversarial_drafters:ExplodingDrafter",
+]
+
+
+@pytest.mark.parametrize("drafter", DRAFTERS)
+def test_tiny_random_lossless_for_every_drafter(tiny_baseline, drafter):
+    eng = _engine("tiny-random", drafter)
+    results = run_all(eng, PROMPTS)
+    assert [c.token_ids for c in results] == tiny_baseline
+    total = eng.executor.stats
+    if drafter in ("ngram", DRAFTERS[1], DRAFTERS[4]):
+        assert total.accepted_tokens > 0, "a working drafter should get drafts accepted"
+    if drafter.endswith("EmptyDrafter") or drafter.endswith("ExplodingDrafter"):
+        assert total.draft_tokens == 0
+    if drafter.endswith("OverlongDrafter"):
+        assert total.truncated_draft_tokens > 0
+    if drafter.endswith("OutOfVocabDrafter"):
+        assert total.refused_draft_tokens > 0
+    # Padding never counts: accepted <= drafted, and each histogram bin is a real count.
+    assert total.accepted_tokens <= total.draft_tokens
+    assert sum(total.histogram) == total.steps
+
+
+def test_per_request_speculation_off_is_plain_decoding(tiny_baseline):
+    eng = _engine("tiny-random", "ngram")
+    results = run_all(eng, PROMPTS[:10], speculate=False)
+    assert [c.token_ids for c in results] == tiny_baseline[:10]
+    assert eng.executor.stats.draft_tokens == 0
+
+
+def test_preemption_under_kv_pressure_is_lossless(tiny_baseline):
+    # 40 blocks of 16 slots for 50 requests: the scheduler must queue and preempt.
+    eng = _engine("tiny-random", "ngram", num_kv_blocks=40, max_num_tokens=256)
+    results = run_all(eng, PROMPTS)
+    assert [c.token_ids for c in results] == tiny_baseline
+
+
+@pytest.mark.slow
+def test_smollm2_ngram_lossless_on_50_prompts(smollm2):
+    base = run_all(build_engine(TargetConfig(model="smollm2-135m", drafter="none",
+                                             progress=False), loaded=smollm2), PROMPTS, 16)
+    eng = build_engine(TargetConfig(model="smollm2-135m", drafter="ngram", progress=False),
+                       loaded=smollm2)
+    spec = run_all(eng, PROMPTS, 16)
+    mismatched = [i for i, (a, b) in enumerate(zip(base, spec)) if a.token_ids != b.token_ids]
+    assert not mismatched, f"prompts {mismatched} differ with speculation"
+    assert eng.executor.stats.accepted_tokens > 0

@@ -1,0 +1,67 @@
+"""Our model gives Hugging Face's logits: `transformers.LlamaForCausalLM` loaded with the same
+weights (the exported folder), fp32 on the CPU, real prompts through the real tokenizer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaForCausalLM
+
+from common.model.loader import LoadedModel, export_hf_folder
+from paged_runner import prompt_logits
+
+TOL = 1e-3
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
+    "Speculative decoding lets a small model draft tokens that a large model verifies in one "
+    "forward pass; the output is unchanged, only faster. Naïve café — 東京 🤖.",
+]
+CHAT = [{"role": "user", "content": "Name three colours of the rainbow."}]
+
+
+def hf_reference(folder: Path) -> LlamaForCausalLM:
+    model = LlamaForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation="eager"
+    )
+    return model.eval()
+
+
+def hf_logits(model: LlamaForCausalLM, ids: list[int]) -> torch.Tensor:  # [T, V]
+    with torch.inference_mode():
+        return model(input_ids=torch.tensor([ids]), use_cache=False).logits[0].float()
+
+
+def max_diff(loaded: LoadedModel, reference: LlamaForCausalLM) -> float:
+    tok = loaded.tokenizer
+    prompts = [tok.encode(p) for p in PROMPTS] + [tok.apply_chat_template(CHAT)]
+    return max(
+        (prompt_logits(loaded.model, ids) - hf_logits(reference, ids)).abs().max().item()
+        for ids in prompts
+    )
+
+
+def test_tiny_random_matches_transformers(tiny: LoadedModel, tmp_path: Path) -> None:
+    reference = hf_reference(export_hf_folder("tiny-random", tmp_path, progress=False))
+    diff = max_diff(tiny, reference)
+    assert diff <= TOL, f"max abs logit diff {diff:.2e}"
+
+
+@pytest.mark.slow
+def test_smollm2_matches_transformers(smollm2: LoadedModel, smollm2_folder: Path) -> None:
+    diff = max_diff(smollm2, hf_reference(smollm2_folder))
+    assert diff <= TOL, f"max abs logit diff {diff:.2e}"
+
+
+@pytest.mark.slow
+def test_smollm2_from_gguf_knows_paris(smollm2: LoadedModel) -> None:
+    """Transformers agrees with us on whatever weights we hand it, so this checks the weights
+    themselves: a wrong q/k un-permutation of the GGUF would break RoPE and the answer."""
+    tok = smollm2.tokenizer
+    ids = tok.encode("The capital of France is")
+    out: list[int] = []
+    for _ in range(2):
+        out.append(int(prompt_logits(smollm2.model, ids + out)[-1].argmax()))
+    assert tok.decode(out).strip().startswith("Paris")

@@ -1,0 +1,306 @@
+"""RemoteDrafter against real drafter servers on loopback: handshake, deltas, fail-open,
+reconnect + resync, deadlines, malformed replies."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent import futures
+
+import grpc
+import pytest
+from procs import free_port, wait_until
+
+from common.errors import UserError
+from common.protogen import drafter_pb2, drafter_pb2_grpc
+from drafter_service.config import DrafterServiceConfig
+from drafter_service.drafters import NGramDrafter
+from drafter_service.server import serve
+from target_service.drafters.remote import RemoteDrafter
+from target_service.request import Request, RequestState
+from target_service.resources.base import ResourceRegistry
+
+VOCAB, FP = 100, "fp-target"
+REPETITIVE = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
+MODES = ["stream", "unary"]
+
+
+def make_request(rid: str, prompt: list[int], k: int = 4) -> Request:
+    return Request(rid, list(prompt), max_new_tokens=64, max_draft_len=k, state=RequestState.DECODE)
+
+
+class Harness:
+    """A RemoteDrafter with its resource registry, as the executor drives it."""
+
+    def __init__(self, address: str, mode: str = "stream", deadline_ms: float = 2000, **kw):
+        self.drafter = RemoteDrafter(
+            address,
+            max_draft_len=4,
+            vocab_size=kw.pop("vocab", VOCAB),
+            tokenizer_fingerprint=kw.pop("fp", FP),
+            mode=mode,
+            deadline_ms=deadline_ms,
+            **kw,
+        )
+        self.resources = ResourceRegistry()
+        self.resources.add(self.drafter.spec_resource_manager)
+
+    def step(self, requests: list[Request]) -> list[list[int]]:
+        self.resources.prepare(requests)
+        self.drafter.prepare_draft_tokens(requests, self.resources)
+        self.resources.check_integrity()
+        return [r.draft_tokens for r in requests]
+
+    def counters(self) -> dict[str, int]:
+        return self.drafter.counters()
+
+
+@pytest.fixture
+def servers():
+    started, harnesses = [], []
+
+    def start(instance=None, port: int = 0, **overrides):
+        cfg = DrafterServiceConfig(host="127.0.0.1", port=port, max_draft_len=4, **overrides)
+        server = serve(cfg, instance)
+        started.append(server)
+        return server
+
+    def harness(address: str, **kw) -> Harness:
+        h = Harness(address, **kw)
+        harnesses.append(h)
+        return h
+
+    start.harness = harness
+    yield start
+    for h in harnesses:
+        h.drafter.close()
+    for s in started:
+        s.stop(None)
+
+
+# -- handshake ------------------------------------------------------------------------------------
+
+
+class AdvertisingNGram(NGramDrafter):
+    def __init__(self, vocab_size: int, fingerprint: str) -> None:
+        super().__init__()
+        self.vocab_size, self.tokenizer_fingerprint = vocab_size, fingerprint
+
+
+@pytest.mark.parametrize(
+    ("vocab", "fp", "error"),
+    [
+        (VOCAB + 1, "", "vocabulary size 101, the target model has 100"),
+        (0, "fp-other", "uses another tokenizer"),
+    ],
+)
+def test_handshake_refuses_mismatched_drafters(servers, vocab, fp, error):
+    server = servers(AdvertisingNGram(vocab, fp))
+    with pytest.raises(UserError, match=error):
+        Harness(f"grpc://{server.address}")
+
+
+def test_handshake_accepts_matching_or_token_agnostic_drafters(servers):
+    for vocab, fp in [(VOCAB, FP), (0, ""), (VOCAB, "")]:
+        server = servers(AdvertisingNGram(vocab, fp))
+        h = servers.harness(f"grpc://{server.address}")
+        assert h.drafter.info.vocab_size == vocab
+
+
+def test_handshake_refuses_unreachable_drafter_and_wrong_protocol(servers):
+    with pytest.raises(UserError, match="unreachable"):
+        Harness(f"grpc://127.0.0.1:{free_port()}", connect_timeout_s=0.3)
+
+    class FutureVersion(drafter_pb2_grpc.DrafterServicer):
+        def GetInfo(self, request, context):
+            return drafter_pb2.DrafterInfo(protocol_version=2, name="future")
+
+    server, port = custom_server(FutureVersion())
+    try:
+        with pytest.raises(UserError, match="protocol version 2"):
+            Harness(f"grpc://127.0.0.1:{port}")
+    finally:
+        server.stop(None)
+
+
+# -- deltas, finished ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_drafts_flow_as_deltas_and_finished_frees_the_session(servers, mode):
+    server = servers()
+    h = servers.harness(f"grpc://{server.address}", mode=mode)
+    a, b = make_request("a", REPETITIVE), make_request("b", [5, 6, 7, 5, 6], k=2)
+    assert h.step([a, b]) == [[3, 4, 1, 2], [7, 5]]
+    store = server.engine.store
+    a.output_ids += [3, 4]
+    b.output_ids += [7]
+    assert h.step([a, b]) == [[1, 2, 3, 4], [5, 6]]
+    assert store.get("a").tokens == a.token_ids and store.get("b").tokens == b.token_ids
+    assert h.drafter.spec_resource_manager.synced == {"a": 12, "b": 6}
+    h.resources.free(b)
+    a.output_ids += [1]
+    h.step([a])  # carries b's `finished`
+    assert "b" not in store and "a" in store
+    c = h.counters()
+    assert c["reconnects"] == 1 and all(c[k] == 0 for k in c if k != "reconnects")
+
+
+# -- fail-open, reconnect, resync -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_killed_drafter_fails_open_then_reconnects_and_resyncs(servers, mode):
+    port = free_port()
+    server = servers(port=port)
+    h = servers.harness(f"grpc://127.0.0.1:{port}", mode=mode, deadline_ms=1000)
+    a, b = make_request("a", REPETITIVE), make_request("b", [9, 8, 9, 8])
+    assert h.step([a, b]) == [[3, 4, 1, 2], [9, 8, 9, 8]]
+
+    server.stop(None)  # killed mid-use: sessions gone
+    t0 = time.monotonic()
+    assert h.step([a, b]) == [[], []]
+    assert h.step([a, b]) == [[], []]
+    assert time.monotonic() - t0 < 5  # failing fast, never hanging on the dead drafter
+    assert h.counters()["failed"] >= 1
+
+    a.output_ids += [3]
+    restarted = servers(port=port)
+    # The background reconnect finds it; the step after resends full prefixes (base_len 0).
+    wait_until(lambda: h.step([a, b])[0] == [4, 1, 2, 3], timeout=15, what="drafts to resume")
+    assert restarted.engine.store.get("a").tokens == a.token_ids
+    assert h.counters()["reconnects"] >= 2
+
+
+def test_session_lost_on_the_drafter_is_resynced(servers):
+    server = servers()
+    h = servers.harness(f"grpc://{server.address}")
+    a = make_request("a", REPETITIVE)
+    assert h.step([a]) == [[3, 4, 1, 2]]
+    server.engine.store.finish("a")  # e.g. expired on the drafter
+    a.output_ids += [3]
+    assert h.step([a]) == [[]]  # drafter answers resync
+    assert h.counters()["resynced"] == 1
+    assert h.drafter.spec_resource_manager.synced_len("a") == 0
+    assert h.step([a]) == [[4, 1, 2, 3]]  # full prefix went out, drafts resume
+
+
+# -- deadlines --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_slow_drafter_is_late_and_the_step_does_not_wait(servers, mode):
+    server = servers(delay_ms=1500)
+    h = servers.harness(f"grpc://{server.address}", mode=mode, deadline_ms=50)
+    a = make_request("a", REPETITIVE)
+    for _ in range(2):  # stream: the 2nd step sends nothing while the 1st is unanswered
+        t0 = time.monotonic()
+        assert h.step([a]) == [[]]
+        assert time.monotonic() - t0 < 1.0  # generous bound; timings live in bench/
+    assert h.counters()["late"] == 2 and h.counters()["failed"] == 0
+
+
+def test_late_reply_is_never_applied_to_a_newer_step(servers):
+    class SlowFirst(drafter_pb2_grpc.DrafterServicer):
+        def DraftStream(self, request_iterator, context):
+            for req in request_iterator:
+                first = req.step == 1
+                if first:
+                    time.sleep(0.4)
+                yield drafter_pb2.DraftResponse(
+                    step=req.step,
+                    drafts=[
+                        drafter_pb2.SequenceDraft(
+                            request_id=s.request_id,
+                            base_len=s.base_len + len(s.new_tokens),
+                            tokens=[7, 7, 7] if first else [1],
+                        )
+                        for s in req.sequences
+                    ],
+                )
+
+    server, port = custom_server(SlowFirst())
+    try:
+        h = Harness(f"127.0.0.1:{port}", deadline_ms=100)
+        a = make_request("a", REPETITIVE)
+        assert h.step([a]) == [[]]
+        time.sleep(0.6)  # the late reply for step 1 arrives while nobody waits
+        assert h.step([a]) == [[1]]
+        assert h.counters()["late"] == 1
+        h.drafter.close()
+    finally:
+        server.stop(None)
+
+
+# -- malformed replies ------------------------------------------------------------------------
+
+
+class Malformed(drafter_pb2_grpc.DrafterServicer):
+    """Answers each step with one of everything that can be wrong."""
+
+    def Draft(self, request, context):
+        n = {s.request_id: s.base_len + len(s.new_tokens) for s in request.sequences}
+        d = drafter_pb2.SequenceDraft
+        dist = drafter_pb2.TokenDistribution(ids=[5, 6], probs=[0.75, 0.25])
+        return drafter_pb2.DraftResponse(
+            step=request.step,
+            drafts=[
+                d(request_id="nobody", base_len=3, tokens=[1]),  # unknown request
+                d(request_id="a", base_len=n["a"] - 1, tokens=[1, 2]),  # stale
+                d(request_id="b", base_len=n["b"], tokens=[10**6, 5], probs=[dist]),  # junk ids
+                d(request_id="b", base_len=n["b"], tokens=[3]),  # duplicate
+                d(request_id="c", base_len=n["c"], resync=True),
+                d(request_id="e", base_len=n["e"], tokens=[5], probs=[dist]),
+            ],
+        )
+
+    def DraftStream(self, request_iterator, context):
+        for req in request_iterator:
+            yield self.Draft(req, context)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_malformed_replies_are_counted_and_dropped(mode):
+    server, port = custom_server(Malformed())
+    try:
+        h = Harness(f"127.0.0.1:{port}", mode=mode)
+        reqs = [make_request(rid, [1, 2, 3]) for rid in "abcde"]
+        drafts = h.step(reqs)
+        # Junk ids pass through: the executor refuses them (and counts them), not the drafter.
+        assert drafts == [[], [10**6, 5], [], [], [5]]
+        assert reqs[1].draft_probs is None  # probs of the wrong length are dropped
+        assert reqs[4].draft_probs == [([5, 6], [0.75, 0.25])]
+        c = h.counters()
+        assert (c["unknown_request"], c["stale"], c["resynced"]) == (1, 2, 1)
+        assert c["late"] == c["failed"] == 0
+        h.drafter.close()
+    finally:
+        server.stop(None)
+
+
+class _Info(drafter_pb2_grpc.DrafterServicer):
+    def GetInfo(self, request, context):
+        return drafter_pb2.DrafterInfo(protocol_version=1, name="custom", capabilities=["stream"])
+
+
+def custom_server(servicer) -> tuple[grpc.Server, int]:
+    """A raw gRPC server around a hand-written servicer (GetInfo defaults to a valid one)."""
+    if type(servicer).GetInfo is drafter_pb2_grpc.DrafterServicer.GetInfo:
+        servicer.GetInfo = _Info().GetInfo
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    drafter_pb2_grpc.add_DrafterServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    return server, port
+
+
+def test_close_stops_the_reader_thread(servers):
+    server = servers()
+    h = Harness(f"grpc://{server.address}")
+    h.step([make_request("a", REPETITIVE)])
+    h.drafter.close()
+    wait_until(
+        lambda: not any(t.name.startswith("drafter-") for t in threading.enumerate()),
+        timeout=5,
+        what="drafter threads to stop",
+    )

@@ -1,0 +1,184 @@
+"""The target service over real gRPC on loopback: streaming, errors, cancellation, health,
+and the `specwire target` / `specwire generate` commands as real subprocesses."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from common.client import GenerationClient, build_request
+from common.protogen import generation_pb2 as pb
+from procs import running_service, wait_until
+from target_service.config import TargetConfig
+from target_service.engine import build_engine
+from target_service.server import TargetServer
+
+SPECWIRE = [sys.executable, "-m", "common.cli"]
+
+
+@pytest.fixture(scope="module")
+def server(tiny):
+    srv = TargetServer("127.0.0.1", 0)
+    srv.start()
+    srv.attach(build_engine(TargetConfig(model="tiny-random", drafter="ngram", max_draft_len=4,
+                                         progress=False, max_context_len=512), loaded=tiny))
+    yield srv
+    srv.stop(0)
+
+
+@pytest.fixture()
+def client(server):
+    with GenerationClient(f"127.0.0.1:{server.port}", timeout=60) as c:
+        yield c
+
+
+def test_generate_streams_chunks_then_completion(client):
+    res = client.generate("the cat sat on the mat. the cat sat on the", max_new_tokens=20)
+    assert res.finish_reason in ("length", "eos")
+    assert res.usage["completion_tokens"] == len(res.token_ids) <= 20
+    assert res.chunks and all(len(c.token_ids) == 1 + c.accepted_tokens or
+                              res.finish_reason != "length" for c in res.chunks[:-1])
+    spec = res.speculation
+    assert spec["steps"] == len(res.chunks)
+    assert sum(c.accepted_tokens for c in res.chunks) == spec["accepted_tokens"]
+    assert sum(spec["histogram"]) == spec["steps"]
+    assert res.text == "".join(c.text for c in res.chunks)
+
+
+def test_spec_and_no_spec_agree_over_grpc(client):
+    for prompt in ("a b c a b c a b", "def f(x):\n    return f(x", "hello"):
+        a = client.generate(prompt, max_new_tokens=16)
+        b = client.generate(prompt, max_new_tokens=16, speculate=False)
+        assert a.token_ids == b.token_ids
+        assert b.speculation["draft_tokens"] == 0
+
+
+def test_token_ids_and_chat_inputs(client):
+    by_ids = client.generate(token_ids=[0, 70, 71, 72], max_new_tokens=5)
+    assert len(by_ids.token_ids) == 5
+    chat = client.generate(chat=[{"role": "user", "content": "hi"}], max_new_tokens=5)
+    assert len(chat.token_ids) == 5
+
+
+def test_stop_string_is_honoured_and_not_returned(client):
+    full = client.generate("x y z x y z", max_new_tokens=30, stop=[])
+    assert len(full.text) > 4
+    stop = full.text[2:4]
+    res = client.generate("x y z x y z", max_new_tokens=30, stop=[stop])
+    assert res.finish_reason == "stop"
+    assert stop not in res.text and full.text.startswith(res.text)
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"prompt": ""}, "prompt is empty"),
+    ({"prompt": "hi", "max_new_tokens": 0}, "max_new_tokens must be >= 1"),
+    ({"prompt": "hi", "max_new_tokens": 100000}, "exceeds the context"),
+    ({"prompt": "hi", "temperature": -0.5}, "temperature must be >= 0"),
+    ({"prompt": "hi", "temperature": 1.0, "top_p": 0.0}, "top_p must be in (0, 1]"),
+    ({"prompt": "hi", "temperature": 1.0, "top_p": 1.5}, "top_p must be in (0, 1]"),
+    ({"token_ids": [1, 99999]}, "outside the vocabulary"),
+    ({"prompt": "word " * 600}, "the context holds 512"),
+])
+def test_bad_requests_are_invalid_argument(client, kwargs, needle):
+    with pytest.raises(grpc.RpcError) as err:
+        list(client.stream(build_request(**kwargs)))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert needle in err.value.details()
+
+
+def test_client_disconnect_frees_blocks_and_others_keep_running(server, client):
+    info = client.model_info()
+    total = info.kv_blocks_total
+    # A long generation that we abandon after the first chunk.
+    call = client.stub.Generate(build_request("abandon me " * 10, max_new_tokens=400,
+                                              speculate=False))
+    next(iter(call))
+    other = {}
+    t = threading.Thread(target=lambda: other.update(r=client.generate("keep going",
+                                                                       max_new_tokens=30)))
+    t.start()
+    call.cancel()
+    t.join(60)
+    assert other["r"].usage["completion_tokens"] == 30
+    wait_until(lambda: client.model_info().kv_blocks_free == total - 1, timeout=20,
+               what="all KV blocks back in the pool")
+    server.servicer.engine.kv.check_integrity()
+
+
+def test_seeded_sampling_is_reproducible(client):
+    a = client.generate("once upon", max_new_tokens=12, temperature=0.9, seed=123)
+    b = client.generate("once upon", max_new_tokens=12, temperature=0.9, seed=123)
+    assert a.token_ids == b.token_ids
+
+
+def test_model_info_and_health(server, client):
+    info = client.model_info()
+    assert info.drafter == "ngram" and info.max_draft_len == 4
+    assert info.vocab_size == 512 and info.tokenizer_fingerprint
+    assert info.speculation.steps > 0
+    ch = grpc.insecure_channel(f"127.0.0.1:{server.port}")
+    resp = health_pb2_grpc.HealthStub(ch).Check(
+        health_pb2.HealthCheckRequest(service="specwire.v1.Generation"))
+    assert resp.status == health_pb2.HealthCheckResponse.SERVING
+    ch.close()
+
+
+def test_not_ready_server_is_not_serving_and_unavailable():
+    srv = TargetServer("127.0.0.1", 0)
+    srv.start()
+    try:
+        ch = grpc.insecure_channel(f"127.0.0.1:{srv.port}")
+        resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""))
+        assert resp.status == health_pb2.HealthCheckResponse.NOT_SERVING
+        with GenerationClient(f"127.0.0.1:{srv.port}") as c, pytest.raises(grpc.RpcError) as err:
+            c.generate("hi", max_new_tokens=2)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        ch.close()
+    finally:
+        srv.stop(0)
+
+
+def test_cli_target_and_generate_json():
+    cmd = SPECWIRE + ["target", "--model", "tiny-random", "--port", "0", "--no-progress",
+                      "--max-context-len", "512"]
+    with running_service(cmd, None, r"listening on ([\d.]+:\d+)", timeout=120) as (_, m):
+        addr = m.group(1)
+        out = {}
+        for flag in ([], ["--no-speculation"]):
+            proc = subprocess.run(
+                SPECWIRE + ["generate", "--target", addr, "--prompt", "a b a b a b",
+                            "--max-new-tokens", "12", "--json", *flag],
+                capture_output=True, text=True, timeout=60)
+            assert proc.returncode == 0, proc.stderr
+            out[bool(flag)] = json.loads(proc.stdout)
+        assert out[False]["token_ids"] == out[True]["token_ids"]
+        for key in ("steps", "draft_tokens", "accepted_tokens", "acceptance_rate",
+                    "mean_accepted_length", "histogram"):
+            assert key in out[False]["speculation"]
+        bad = subprocess.run(SPECWIRE + ["generate", "--target", addr, "--prompt", "hi",
+                                         "--max-new-tokens", "0"],
+                             capture_output=True, text=True, timeout=60)
+        assert bad.returncode != 0
+        assert bad.stderr.count("\n") == 1 and "max_new_tokens must be >= 1" in bad.stderr
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--model", "no-such-model"], "unknown model"),
+    (["--model", "/nonexistent/model.gguf"], "does not exist"),
+    (["--model", "tiny-random", "--drafter", "bogus"], "unknown drafter"),
+    (["--model", "tiny-random", "--drafter", "nosuchmodule:X"], "cannot import drafter"),
+    (["--model", "tiny-random", "--max-draft-len", "-1"], "--max-draft-len must be >= 0"),
+])
+def test_cli_target_bad_flags_one_line_error(args, needle):
+    proc = subprocess.run(SPECWIRE + ["target", "--port", "0", "--no-progress", *args],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("specwire: error")]
+    assert len(lines) == 1 and needle in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
