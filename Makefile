@@ -6,8 +6,6 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 # CPU machines get the local CPU build of torch; a CUDA build would be several GB.
 TORCH_PIN ?= torch==2.13.0
-PROMPT ?= def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n
-PORT   ?= 50151
 
 .PHONY: setup protos test demo lint clean
 
@@ -21,6 +19,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 setup: $(VENV)/.installed protos
+	@bash scripts/ci-deps.sh
 
 # Stubs are regenerated from protos/ whenever a .proto is newer than them.
 PROTOS := $(wildcard protos/specwire/v1/*.proto)
@@ -38,7 +37,7 @@ test: setup
 	$(VENV)/bin/pytest -q -ra
 
 demo: setup
-	$(VENV)/bin/specwire demo --port $(PORT)
+	$(VENV)/bin/specwire demo
 
 lint: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

@@ -177,7 +177,7 @@ def bench_shape(name: str, args: argparse.Namespace, device: torch.device,
                 graph = time_ms(lambda: runner.forward(rows, tables), args.iters, device)
                 assert runner.forward(rows, tables).graph == key
                 g = runner.graphs.graphs[key]
-                replay = time_ms(g.replay, args.iters, device, per_call=10)
+                replay = time_ms(g.replay, args.iters, device, per_call=5)
             prep = host_ms(lambda: runner.prepare(rows, tables), args.iters, device)
             fl = floor_ms(model, batch, args.ctx, kv_caches.dtype)
             rec = dict(shape=name, batch=batch, q=q, k=k, ctx=args.ctx,

@@ -24,7 +24,9 @@ def register(sub) -> None:
     add_engine_flags(d)
     d.add_argument("--port", type=int, default=0)
     _add_request_flags(d, default_prompt=DEMO_PROMPT)
-    d.set_defaults(func=run_demo)
+    d.add_argument("--raw-prompt", dest="chat", action="store_false",
+                   help="send the prompt as plain text instead of a chat message")
+    d.set_defaults(func=run_demo, chat=True)
 
 
 DEMO_PROMPT = (

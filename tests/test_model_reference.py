@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from paged_runner import prompt_logits
 from transformers import LlamaForCausalLM
 
 from common.model.loader import LoadedModel, export_hf_folder
-from paged_runner import prompt_logits
 
 TOL = 1e-3
 PROMPTS = [

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from paged_runner import PagedRunner
 
 from common.model.loader import LoadedModel
-from paged_runner import PagedRunner
 
 TOL = 1e-4  # fp32 on the CPU
 TEXT = "Speculative decoding: a drafter proposes, the target verifies. Blocks of sixteen tokens!"
