@@ -142,6 +142,9 @@ def main() -> int:
     ap.add_argument("--max-batch-size", type=int, default=32)
     ap.add_argument("--max-num-tokens", type=int, default=2048)
     ap.add_argument("--repeats", type=int, default=1, help="timed passes per run (median)")
+    ap.add_argument("--warmup-passes", type=int, default=1,
+                    help="untimed full passes of every run before any is timed (GPU: cuDNN "
+                         "builds a plan per new attention shape, ~tens of ms each)")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -180,6 +183,16 @@ def main() -> int:
     results: list[dict] = []
     failures: list[str] = []
     for mode in args.modes.split(","):
+        # Warm every configuration before timing any: otherwise the first run of a mode pays
+        # for each new prefill shape and the comparison is biased against it.
+        for _ in range(args.warmup_passes):
+            for name, k in configs:
+                t0 = time.perf_counter()
+                try:
+                    generate(engines[(name, k)], prompts, args.max_new_tokens, mode == "batched")
+                except Exception as exc:  # the timed run below records the failure
+                    log(f"warm-up {mode} {name} K={k} failed: {exc!r}")
+                log(f"warm-up {mode} {name} K={k}: {time.perf_counter() - t0:.2f}s")
         base: list[Complete] | None = None
         for name, k in configs:
             try:

@@ -1,4 +1,4 @@
-"""Shared fixtures: the models, loaded once per session (SmolLM2 takes ~10 s on 2 cores)."""
+"""Shared fixtures: the models, loaded once per session (SmolLM2's GGUF takes ~10 s to read)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from common.model.loader import LoadedModel, export_hf_folder, load_model
+from common.model.checkpoint import Checkpoint, write_hf_folder
+from common.model.loader import LoadedModel, build_model, load_checkpoint, load_model
 
 
 @pytest.fixture(scope="session")
@@ -15,11 +16,22 @@ def tiny() -> LoadedModel:
 
 
 @pytest.fixture(scope="session")
-def smollm2() -> LoadedModel:
-    return load_model("smollm2-135m", progress=False)
+def smollm2_checkpoint() -> tuple[str, Checkpoint]:
+    return load_checkpoint("smollm2-135m", progress=False)
 
 
 @pytest.fixture(scope="session")
-def smollm2_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """SmolLM2's GGUF exported as a Hugging Face folder (dequantized, fp32)."""
-    return export_hf_folder("smollm2-135m", tmp_path_factory.mktemp("smollm2-hf"), progress=False)
+def smollm2(smollm2_checkpoint: tuple[str, Checkpoint]) -> LoadedModel:
+    """What `load_model("smollm2-135m")` returns (it is `load_checkpoint` then `build_model`)."""
+    return build_model(*smollm2_checkpoint)
+
+
+@pytest.fixture(scope="session")
+def smollm2_folder(
+    smollm2_checkpoint: tuple[str, Checkpoint], tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """SmolLM2's GGUF exported as a Hugging Face folder (dequantized, fp32), as
+    `export_hf_folder("smollm2-135m", ...)` writes it."""
+    folder = tmp_path_factory.mktemp("smollm2-hf")
+    write_hf_folder(smollm2_checkpoint[1], folder)
+    return folder

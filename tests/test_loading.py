@@ -178,7 +178,7 @@ def test_corrupt_gguf(tmp_path: Path) -> None:
     assert "cannot read GGUF file" in load_error(garbage)
     truncated = tmp_path / "truncated.gguf"
     with smollm2_gguf_path().open("rb") as f:
-        truncated.write_bytes(f.read(4_000_000))  # header and vocabulary, half a tensor
+        truncated.write_bytes(f.read(300_000))  # cut off in the middle of the vocabulary
     assert "cannot read" in load_error(truncated)
 
 

@@ -15,9 +15,7 @@ from common.model.loader import LoadedModel, export_hf_folder
 TOL = 1e-3
 PROMPTS = [
     "The capital of France is",
-    "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
-    "Speculative decoding lets a small model draft tokens that a large model verifies in one "
-    "forward pass; the output is unchanged, only faster. Naïve café — 東京 🤖.",
+    "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)  # naïve — 東京 🤖",
 ]
 CHAT = [{"role": "user", "content": "Name three colours of the rainbow."}]
 

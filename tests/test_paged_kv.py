@@ -105,9 +105,11 @@ def test_decode_rows_see_their_own_history(tiny: LoadedModel, ids) -> None:
 
 @pytest.mark.slow
 def test_smollm2_chunked_prefill_matches_whole_prompt(smollm2: LoadedModel) -> None:
-    ids = smollm2.tokenizer.encode(TEXT + " " + OTHER[1])
+    ids = smollm2.tokenizer.encode(" ".join([TEXT, *OTHER, TEXT]))
+    assert len(ids) > 40
     whole = PagedRunner(smollm2.model).step([(0, ids)])[0]
     runner = PagedRunner(smollm2.model)
-    parts = [runner.step([(0, ids[:13])])[0]]
-    parts += [runner.step([(0, [t])])[0] for t in ids[13:]]
+    parts = [runner.step([(0, ids[:13])])[0], runner.step([(0, ids[13:30])])[0]]
+    parts += [runner.step([(0, [t])])[0] for t in ids[30:33]]
+    parts.append(runner.step([(0, ids[33:])])[0])
     assert_close(torch.cat(parts), whole)

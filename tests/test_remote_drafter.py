@@ -3,13 +3,16 @@ reconnect + resync, deadlines, malformed replies."""
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
 import threading
 import time
 from concurrent import futures
 
 import grpc
 import pytest
-from procs import free_port, wait_until
+from procs import free_port, start_service, stop_service, wait_until
 
 from common.errors import UserError
 from common.protogen import drafter_pb2, drafter_pb2_grpc
@@ -26,7 +29,9 @@ MODES = ["stream", "unary"]
 
 
 def make_request(rid: str, prompt: list[int], k: int = 4) -> Request:
-    return Request(rid, list(prompt), max_new_tokens=64, max_draft_len=k, state=RequestState.DECODE)
+    req = Request(rid, list(prompt), max_new_tokens=64, max_draft_len=k)
+    req.state, req.step_draft_cap = RequestState.DECODE, k  # as the scheduler leaves it
+    return req
 
 
 class Harness:
@@ -170,6 +175,35 @@ def test_killed_drafter_fails_open_then_reconnects_and_resyncs(servers, mode):
     wait_until(lambda: h.step([a, b])[0] == [4, 1, 2, 3], timeout=15, what="drafts to resume")
     assert restarted.engine.store.get("a").tokens == a.token_ids
     assert h.counters()["reconnects"] >= 2
+
+
+# A drafter service in its own process, so the test can SIGKILL it (no graceful goodbye).
+SERVE_NGRAM = (
+    "import sys; from drafter_service.config import DrafterServiceConfig as C; "
+    "from drafter_service.server import serve; "
+    "s = serve(C(host='127.0.0.1', port=int(sys.argv[1]), max_draft_len=4)); "
+    "print('drafter ready', flush=True); s.wait()"
+)
+
+
+def test_sigkilled_drafter_process_fails_open_and_drafts_resume_after_restart():
+    port = free_port()
+    cmd = [sys.executable, "-c", SERVE_NGRAM, str(port)]
+    proc, _ = start_service(cmd, None, "drafter ready", timeout=60)
+    h = Harness(f"grpc://127.0.0.1:{port}", deadline_ms=1000)
+    try:
+        a = make_request("a", REPETITIVE)
+        assert h.step([a]) == [[3, 4, 1, 2]]
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        wait_until(lambda: h.step([a]) == [[]] and h.counters()["failed"] > 0, timeout=10)
+        a.output_ids += [3, 4]
+        proc, _ = start_service(cmd, None, "drafter ready", timeout=60)
+        wait_until(lambda: h.step([a]) == [[1, 2, 3, 4]], timeout=15, what="drafts to resume")
+        assert h.counters()["reconnects"] >= 2
+    finally:
+        h.drafter.close()
+        stop_service(proc)
 
 
 def test_session_lost_on_the_drafter_is_resynced(servers):

@@ -49,10 +49,14 @@ class Rotary(nn.Module):
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        # x: [T, heads, D], positions: [T]
-        cos = self.cos[positions].unsqueeze(1).to(x.dtype)
-        sin = self.sin[positions].unsqueeze(1).to(x.dtype)
+    def table(self, positions: torch.Tensor, dtype: torch.dtype):
+        """cos, sin for the step's positions [T] -> [T, 1, D] each (once per forward)."""
+        return (self.cos[positions].unsqueeze(1).to(dtype),
+                self.sin[positions].unsqueeze(1).to(dtype))
+
+    @staticmethod
+    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # x: [T, heads, D]
         half = x.shape[-1] // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated * sin
@@ -65,10 +69,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in fp32 like the reference implementation, then cast back.
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        # Normalise in fp32 like the reference implementation, then cast back (fused kernel).
+        return self.weight * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype)
 
 
 class DecoderLayer(nn.Module):
@@ -87,13 +89,13 @@ class DecoderLayer(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
         self.attn = TorchPagedAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, block_size)
 
-    def forward(self, x, positions, rotary: Rotary, kv_cache, meta: AttentionMetadata):
-        # x: [T, hidden]
+    def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], kv_cache, meta: AttentionMetadata):
+        # x: [T, hidden]; rope: cos, sin [T, 1, D]
         h = self.input_layernorm(x)
         q, k, v = self.qkv_proj(h).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         t = x.shape[0]
-        q = rotary(q.view(t, self.cfg.num_heads, self.cfg.head_dim), positions)
-        k = rotary(k.view(t, self.cfg.num_kv_heads, self.cfg.head_dim), positions)
+        q = Rotary.apply(q.view(t, self.cfg.num_heads, self.cfg.head_dim), *rope)
+        k = Rotary.apply(k.view(t, self.cfg.num_kv_heads, self.cfg.head_dim), *rope)
         v = v.view(t, self.cfg.num_kv_heads, self.cfg.head_dim)
         attn = self.attn.forward(q, k, v, kv_cache, meta).reshape(t, self.q_size)
         x = x + self.o_proj(attn)
@@ -127,8 +129,9 @@ class LlamaModel(nn.Module):
         if meta.is_uniform and meta.uniform_mask is None:
             prepare_uniform_mask(meta, self.block_size)
         x = self.embed_tokens(input_ids)
+        rope = self.rotary.table(positions, x.dtype)
         for i, layer in enumerate(self.layers):
-            x = layer(x, positions, self.rotary, kv_caches[i], meta)
+            x = layer(x, rope, kv_caches[i], meta)
         return self.norm(x)
 
     @torch.inference_mode()

@@ -83,6 +83,21 @@ def load_model(
 ) -> LoadedModel:
     """Read the checkpoint `spec` names, build a `LlamaModel` on `device` in `dtype`, load it."""
     name, ckpt = load_checkpoint(spec, progress=progress)
+    return build_model(
+        name, ckpt, device=device, dtype=dtype, block_size=block_size, max_positions=max_positions
+    )
+
+
+def build_model(
+    name: str,
+    ckpt: Checkpoint,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    block_size: int = 16,
+    max_positions: int | None = None,
+) -> LoadedModel:
+    """A `LlamaModel` holding `ckpt`'s weights (copied: `ckpt` stays usable)."""
     with torch.device(device):
         model = LlamaModel(ckpt.config, block_size=block_size, max_positions=max_positions)
     model = model.to(dtype=dtype).eval()
