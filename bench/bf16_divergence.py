@@ -33,11 +33,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from e2e_speculation import collect, load_prompts, make_engine  # noqa: E402
+from lossless_prompts import lossless_prompts  # noqa: E402
 
 from common.model.attention import AttentionMetadata  # noqa: E402
 from common.model.llama import LlamaModel  # noqa: E402
 from common.model.loader import LoadedModel, load_model  # noqa: E402
-from lossless_prompts import lossless_prompts  # noqa: E402
 from target_service.engine import Engine  # noqa: E402
 from target_service.request import Request  # noqa: E402
 from target_service.runner.model_runner import StepLogits  # noqa: E402
@@ -63,7 +63,7 @@ class GapRecorder(Verifier):
         results = super().verify(requests, step)
         top = torch.topk(step.logits, 2, dim=-1)  # values/indices: [N, 2]
         vals, ids = top.values.tolist(), top.indices.tolist()
-        for req, (off, _n), toks in zip(requests, step.spans, results):
+        for req, (off, _n), toks in zip(requests, step.spans, results, strict=True):
             first = len(req.output_ids)  # output position of toks[0] (not committed yet)
             for j in range(len(toks)):
                 v, i = vals[off + j], ids[off + j]
@@ -83,7 +83,8 @@ def prefill_gap(model: LlamaModel, ids: list[int]) -> Gap:
         slot_mapping=pos + BLOCK_SIZE,  # blocks 1..nb hold positions 0..n-1 in order
         block_tables=torch.arange(1, nb + 1, dtype=torch.int32, device=dev)[None],  # [1, nb]
         context_lens=torch.tensor([n], dtype=torch.int32, device=dev),
-        query_lens=[n], context_lens_host=[n],
+        query_lens=[n],
+        context_lens_host=[n],
     )
     hidden = model(torch.tensor(ids, device=dev), pos, kv, meta)  # [n, hidden]
     logits = model.compute_logits(hidden[-1:])[0]  # [V]
@@ -91,8 +92,9 @@ def prefill_gap(model: LlamaModel, ids: list[int]) -> Gap:
     return float(v[0] - v[1]), int(i[0]), int(i[1])
 
 
-def run_dtype(loaded: LoadedModel, args: argparse.Namespace, prompts: list[list[int]],
-              max_ctx: int) -> tuple[list[list[int]], list[list[int]], dict[str, GapRecorder]]:
+def run_dtype(
+    loaded: LoadedModel, args: argparse.Namespace, prompts: list[list[int]], max_ctx: int
+) -> tuple[list[list[int]], list[list[int]], dict[str, GapRecorder]]:
     """(no-spec outputs, spec outputs, recorders) with all prompts in flight at once."""
     outs: dict[str, list[list[int]]] = {}
     recs: dict[str, GapRecorder] = {}
@@ -101,33 +103,119 @@ def run_dtype(loaded: LoadedModel, args: argparse.Namespace, prompts: list[list[
         rec = recs[name] = GapRecorder(loaded.config.vocab_size)
         eng.executor.verifier = rec
         t0 = time.perf_counter()
-        streams = [eng.executor.submit(eng.new_request(
-            p, max_new_tokens=args.max_new_tokens, request_id=f"p{i}"))
-            for i, p in enumerate(prompts)]
+        streams = [
+            eng.executor.submit(
+                eng.new_request(p, max_new_tokens=args.max_new_tokens, request_id=f"p{i}")
+            )
+            for i, p in enumerate(prompts)
+        ]
         eng.executor.run_until_idle()
         outs[name] = [c.token_ids for c in collect(streams)]
-        log(f"{args.dtype} {name}: {len(prompts)} prompts in {time.perf_counter() - t0:.1f}s, "
-            f"acceptance {eng.executor.stats.acceptance_rate:.2f}")
+        log(
+            f"{args.dtype} {name}: {len(prompts)} prompts in {time.perf_counter() - t0:.1f}s, "
+            f"acceptance {eng.executor.stats.acceptance_rate:.2f}"
+        )
         eng.shutdown()
     return outs["none"], outs["ngram"], recs
 
 
+def divergences(
+    dtype: str,
+    model: LlamaModel,
+    prompts: list[list[int]],
+    base: list[list[int]],
+    spec: list[list[int]],
+    recs: dict[str, GapRecorder],
+) -> list[dict]:
+    """One record per output that differs, at its first differing position."""
+    found: list[dict] = []
+    for i, (a, b) in enumerate(zip(base, spec, strict=True)):
+        if a == b:
+            continue
+        diff = (j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
+        p = next(diff, min(len(a), len(b)))  # else one output is a prefix of the other
+        ng = recs["none"].gaps[f"p{i}"].get(p)
+        sg = recs["ngram"].gaps[f"p{i}"].get(p)
+        found.append(
+            dict(
+                dtype=dtype,
+                prompt=i,
+                pos=p,
+                nospec_len=len(a),
+                spec_len=len(b),
+                nospec_token=a[p] if p < len(a) else None,
+                spec_token=b[p] if p < len(b) else None,
+                nospec_gap=ng[0] if ng else None,
+                nospec_top2=ng[1:] if ng else None,
+                spec_gap=sg[0] if sg else None,
+                spec_top2=sg[1:] if sg else None,
+                common_prefix=a[:p],
+                prefill=prefill_gap(model, prompts[i] + a[:p]),
+            )
+        )
+    return found
+
+
+def summarise(dtype: str, n: int, found: list[dict], nospec: GapRecorder) -> dict:
+    gaps = [g[0] for per_req in nospec.gaps.values() for g in per_req.values()]
+    at_div = [d["nospec_gap"] for d in found if d["nospec_gap"] is not None]
+    return dict(
+        dtype=dtype,
+        prompts=n,
+        identical=n - len(found),
+        divergent=len(found),
+        median_nospec_gap=statistics.median(at_div) if at_div else None,
+        nospec_positions=len(gaps),
+        small_gap_positions=sum(g < 0.125 for g in gaps),
+    )
+
+
+def write(
+    out: Path,
+    args: argparse.Namespace,
+    source: str,
+    summary: list[dict],
+    divergent: list[dict],
+    failures: list[str],
+) -> str:
+    table = markdown(summary, divergent)
+    (out / "bf16_divergence.md").write_text(table)
+    record = dict(
+        args=vars(args),
+        prompt_source=source + "+lossless_prompts",
+        summary=summary,
+        divergent=divergent,
+        failures=failures,
+    )
+    (out / "bf16_divergence.json").write_text(json.dumps(record, indent=1))
+    return table
+
+
 def markdown(summary: list[dict], divergent: list[dict]) -> str:
-    lines = ["| dtype | prompts | identical | divergent | median no-spec gap at divergence | "
-             "no-spec positions with gap < 0.125 |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| dtype | prompts | identical | divergent | median no-spec gap at divergence | "
+        "no-spec positions with gap < 0.125 |",
+        "|---|---|---|---|---|---|",
+    ]
     for s in summary:
-        lines.append(f"| {s['dtype']} | {s['prompts']} | {s['identical']} | {s['divergent']} | "
-                     f"{_f(s['median_nospec_gap'])} | {s['small_gap_positions']}/"
-                     f"{s['nospec_positions']} |")
-    lines += ["", "| dtype | prompt | first diff pos | no-spec tok | spec tok | no-spec gap | "
-              "spec gap | prefill gap (tok) | fp32 prefill gap (tok) |",
-              "|---|---|---|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {s['dtype']} | {s['prompts']} | {s['identical']} | {s['divergent']} | "
+            f"{_f(s['median_nospec_gap'])} | {s['small_gap_positions']}/"
+            f"{s['nospec_positions']} |"
+        )
+    lines += [
+        "",
+        "| dtype | prompt | first diff pos | no-spec tok | spec tok | no-spec gap | "
+        "spec gap | prefill gap (tok) | fp32 prefill gap (tok) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for d in divergent:
         pf, f32 = d["prefill"], d.get("fp32_prefill")
         lines.append(
             f"| {d['dtype']} | {d['prompt']} | {d['pos']} | {d['nospec_token']} | "
             f"{d['spec_token']} | {_f(d['nospec_gap'])} | {_f(d['spec_gap'])} | "
-            f"{pf[0]:.4f} ({pf[1]}) | {f'{f32[0]:.4f} ({f32[1]})' if f32 else 'n/a'} |")
+            f"{pf[0]:.4f} ({pf[1]}) | {f'{f32[0]:.4f} ({f32[1]})' if f32 else 'n/a'} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -160,50 +248,30 @@ def main() -> int:
     for dtype in args.dtypes.split(","):
         args.dtype = dtype  # make_engine reads it
         try:
-            loaded = models[dtype] = load_model(args.model, device=args.device,
-                                                dtype=getattr(torch, dtype), progress=False)
+            loaded = models[dtype] = load_model(
+                args.model, device=args.device, dtype=getattr(torch, dtype), progress=False
+            )
             prompts = [loaded.tokenizer.encode(t) for t in texts]
-            max_ctx = -(-(max(map(len, prompts)) + args.max_new_tokens + args.k + 1)
-                        // BLOCK_SIZE) * BLOCK_SIZE
+            max_ctx = (
+                -(-(max(map(len, prompts)) + args.max_new_tokens + args.k + 1) // BLOCK_SIZE)
+                * BLOCK_SIZE
+            )
             base, spec, recs = run_dtype(loaded, args, prompts, max_ctx)
-            gaps = [g[0] for r in recs["none"].gaps.values() for g in r.values()]
-            here: list[dict] = []
-            for i, (a, b) in enumerate(zip(base, spec)):
-                if a == b:
-                    continue
-                p = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-                ng = recs["none"].gaps[f"p{i}"].get(p)
-                sg = recs["ngram"].gaps[f"p{i}"].get(p)
-                here.append(dict(
-                    dtype=dtype, prompt=i, pos=p, nospec_len=len(a), spec_len=len(b),
-                    nospec_token=a[p] if p < len(a) else None,
-                    spec_token=b[p] if p < len(b) else None,
-                    nospec_gap=ng[0] if ng else None, nospec_top2=ng[1:] if ng else None,
-                    spec_gap=sg[0] if sg else None, spec_top2=sg[1:] if sg else None,
-                    common_prefix=a[:p],
-                    prefill=prefill_gap(loaded.model, prompts[i] + a[:p])))
-            med = statistics.median([d["nospec_gap"] for d in here if d["nospec_gap"] is not None]
-                                    or [float("nan")]) if here else None
-            summary.append(dict(dtype=dtype, prompts=len(prompts), identical=len(base) - len(here),
-                                divergent=len(here), median_nospec_gap=med,
-                                nospec_positions=len(gaps),
-                                small_gap_positions=sum(g < 0.125 for g in gaps)))
+            here = divergences(dtype, loaded.model, prompts, base, spec, recs)
+            summary.append(summarise(dtype, len(prompts), here, recs["none"]))
             divergent += here
             log(f"{dtype}: {len(base) - len(here)}/{len(base)} identical")
         except Exception as exc:  # record and go on with the next dtype
             log(f"{dtype} FAILED: {exc!r}")
             failures.append(f"{dtype}: {exc!r}")
+        write(out, args, source, summary, divergent, failures)  # partial results survive a kill
     if "float32" in models:  # the exact-ish reference gap at each divergent prefix
         f32 = models["float32"]
         for d in divergent:
             if d["dtype"] != "float32":
                 ids = f32.tokenizer.encode(texts[d["prompt"]])
                 d["fp32_prefill"] = prefill_gap(f32.model, ids + d["common_prefix"])
-    table = markdown(summary, divergent)
-    (out / "bf16_divergence.md").write_text(table)
-    (out / "bf16_divergence.json").write_text(json.dumps(dict(
-        args=vars(args), prompt_source=source + "+lossless_prompts", summary=summary,
-        divergent=divergent, failures=failures), indent=1))
+    table = write(out, args, source, summary, divergent, failures)
     print(table, flush=True)
     return 1 if failures else 0
 

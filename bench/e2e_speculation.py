@@ -11,9 +11,7 @@ For each run: tok/s, speedup over `none` in the same mode, acceptance rate (acce
 mean accepted length ((accepted + steps) / steps: tokens committed per verify step), forward
 steps, and how many outputs (token ids) are identical to the `none` run of the same mode.
 
-    python bench/e2e_speculation.py --device cuda --num-prompts 40 --max-new-tokens 96 --out D
-    python bench/e2e_speculation.py --device cpu --model tiny-random --num-prompts 4 \
-        --max-new-tokens 16 --out /tmp/e2e
+Commands and the meaning of each column: bench/README.md.
 """
 
 from __future__ import annotations
@@ -57,13 +55,21 @@ def load_prompts(n: int) -> tuple[list[str], str]:
         return lossless_prompts(n), "lossless_prompts"
 
 
-def make_engine(loaded: LoadedModel, args: argparse.Namespace, drafter: str, k: int,
-                max_context_len: int) -> Engine:
+def make_engine(
+    loaded: LoadedModel, args: argparse.Namespace, drafter: str, k: int, max_context_len: int
+) -> Engine:
     cfg = TargetConfig(
-        model=args.model, drafter=drafter, max_draft_len=k, device=args.device,
-        dtype=args.dtype, cuda_graphs=not args.no_cuda_graphs,
-        max_batch_size=args.max_batch_size, max_num_tokens=args.max_num_tokens,
-        max_context_len=max_context_len, block_size=BLOCK_SIZE, progress=False,
+        model=args.model,
+        drafter=drafter,
+        max_draft_len=k,
+        device=args.device,
+        dtype=args.dtype,
+        cuda_graphs=not args.no_cuda_graphs,
+        max_batch_size=args.max_batch_size,
+        max_num_tokens=args.max_num_tokens,
+        max_context_len=max_context_len,
+        block_size=BLOCK_SIZE,
+        progress=False,
     )
     return build_engine(cfg, loaded=loaded)
 
@@ -80,8 +86,9 @@ def collect(streams) -> list[Complete]:
     return out
 
 
-def generate(engine: Engine, prompts: list[list[int]], max_new: int,
-             batched: bool) -> tuple[float, list[Complete], int]:
+def generate(
+    engine: Engine, prompts: list[list[int]], max_new: int, batched: bool
+) -> tuple[float, list[Complete], int]:
     """(wall seconds, completions in prompt order, forward steps) for one pass."""
     ex = engine.executor
     steps0 = ex.step_no
@@ -101,31 +108,55 @@ def generate(engine: Engine, prompts: list[list[int]], max_new: int,
     return time.perf_counter() - t0, done, ex.step_no - steps0
 
 
-def summarise(mode: str, name: str, k: int, walls: list[float], done: list[Complete],
-              steps: int, base: list[Complete] | None) -> dict:
+def summarise(
+    mode: str,
+    name: str,
+    k: int,
+    walls: list[float],
+    done: list[Complete],
+    steps: int,
+    base: list[Complete] | None,
+) -> dict:
     stats = SpecStats()
     for c in done:
         stats.merge(c.stats)
     tokens = sum(c.completion_tokens for c in done)
     wall = statistics.median(walls)
-    ident = None if base is None else sum(a.token_ids == b.token_ids for a, b in zip(base, done))
-    return dict(mode=mode, drafter=name, k=k, tokens=tokens, wall_s=wall, walls_s=walls,
-                tok_per_s=tokens / wall, forward_steps=steps, request_steps=stats.steps,
-                drafted=stats.draft_tokens, accepted=stats.accepted_tokens,
-                acceptance_rate=stats.acceptance_rate,
-                mean_accepted_length=stats.mean_accepted_length,
-                identical_to_none=ident, num_prompts=len(done))
+    ident = None
+    if base is not None:
+        ident = sum(a.token_ids == b.token_ids for a, b in zip(base, done, strict=True))
+    return dict(
+        mode=mode,
+        drafter=name,
+        k=k,
+        tokens=tokens,
+        wall_s=wall,
+        walls_s=walls,
+        tok_per_s=tokens / wall,
+        forward_steps=steps,
+        request_steps=stats.steps,
+        drafted=stats.draft_tokens,
+        accepted=stats.accepted_tokens,
+        acceptance_rate=stats.acceptance_rate,
+        mean_accepted_length=stats.mean_accepted_length,
+        identical_to_none=ident,
+        num_prompts=len(done),
+    )
 
 
 def markdown(results: list[dict]) -> str:
-    lines = ["| mode | drafter | K | tok/s | speedup | acceptance | mean accepted len | "
-             "identical | forward steps | wall s |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| mode | drafter | K | tok/s | speedup | acceptance | mean accepted len | "
+        "identical | forward steps | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         lines.append(
             f"| {r['mode']} | {r['drafter']} | {r['k']} | {r['tok_per_s']:.1f} | "
             f"{r['speedup']:.2f}× | {r['acceptance_rate']:.2f} | "
             f"{r['mean_accepted_length']:.2f} | {r['identical_to_none']}/{r['num_prompts']} | "
-            f"{r['forward_steps']} | {r['wall_s']:.2f} |")
+            f"{r['forward_steps']} | {r['wall_s']:.2f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -142,9 +173,13 @@ def main() -> int:
     ap.add_argument("--max-batch-size", type=int, default=32)
     ap.add_argument("--max-num-tokens", type=int, default=2048)
     ap.add_argument("--repeats", type=int, default=1, help="timed passes per run (median)")
-    ap.add_argument("--warmup-passes", type=int, default=1,
-                    help="untimed full passes of every run before any is timed (GPU: cuDNN "
-                         "builds a plan per new attention shape, ~tens of ms each)")
+    ap.add_argument(
+        "--warmup-passes",
+        type=int,
+        default=1,
+        help="untimed full passes of every run before any is timed (GPU: cuDNN "
+        "builds a plan per new attention shape, ~tens of ms each)",
+    )
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -153,16 +188,25 @@ def main() -> int:
     args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    env = dict(torch=torch.__version__, device=args.device, threads=torch.get_num_threads(),
-               gpu=torch.cuda.get_device_name() if args.device.startswith("cuda") else None)
+    env = dict(
+        torch=torch.__version__,
+        device=args.device,
+        threads=torch.get_num_threads(),
+        gpu=torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
+    )
     log(f"env {env} args {vars(args)}")
 
     texts, source = load_prompts(args.num_prompts)
     t0 = time.perf_counter()
     # Rotary table: the model's own max positions (prompt lengths are known only after
     # tokenizing, and the tokenizer comes with the model).
-    loaded = load_model(args.model, device=args.device, dtype=getattr(torch, args.dtype),
-                        block_size=BLOCK_SIZE, progress=False)
+    loaded = load_model(
+        args.model,
+        device=args.device,
+        dtype=getattr(torch, args.dtype),
+        block_size=BLOCK_SIZE,
+        progress=False,
+    )
     log(f"loaded {loaded.name} ({args.dtype}) in {time.perf_counter() - t0:.1f}s")
     prompts = [loaded.tokenizer.encode(t) for t in texts]  # list of [prompt_len] token ids
     lens = [len(p) for p in prompts]
@@ -177,8 +221,10 @@ def main() -> int:
         eng = make_engine(loaded, args, name, k, max_ctx)
         generate(eng, prompts[: min(4, len(prompts))], 8, batched=True)  # warm-up pass
         engines[(name, k)] = eng
-        log(f"engine {name} K={k} built + warm in {time.perf_counter() - t0:.1f}s "
-            f"(graphs={eng.runner.graphs is not None})")
+        log(
+            f"engine {name} K={k} built + warm in {time.perf_counter() - t0:.1f}s "
+            f"(graphs={eng.runner.graphs is not None})"
+        )
 
     results: list[dict] = []
     failures: list[str] = []
@@ -198,35 +244,50 @@ def main() -> int:
             try:
                 walls, done, steps = [], [], 0
                 for _ in range(args.repeats):
-                    wall, done, steps = generate(engines[(name, k)], prompts,
-                                                 args.max_new_tokens, batched=mode == "batched")
+                    wall, done, steps = generate(
+                        engines[(name, k)], prompts, args.max_new_tokens, batched=mode == "batched"
+                    )
                     walls.append(wall)
                 base = done if name == "none" else base
                 rec = summarise(mode, name, k, walls, done, steps, base)
-                none = next((r for r in results if r["mode"] == mode and r["drafter"] == "none"),
-                            rec)
+                none = next(
+                    (r for r in results if r["mode"] == mode and r["drafter"] == "none"), rec
+                )
                 rec["speedup"] = rec["tok_per_s"] / none["tok_per_s"]
                 rec["outputs"] = [c.token_ids for c in done]
                 results.append(rec)
-                log(f"{mode} {name} K={k}: {rec['tok_per_s']:.1f} tok/s ({rec['speedup']:.2f}×), "
+                log(
+                    f"{mode} {name} K={k}: {rec['tok_per_s']:.1f} tok/s ({rec['speedup']:.2f}×), "
                     f"acceptance {rec['acceptance_rate']:.2f}, identical "
-                    f"{rec['identical_to_none']}/{len(done)}, wall {rec['wall_s']:.2f}s")
+                    f"{rec['identical_to_none']}/{len(done)}, wall {rec['wall_s']:.2f}s"
+                )
             except Exception as exc:  # record and continue with the next run
                 log(f"{mode} {name} K={k} FAILED: {exc!r}")
                 failures.append(f"{mode} {name} K={k}: {exc!r}")
             table = markdown(results)
             (out / "e2e_speculation.md").write_text(table)
-            (out / "e2e_speculation.json").write_text(json.dumps(dict(
-                env=env, args=vars(args), prompt_source=source, prompt_lens=lens,
-                results=results, failures=failures), indent=1))
+            (out / "e2e_speculation.json").write_text(
+                json.dumps(
+                    dict(
+                        env=env,
+                        args=vars(args),
+                        prompt_source=source,
+                        prompt_lens=lens,
+                        results=results,
+                        failures=failures,
+                    ),
+                    indent=1,
+                )
+            )
     # Batch-dependent numerics: does plain decoding give the same ids batched and alone?
     nones = [r for r in results if r["drafter"] == "none"]
     if len(nones) == 2:
-        same = sum(a == b for a, b in zip(nones[0]["outputs"], nones[1]["outputs"]))
+        same = sum(a == b for a, b in zip(nones[0]["outputs"], nones[1]["outputs"], strict=True))
         log(f"none: {same}/{len(nones[0]['outputs'])} outputs identical across modes")
         (out / "e2e_speculation.md").write_text(
             markdown(results) + f"\nnone, {nones[0]['mode']} vs {nones[1]['mode']}: "
-            f"{same}/{len(nones[0]['outputs'])} outputs identical\n")
+            f"{same}/{len(nones[0]['outputs'])} outputs identical\n"
+        )
     for eng in engines.values():
         eng.shutdown()
     print(markdown(results), flush=True)

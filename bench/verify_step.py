@@ -11,8 +11,7 @@ For each shape, batch B and draft length K, B decode rows each feed q = 1 + K to
 - floor ms:   (weight bytes + KV bytes read) / 4.8 TB/s; the embedding table is not counted
               (only B*q rows of it are read), a tied LM head counts once
 
-    python bench/verify_step.py --device cuda --out /tmp/verify     # H200
-    python bench/verify_step.py --device cpu --shapes tiny --batches 1,2 --iters 3 --out /tmp/v
+Commands: bench/README.md.
 """
 
 from __future__ import annotations
@@ -37,15 +36,22 @@ from target_service.resources.kv_cache import KVCacheManager  # noqa: E402
 from target_service.runner.model_runner import ModelRunner, RunnerConfig  # noqa: E402
 from target_service.scheduler import Row  # noqa: E402
 
-SHAPES: dict[str, ModelConfig] = {"tiny": TINY_RANDOM, "smollm2": SMOLLM2_135M,
-                                  "llama3-8b": LLAMA3_8B}
+SHAPES: dict[str, ModelConfig] = {
+    "tiny": TINY_RANDOM,
+    "smollm2": SMOLLM2_135M,
+    "llama3-8b": LLAMA3_8B,
+}
 HBM_BYTES_PER_S = 4.8e12
 BLOCK_SIZE = 16
 # Plain PyTorch decoder under CUDA graphs, ctx 1024 (shared/reference/h200-baselines.md):
 # (shape, batch, q) -> graph ms.
 PLAIN_GRAPH_MS: dict[tuple[str, int, int], float] = {
-    ("llama3-8b", 1, 1): 5.09, ("llama3-8b", 1, 5): 6.54, ("llama3-8b", 8, 5): 8.14,
-    ("llama3-8b", 32, 5): 16.95, ("smollm2", 1, 1): 1.28, ("smollm2", 1, 5): 2.37,
+    ("llama3-8b", 1, 1): 5.09,
+    ("llama3-8b", 1, 5): 6.54,
+    ("llama3-8b", 8, 5): 8.14,
+    ("llama3-8b", 32, 5): 16.95,
+    ("smollm2", 1, 1): 1.28,
+    ("smollm2", 1, 5): 2.37,
     ("smollm2", 8, 5): 2.47,
 }
 
@@ -54,8 +60,9 @@ def log(msg: str) -> None:
     print(f"[verify_step {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def build_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype,
-                max_positions: int) -> LlamaModel:
+def build_model(
+    cfg: ModelConfig, device: torch.device, dtype: torch.dtype, max_positions: int
+) -> LlamaModel:
     """Random weights ~N(0, 0.02) (norms at 1), seeded; built directly in `dtype` on `device`."""
     torch.manual_seed(0)
     old = torch.get_default_dtype()
@@ -84,14 +91,18 @@ def floor_ms(model: LlamaModel, batch: int, ctx: int, kv_dtype: torch.dtype) -> 
     return (weight_bytes + kv_bytes) / HBM_BYTES_PER_S * 1e3
 
 
-def make_rows(kv: KVCacheManager, batch: int, ctx: int, k: int,
-              vocab: int) -> tuple[list[Row], list[list[int]]]:
+def make_rows(
+    kv: KVCacheManager, batch: int, ctx: int, k: int, vocab: int
+) -> tuple[list[Row], list[list[int]]]:
     """`batch` decode rows with `ctx` tokens cached, 1 committed token + `k` drafts each."""
     rows: list[Row] = []
     for i in range(batch):
-        req = Request(request_id=f"b{batch}k{k}r{i}",
-                      prompt_ids=[(7 * i + j) % vocab for j in range(ctx + 1)],
-                      max_new_tokens=k + 2, max_draft_len=k)
+        req = Request(
+            request_id=f"b{batch}k{k}r{i}",
+            prompt_ids=[(7 * i + j) % vocab for j in range(ctx + 1)],
+            max_new_tokens=k + 2,
+            max_draft_len=k,
+        )
         req.num_computed = ctx
         req.draft_tokens = [(3 * i + j + 1) % vocab for j in range(k)]
         req.num_real_drafts = k
@@ -100,8 +111,9 @@ def make_rows(kv: KVCacheManager, batch: int, ctx: int, k: int,
     return rows, [kv.block_table(r.request) for r in rows]
 
 
-def time_ms(fn: Callable[[], object], iters: int, device: torch.device, warm: int = 5,
-            per_call: int = 1) -> float:
+def time_ms(
+    fn: Callable[[], object], iters: int, device: torch.device, warm: int = 5, per_call: int = 1
+) -> float:
     """Median ms of `fn` over `iters` samples, GPU idle at each start (CUDA events on GPU).
 
     With `per_call` > 1 each sample runs `fn` that many times back to back and is divided."""
@@ -128,20 +140,24 @@ def time_ms(fn: Callable[[], object], iters: int, device: torch.device, warm: in
     return statistics.median(samples)
 
 
-def host_ms(fn: Callable[[], object], iters: int, device: torch.device) -> float:
-    """Median host wall ms of `fn` (synchronised after each call so no backlog builds)."""
-    samples: list[float] = []
-    for _ in range(iters + 3):
-        t0 = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - t0) * 1e3)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-    return statistics.median(samples[3:])
+def measure(
+    runner: ModelRunner, rows: list[Row], tables: list[list[int]], iters: int, device: torch.device
+) -> tuple[float, float | None, float | None, float, tuple | None]:
+    """(eager ms, graph ms, replay ms, prep ms, graph key) for one batch of rows."""
+    eager = time_ms(lambda: runner.forward(rows, tables, allow_graphs=False), iters, device)
+    graph = replay = None
+    key = runner.graphs.select(runner.prepare(rows, tables)) if runner.graphs else None
+    if key is not None:
+        graph = time_ms(lambda: runner.forward(rows, tables), iters, device)
+        assert runner.forward(rows, tables).graph == key, "forward did not replay the graph"
+        replay = time_ms(runner.graphs.graphs[key].replay, iters, device, per_call=5)
+    prep = time_ms(lambda: runner.prepare(rows, tables), iters, device)  # host work, GPU idle
+    return eager, graph, replay, prep, key
 
 
-def bench_shape(name: str, args: argparse.Namespace, device: torch.device,
-                dtype: torch.dtype) -> list[dict]:
+def bench_shape(
+    name: str, args: argparse.Namespace, device: torch.device, dtype: torch.dtype
+) -> list[dict]:
     cfg = SHAPES[name]
     max_k = max(args.ks)
     max_ctx = args.ctx + max_k + BLOCK_SIZE
@@ -157,9 +173,18 @@ def bench_shape(name: str, args: argparse.Namespace, device: torch.device,
     runners: dict[int, ModelRunner] = {}
     for k in sorted({k for k in args.ks if k > 0} or {0}):
         t0 = time.perf_counter()
-        runners[k] = ModelRunner(model, kv_caches, RunnerConfig(
-            max_batch_size=max_b, max_draft_len=k, max_context_len=max_ctx,
-            block_size=BLOCK_SIZE, dummy_block=KVCacheManager.DUMMY_BLOCK, cuda_graphs=graphs))
+        runners[k] = ModelRunner(
+            model,
+            kv_caches,
+            RunnerConfig(
+                max_batch_size=max_b,
+                max_draft_len=k,
+                max_context_len=max_ctx,
+                block_size=BLOCK_SIZE,
+                dummy_block=KVCacheManager.DUMMY_BLOCK,
+                cuda_graphs=graphs,
+            ),
+        )
         runners[k].warmup(progress=False)
         n = len(runners[k].graphs.graphs) if runners[k].graphs else 0
         log(f"{name}: runner K={k} warm, {n} graphs captured in {time.perf_counter() - t0:.1f}s")
@@ -169,26 +194,29 @@ def bench_shape(name: str, args: argparse.Namespace, device: torch.device,
             runner = runners[k] if k in runners else next(iter(runners.values()))
             rows, tables = make_rows(kv, batch, args.ctx, k, cfg.vocab_size)
             q = 1 + k
-            eager = time_ms(lambda: runner.forward(rows, tables, allow_graphs=False),
-                            args.iters, device)
-            graph = replay = None
-            key = runner.graphs.select(runner.prepare(rows, tables)) if runner.graphs else None
-            if key is not None:
-                graph = time_ms(lambda: runner.forward(rows, tables), args.iters, device)
-                assert runner.forward(rows, tables).graph == key
-                g = runner.graphs.graphs[key]
-                replay = time_ms(g.replay, args.iters, device, per_call=5)
-            prep = host_ms(lambda: runner.prepare(rows, tables), args.iters, device)
+            eager, graph, replay, prep, key = measure(runner, rows, tables, args.iters, device)
             fl = floor_ms(model, batch, args.ctx, kv_caches.dtype)
-            rec = dict(shape=name, batch=batch, q=q, k=k, ctx=args.ctx,
-                       dtype=str(dtype).removeprefix("torch."), eager_ms=eager, graph_ms=graph,
-                       replay_ms=replay, prep_ms=prep, floor_ms=fl,
-                       graph_bucket=list(key) if key else None,
-                       graph_over_floor=graph / fl if graph else None,
-                       plain_pytorch_graph_ms=PLAIN_GRAPH_MS.get((name, batch, q)))
+            rec = dict(
+                shape=name,
+                batch=batch,
+                q=q,
+                k=k,
+                ctx=args.ctx,
+                dtype=str(dtype).removeprefix("torch."),
+                eager_ms=eager,
+                graph_ms=graph,
+                replay_ms=replay,
+                prep_ms=prep,
+                floor_ms=fl,
+                graph_bucket=list(key) if key else None,
+                graph_over_floor=graph / fl if graph else None,
+                plain_pytorch_graph_ms=PLAIN_GRAPH_MS.get((name, batch, q)),
+            )
             results.append(rec)
-            log(f"{name} B={batch} q={q}: eager {eager:.3f} ms, graph {_f(graph)} ms, "
-                f"replay {_f(replay)} ms, prep {prep:.3f} ms, floor {fl:.3f} ms")
+            log(
+                f"{name} B={batch} q={q}: eager {eager:.3f} ms, graph {_f(graph)} ms, "
+                f"replay {_f(replay)} ms, prep {prep:.3f} ms, floor {fl:.3f} ms"
+            )
             for r in rows:
                 kv.free(r.request)
     kv.check_integrity()
@@ -214,7 +242,8 @@ def markdown(results: list[dict]) -> str:
             f"| {r['shape']} | {r['batch']} | {r['q']} | {r['eager_ms']:.2f} | "
             f"{_f(r['graph_ms'], 2)} | {_f(r['replay_ms'], 2)} | {r['prep_ms']:.2f} | "
             f"{r['floor_ms']:.2f} | {_f(r['graph_over_floor'], 1)} | "
-            f"{_f(r['plain_pytorch_graph_ms'], 2)} |")
+            f"{_f(r['plain_pytorch_graph_ms'], 2)} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -228,17 +257,23 @@ def main() -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
     ap.add_argument("--no-cuda-graphs", action="store_true")
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     args.batches = [int(x) for x in args.batches.split(",")]
     args.ks = [int(x) for x in args.ks.split(",")]
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    env = dict(torch=torch.__version__, device=str(device),
-               gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-               threads=torch.get_num_threads())
+    env = dict(
+        torch=torch.__version__,
+        device=str(device),
+        gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        threads=torch.get_num_threads(),
+    )
     log(f"env {env}")
     results: list[dict] = []
     failures: list[str] = []
@@ -252,8 +287,9 @@ def main() -> int:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
         table = markdown(results)
-        (out / "verify_step.json").write_text(json.dumps(
-            dict(env=env, args=vars(args), results=results, failures=failures), indent=1))
+        (out / "verify_step.json").write_text(
+            json.dumps(dict(env=env, args=vars(args), results=results, failures=failures), indent=1)
+        )
         (out / "verify_step.md").write_text(table)
     print(table, flush=True)
     return 1 if failures else 0

@@ -52,6 +52,8 @@ def register(sub) -> None:
     p.add_argument("--host", default=env("SPECWIRE_HOST", "127.0.0.1"))
     p.add_argument("--port", type=int, default=env("SPECWIRE_PORT", 50051, int),
                    help="0 picks a free port")
+    p.add_argument("--metrics-port", type=int, default=env("SPECWIRE_METRICS_PORT", 0, int),
+                   help="serve Prometheus metrics on this port (0 = off)")
     add_engine_flags(p)
     p.set_defaults(func=run)
 
@@ -71,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
         server.stop(0)
         raise
     server.attach(engine)
+    if args.metrics_port:
+        engine.executor.metrics.serve(args.metrics_port, args.host)
     print(f"specwire target listening on {args.host}:{server.port} "
           f"(model={cfg.model} drafter={cfg.drafter} K={engine.executor.max_draft_len} "
           f"device={cfg.device} graphs={engine.runner.graphs is not None})", flush=True)

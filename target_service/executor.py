@@ -25,6 +25,7 @@ from collections.abc import Sequence
 import torch
 
 from target_service.drafters.base import Drafter
+from target_service.metrics import TargetMetrics
 from target_service.output import OutputStream
 from target_service.request import Request, RequestState, SpecStats
 from target_service.resources.base import ResourceRegistry
@@ -62,6 +63,7 @@ class Executor:
         self.stats = SpecStats(histogram=[0] * (max_draft_len + 1))
         self.step_no = 0
         self.drafter_errors = 0
+        self.metrics = TargetMetrics()
         self._inbox: deque[tuple[str, object]] = deque()
         self._wake = threading.Condition()
         self._stop = False
@@ -140,6 +142,7 @@ class Executor:
             time.sleep(0.001)  # waiting for KV blocks held by finishing requests
             return
         self.step_no += 1
+        t0 = time.perf_counter()
         try:
             self._step(batch)
         except Exception as exc:  # fail this batch's requests, keep serving the rest
@@ -148,6 +151,12 @@ class Executor:
                 if not req.finished:
                     self.streams[req.request_id].fail("INTERNAL", f"step failed: {exc}")
                     self._release(req)
+        m = self.metrics
+        m.steps.inc()
+        m.step_seconds.observe(time.perf_counter() - t0)
+        m.running.set(len(self.scheduler.running))
+        m.waiting.set(len(self.scheduler.waiting))
+        m.kv_free.set(self.kv.num_free_blocks)
 
     def _step(self, batch: ScheduledBatch) -> None:
         decode = batch.decode_requests
@@ -212,6 +221,9 @@ class Executor:
             drafted, acc = req.num_real_drafts, len(toks) - 1
             req.stats.record(drafted, acc)
             self.stats.record(drafted, acc)
+            self.metrics.tokens.inc(len(toks))
+            self.metrics.drafted.inc(drafted)
+            self.metrics.accepted.inc(acc)
             if self.streams[req.request_id].commit(toks, drafted, acc, self.step_no):
                 self._release(req)
 

@@ -53,13 +53,20 @@ def test_smollm2_matches_transformers(smollm2: LoadedModel, smollm2_folder: Path
     assert diff <= TOL, f"max abs logit diff {diff:.2e}"
 
 
+EIFFEL = (
+    "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. "
+    "It is named after the engineer Gustave Eiffel, whose company designed and built the tower. "
+    "Locally nicknamed the Iron Lady, it was constructed from 1887 to 1889 as the centerpiece of "
+    "the 1889 World's Fair."
+)
+
+
 @pytest.mark.slow
-def test_smollm2_from_gguf_knows_paris(smollm2: LoadedModel) -> None:
+def test_smollm2_from_gguf_predicts_real_text(smollm2: LoadedModel) -> None:
     """Transformers agrees with us on whatever weights we hand it, so this checks the weights
-    themselves: a wrong q/k un-permutation of the GGUF would break RoPE and the answer."""
-    tok = smollm2.tokenizer
-    ids = tok.encode("The capital of France is")
-    out: list[int] = []
-    for _ in range(2):
-        out.append(int(prompt_logits(smollm2.model, ids + out)[-1].argmax()))
-    assert tok.decode(out).strip().startswith("Paris")
+    themselves. Measured: 1.92 nats/token; with the GGUF's q/k rows left in llama.cpp's RoPE
+    order, 3.62 (while greedy decoding still says "Paris", so that is no test)."""
+    ids = smollm2.tokenizer.encode(EIFFEL)
+    logits = prompt_logits(smollm2.model, ids)  # [T, V]
+    nll = torch.nn.functional.cross_entropy(logits[:-1], torch.tensor(ids[1:])).item()
+    assert nll < 2.5, f"{nll:.2f} nats/token"

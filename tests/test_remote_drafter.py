@@ -266,6 +266,39 @@ def test_late_reply_is_never_applied_to_a_newer_step(servers):
         server.stop(None)
 
 
+def test_silent_stream_is_dropped_and_reopened():
+    class HangsFirstStream(drafter_pb2_grpc.DrafterServicer):
+        streams = 0
+
+        def DraftStream(self, request_iterator, context):
+            HangsFirstStream.streams += 1
+            for req in request_iterator:
+                if HangsFirstStream.streams == 1:
+                    continue  # reads, never answers: a wedged drafter
+                yield drafter_pb2.DraftResponse(
+                    step=req.step,
+                    drafts=[
+                        drafter_pb2.SequenceDraft(
+                            request_id=s.request_id,
+                            base_len=s.base_len + len(s.new_tokens),
+                            tokens=[2] if s.base_len == 0 else [],  # proves the full resend
+                        )
+                        for s in req.sequences
+                    ],
+                )
+
+    server, port = custom_server(HangsFirstStream())
+    h = Harness(f"127.0.0.1:{port}", deadline_ms=20)  # stall_s = max(1 s, 20 x deadline)
+    try:
+        a = make_request("a", REPETITIVE)
+        wait_until(lambda: h.step([a]) == [[2]], timeout=10, interval=0.05, what="a new stream")
+        c = h.counters()
+        assert c["late"] >= 1 and c["failed"] >= 1 and c["reconnects"] >= 2
+    finally:
+        h.drafter.close()
+        server.stop(None)
+
+
 # -- malformed replies ------------------------------------------------------------------------
 
 

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import threading
+import urllib.request
 
 import grpc
 import pytest
@@ -14,7 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from common.client import GenerationClient, build_request
 from common.protogen import generation_pb2 as pb
-from procs import running_service, wait_until
+from procs import free_port, running_service, wait_until
 from target_service.config import TargetConfig
 from target_service.engine import build_engine
 from target_service.server import TargetServer
@@ -145,8 +146,9 @@ def test_not_ready_server_is_not_serving_and_unavailable():
 
 
 def test_cli_target_and_generate_json():
+    metrics_port = free_port()
     cmd = SPECWIRE + ["target", "--model", "tiny-random", "--port", "0", "--no-progress",
-                      "--max-context-len", "512"]
+                      "--max-context-len", "512", "--metrics-port", str(metrics_port)]
     with running_service(cmd, None, r"listening on ([\d.]+:\d+)", timeout=120) as (_, m):
         addr = m.group(1)
         out = {}
@@ -166,6 +168,9 @@ def test_cli_target_and_generate_json():
                              capture_output=True, text=True, timeout=60)
         assert bad.returncode != 0
         assert bad.stderr.count("\n") == 1 and "max_new_tokens must be >= 1" in bad.stderr
+        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics").read().decode()
+        generated = [ln for ln in text.splitlines() if ln.startswith("specwire_generated_tokens_total")]
+        assert generated and float(generated[0].split()[-1]) >= 24
 
 
 @pytest.mark.parametrize("args,needle", [

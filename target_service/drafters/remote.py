@@ -218,6 +218,10 @@ class RemoteDrafter(Drafter):
     def _connect(self) -> None:
         stream = _Stream(self._stub, self) if self.mode == "stream" else None
         with self._cv:
+            if self._closed.is_set():  # close() won the race with a reconnect
+                if stream is not None:
+                    stream.close()
+                return
             self._stream, self._connected, self._inflight = stream, True, None
             self._counters["reconnects"] += 1
 
@@ -246,7 +250,7 @@ class RemoteDrafter(Drafter):
                 self._handshake(self.config.connect_timeout_s)
                 self._connect()
                 break
-            except UserError as exc:
+            except (UserError, grpc.RpcError, ValueError) as exc:  # ValueError: channel closed
                 log.info("drafter %s: still down: %s", self.name, exc)
                 delay = min(2 * delay, self.config.backoff_max_s)
         with self._cv:
