@@ -7,8 +7,12 @@ import signal
 import sys
 import threading
 
+from typing import TYPE_CHECKING
+
 from common.cli_env import env_default as env
-from target_service.config import TargetConfig
+
+if TYPE_CHECKING:  # torch is imported only when a command runs, so --help is instant
+    from target_service.config import TargetConfig
 
 
 def add_engine_flags(p: argparse.ArgumentParser) -> None:
@@ -36,6 +40,8 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> TargetConfig:
+    from target_service.config import TargetConfig
+
     dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
     return TargetConfig(
         model=args.model, drafter=args.drafter, max_draft_len=args.max_draft_len,

@@ -179,19 +179,24 @@ class RemoteDrafter(Drafter):
 
     # -- connection ---------------------------------------------------------------------------
 
-    def _handshake(self, timeout_s: float) -> drafter_pb2.DrafterInfo:
-        """GetInfo, retried until `timeout_s` while the drafter is starting; raise UserError."""
+    def _handshake(self, timeout_s: float, wait: bool = True) -> drafter_pb2.DrafterInfo:
+        """GetInfo and the compatibility checks; raise UserError.
+
+        `wait`: at start-up, wait up to `timeout_s` for a drafter that is still starting. The
+        background reconnect probes once instead (its own back-off paces the attempts), so no
+        thread sits in a long blocking call that would hold up shutdown.
+        """
         end = time.monotonic() + timeout_s
         while True:
             try:
                 info = self._stub.GetInfo(
                     drafter_pb2.DrafterInfoRequest(protocol_version=PROTOCOL_VERSION),
                     timeout=max(0.01, end - time.monotonic()),
-                    wait_for_ready=True,
+                    wait_for_ready=wait,
                 )
                 break
             except grpc.RpcError as exc:
-                if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() >= end:
+                if not wait or exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() >= end:
                     raise UserError(
                         f"drafter at {self.name} is unreachable ({exc.code().name}: "
                         f"{exc.details()})"
@@ -247,7 +252,7 @@ class RemoteDrafter(Drafter):
         delay = self.config.backoff_initial_s
         while not self._closed.wait(delay):
             try:
-                self._handshake(self.config.connect_timeout_s)
+                self._handshake(min(self.config.connect_timeout_s, 1.0), wait=False)
                 self._connect()
                 break
             except (UserError, grpc.RpcError, ValueError) as exc:  # ValueError: channel closed
