@@ -16,121 +16,47 @@ Deadline default, 50 ms: about one CPU decode step of the default 135M target. D
 than a target step cost more than they save, and a loopback n-gram reply takes ~1 ms, so the
 deadline only fires for a drafter that is genuinely too slow. On a GPU target, whose step is a
 few ms, lower it (`--drafter-deadline-ms`).
+
+Pieces: `remote_channel.py` (config, handshake checks, the DraftStream call) and
+`remote_sessions.py` (what the drafter holds per request, a resource manager).
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import grpc
 
 from common.errors import UserError
 from common.protogen import drafter_pb2, drafter_pb2_grpc
 from target_service.drafters.base import Drafter
+from target_service.drafters.remote_channel import (
+    CHANNEL_OPTIONS,
+    DEFAULT_DEADLINE_MS,
+    PROTOCOL_VERSION,
+    DraftStreamCall,
+    RemoteDrafterConfig,
+    handshake,
+)
+from target_service.drafters.remote_sessions import RemoteSessions
 from target_service.request import Request
-from target_service.resources.base import ResourceManager, ResourceRegistry
+from target_service.resources.base import ResourceRegistry
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_VERSION = 1
-DEFAULT_DEADLINE_MS = 50.0
-COUNTERS = ("late", "failed", "stale", "resynced", "unknown_request", "reconnects")
-_CHANNEL_OPTIONS = [  # notice a restarted drafter within ~1 s (gRPC's default waits up to 120 s)
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
+# Re-exported: the names this module has always offered.
+__all__ = [
+    "COUNTERS",
+    "PROTOCOL_VERSION",
+    "RemoteDrafter",
+    "RemoteDrafterConfig",
+    "RemoteSessions",
 ]
 
-
-@dataclass(frozen=True)
-class RemoteDrafterConfig:
-    address: str  # "grpc://host:port" or "host:port"
-    mode: str = "stream"  # stream | unary
-    deadline_ms: float = DEFAULT_DEADLINE_MS
-    connect_timeout_s: float = 5.0
-    backoff_initial_s: float = 0.05
-    backoff_max_s: float = 2.0
-
-    def __post_init__(self) -> None:
-        if not self.target or ":" not in self.target:
-            raise UserError(f"--drafter {self.address!r}: expected grpc://HOST:PORT")
-        if self.mode not in ("stream", "unary"):
-            raise UserError(f"drafter mode must be stream or unary, got {self.mode!r}")
-        if self.deadline_ms <= 0 or self.connect_timeout_s <= 0:
-            raise UserError("drafter deadline and connect timeout must be > 0")
-
-    @property
-    def target(self) -> str:
-        return self.address.removeprefix("grpc://")
-
-    @property
-    def stall_s(self) -> float:
-        return max(1.0, 20 * self.deadline_ms / 1000)
-
-
-class RemoteSessions(ResourceManager):
-    """Per request, how many committed tokens the drafter holds (as far as we know).
-
-    Invariant: synced lengths are >= 0, and a request is never both live and awaiting its
-    `finished` notice. Only the executor thread calls it.
-    """
-
-    name = "remote_drafter"
-
-    def __init__(self) -> None:
-        self.synced: dict[str, int] = {}  # request_id -> tokens the drafter holds
-        self.finished: list[str] = []  # freed requests the drafter has not been told about
-
-    def synced_len(self, request_id: str) -> int:
-        return self.synced.get(request_id, 0)
-
-    def resync(self, request_id: str) -> None:
-        if request_id in self.synced:
-            self.synced[request_id] = 0  # the full prefix goes out next step
-
-    def resync_all(self) -> None:
-        for rid in self.synced:
-            self.synced[rid] = 0
-
-    def free(self, request: Request) -> None:
-        if self.synced.pop(request.request_id, None) is not None:
-            self.finished.append(request.request_id)
-
-    def take_finished(self) -> list[str]:
-        out, self.finished = self.finished, []
-        return out
-
-    def check_integrity(self) -> None:
-        assert all(n >= 0 for n in self.synced.values()), "negative synced length"
-        assert not set(self.finished) & self.synced.keys(), "a live request is marked finished"
-
-
-class _Stream:
-    """One DraftStream call: a sender queue feeding its request iterator, and a reader thread."""
-
-    def __init__(self, stub: drafter_pb2_grpc.DrafterStub, owner: RemoteDrafter) -> None:
-        self._queue: queue.SimpleQueue[drafter_pb2.DraftRequest | None] = queue.SimpleQueue()
-        self._call = stub.DraftStream(self._requests())
-        self._reader = threading.Thread(
-            target=owner._read_stream, args=(self, self._call), daemon=True, name="drafter-rx"
-        )
-        self._reader.start()
-
-    def _requests(self):
-        while (msg := self._queue.get()) is not None:
-            yield msg
-
-    def send(self, msg: drafter_pb2.DraftRequest) -> None:
-        self._queue.put(msg)
-
-    def close(self) -> None:
-        self._queue.put(None)
-        self._call.cancel()
+COUNTERS = ("late", "failed", "stale", "resynced", "unknown_request", "reconnects")
 
 
 class RemoteDrafter(Drafter):
@@ -159,11 +85,11 @@ class RemoteDrafter(Drafter):
         self._inflight_since = 0.0
         self._reply: drafter_pb2.DraftResponse | None = None
         self._connected = False
-        self._stream: _Stream | None = None
+        self._stream: DraftStreamCall | None = None
         self._lost_sync = False  # set on failure: every sequence restarts from base_len 0
         self._reconnecting = False
         self._closed = threading.Event()
-        self._channel = grpc.insecure_channel(self.config.target, options=_CHANNEL_OPTIONS)
+        self._channel = grpc.insecure_channel(self.config.target, options=CHANNEL_OPTIONS)
         self._stub = drafter_pb2_grpc.DrafterStub(self._channel)
         try:
             self.info = self._handshake(self.config.connect_timeout_s)
@@ -180,48 +106,13 @@ class RemoteDrafter(Drafter):
     # -- connection ---------------------------------------------------------------------------
 
     def _handshake(self, timeout_s: float, wait: bool = True) -> drafter_pb2.DrafterInfo:
-        """GetInfo and the compatibility checks; raise UserError.
-
-        `wait`: at start-up, wait up to `timeout_s` for a drafter that is still starting. The
-        background reconnect probes once instead (its own back-off paces the attempts), so no
-        thread sits in a long blocking call that would hold up shutdown.
-        """
-        end = time.monotonic() + timeout_s
-        while True:
-            try:
-                info = self._stub.GetInfo(
-                    drafter_pb2.DrafterInfoRequest(protocol_version=PROTOCOL_VERSION),
-                    timeout=max(0.01, end - time.monotonic()),
-                    wait_for_ready=wait,
-                )
-                break
-            except grpc.RpcError as exc:
-                if not wait or exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() >= end:
-                    raise UserError(
-                        f"drafter at {self.name} is unreachable ({exc.code().name}: "
-                        f"{exc.details()})"
-                    ) from None
-                time.sleep(0.05)
-        if info.protocol_version != PROTOCOL_VERSION:
-            raise UserError(
-                f"drafter at {self.name} speaks protocol version {info.protocol_version}, "
-                f"this target speaks {PROTOCOL_VERSION}"
-            )
-        if info.vocab_size and info.vocab_size != self.vocab_size:
-            raise UserError(
-                f"drafter at {self.name} ({info.name}) has vocabulary size {info.vocab_size}, "
-                f"the target model has {self.vocab_size}"
-            )
-        fp = info.tokenizer_fingerprint
-        if fp and self.tokenizer_fingerprint and fp != self.tokenizer_fingerprint:
-            raise UserError(
-                f"drafter at {self.name} ({info.name}) uses another tokenizer "
-                f"(fingerprint {fp[:12]}, the target's is {self.tokenizer_fingerprint[:12]})"
-            )
-        return info
+        """See `remote_channel.handshake`; raises UserError."""
+        return handshake(
+            self._stub, self.name, self.vocab_size, self.tokenizer_fingerprint, timeout_s, wait
+        )
 
     def _connect(self) -> None:
-        stream = _Stream(self._stub, self) if self.mode == "stream" else None
+        stream = DraftStreamCall(self._stub, self._read_stream) if self.mode == "stream" else None
         with self._cv:
             if self._closed.is_set():  # close() won the race with a reconnect
                 if stream is not None:
@@ -261,7 +152,7 @@ class RemoteDrafter(Drafter):
         with self._cv:
             self._reconnecting = False
 
-    def _read_stream(self, stream: _Stream, call) -> None:
+    def _read_stream(self, stream: DraftStreamCall, call: grpc.Call) -> None:
         try:
             for reply in call:
                 with self._cv:

@@ -1,0 +1,312 @@
+"""End to end: the real target engine drafting from a real drafter service over loopback gRPC.
+
+Lossless with remote n-gram and remote model drafters (stream and unary), a drafter killed and
+restarted mid-generation, a drafter slower than the deadline, malformed drafter replies, and the
+target's CLI refusing a mismatched drafter. Every check compares token ids with decoding
+without speculation; counters come from the drafter client and GetModelInfo.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from concurrent import futures
+
+import grpc
+import pytest
+import torch
+from lossless_prompts import lossless_prompts
+from procs import free_port, wait_until
+
+from common.client import GenerationClient
+from common.protogen import drafter_pb2_grpc
+from drafter_service.config import DrafterServiceConfig
+from drafter_service.drafters import NGramDrafter
+from drafter_service.engine import DraftEngine
+from drafter_service.server import DrafterServicer, serve
+from drafter_service.sessions import SessionStore
+from target_service.config import TargetConfig
+from target_service.engine import build_engine
+from target_service.output import Complete
+from target_service.server import TargetServer
+
+PROMPTS = lossless_prompts(50)
+CODE = [0, 1, 6, 8, 14]  # indices of the code prompts (Python, SQL, HTML)
+TINY_VOCAB = 512
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    # tiny-random is too small to gain from intra-op threads, and on a busy 2-core machine
+    # OpenMP threads spinning against another process make each step many times slower.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def drafters():
+    """Start drafter services in-process; all are stopped at the end of the test."""
+    started = []
+
+    def start(port: int = 0, instance=None, **overrides):
+        cfg = DrafterServiceConfig(host="127.0.0.1", port=port, max_draft_len=4, **overrides)
+        server = serve(cfg, instance)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop(None)
+
+
+def engine(loaded, drafter: str, model: str = "tiny-random", **kw):
+    cfg = TargetConfig(model=model, drafter=drafter, max_draft_len=4, progress=False,
+                       max_context_len=512, drafter_deadline_ms=kw.pop("deadline_ms", 2000),
+                       **kw)
+    return build_engine(cfg, loaded=loaded)
+
+
+def submit_all(eng, prompts, max_new_tokens):
+    tok = eng.loaded.tokenizer
+    return [eng.executor.submit(eng.new_request(tok.encode(p), max_new_tokens=max_new_tokens))
+            for p in prompts]
+
+
+def completions(streams) -> list[Complete]:
+    out = []
+    for s in streams:
+        events = []
+        while not s.events.empty():
+            events.append(s.events.get())
+        assert isinstance(events[-1], Complete), events[-1]
+        out.append(events[-1])
+    return out
+
+
+def run_all(eng, prompts, max_new_tokens=24) -> list[Complete]:
+    """Every prompt in flight at once, driven on this thread; KV is checked afterwards."""
+    streams = submit_all(eng, prompts, max_new_tokens)
+    eng.executor.run_until_idle()
+    eng.kv.check_integrity()
+    assert eng.kv.num_free_blocks == eng.kv.num_blocks - 1, "KV blocks leaked"
+    return completions(streams)
+
+
+@pytest.fixture(scope="module")
+def baseline(tiny):
+    """Token ids without speculation: 50 prompts x 24 tokens, and 6 prompts x 150 tokens."""
+    eng = engine(tiny, "none")
+    short = [c.token_ids for c in run_all(eng, PROMPTS)]
+    long = [c.token_ids for c in run_all(eng, PROMPTS[:6], 150)]
+    eng.shutdown()
+    return {"short": short, "long": long}
+
+
+@pytest.fixture
+def served(tiny):
+    """A TargetServer around a tiny-random engine with the given drafter, and a client."""
+    servers, clients = [], []
+
+    def start(drafter: str, **kw):
+        srv = TargetServer("127.0.0.1", 0)
+        srv.start()
+        srv.attach(engine(tiny, drafter, **kw))
+        client = GenerationClient(f"127.0.0.1:{srv.port}", timeout=120)
+        servers.append(srv)
+        clients.append(client)
+        return client
+
+    yield start
+    for c in clients:
+        c.close()
+    for s in servers:
+        s.stop(0)
+
+
+def step_until(ex, predicate, what: str, max_steps: int = 100) -> None:
+    """Run executor steps on this thread until `predicate()` holds (or fail)."""
+    for _ in range(max_steps):
+        if predicate():
+            return
+        ex.run_until_idle(max_steps=1)
+    raise AssertionError(f"{what}: not after {max_steps} steps")
+
+
+def generate_concurrently(client, prompts, max_new_tokens=24):
+    with futures.ThreadPoolExecutor(len(prompts)) as pool:
+        return list(pool.map(lambda p: client.generate(p, max_new_tokens=max_new_tokens), prompts))
+
+
+# -- lossless over 50 prompts --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["ngram", "model:tiny-random"])
+@pytest.mark.parametrize("mode", ["stream", "unary"])
+def test_remote_drafter_is_lossless_over_50_prompts(tiny, baseline, drafters, kind, mode):
+    server = drafters(drafter=kind)
+    eng = engine(tiny, f"grpc://{server.address}", drafter_mode=mode)
+    results = run_all(eng, PROMPTS)
+    assert [c.token_ids for c in results] == baseline["short"]
+    assert sum(results[i].stats.accepted_tokens for i in CODE) > 0, "no drafts accepted on code"
+    c = eng.drafter.counters()
+    assert c["failed"] == c["stale"] == c["unknown_request"] == 0 and c["reconnects"] == 1
+    stats = eng.executor.stats
+    assert 0 < stats.accepted_tokens <= stats.draft_tokens and stats.refused_draft_tokens == 0
+    # `finished` notices ride on the next step's message: one more request delivers them, and
+    # then only its own session is left on the drafter.
+    (last,) = submit_all(eng, ["a b a b a b"], 4)
+    eng.executor.run_until_idle()
+    assert len(server.engine.store) == 1 and last.request.request_id in server.engine.store
+    eng.shutdown()
+
+
+@pytest.mark.slow
+def test_smollm2_remote_ngram_is_lossless(smollm2, drafters):
+    prompts = PROMPTS[:8]
+    plain = run_all(engine(smollm2, "none", model="smollm2-135m"), prompts)
+    server = drafters()
+    eng = engine(smollm2, f"grpc://{server.address}", model="smollm2-135m")
+    spec = run_all(eng, prompts)
+    assert [c.token_ids for c in spec] == [c.token_ids for c in plain]
+    assert sum(spec[i].stats.accepted_tokens for i in (0, 1, 6)) > 0
+    eng.shutdown()
+
+
+# -- a drafter killed and restarted mid-generation ------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["stream", "unary"])
+def test_drafter_killed_mid_generation_then_restarted(tiny, baseline, drafters, mode):
+    port = free_port()
+    server = drafters(port=port)
+    eng = engine(tiny, f"grpc://127.0.0.1:{port}", drafter_mode=mode, deadline_ms=1000)
+    ex = eng.executor
+    streams = submit_all(eng, PROMPTS[:6], 150)
+    for _ in range(8):  # prefill and a few speculative steps
+        ex.run_until_idle(max_steps=1)
+    assert ex.stats.accepted_tokens > 0 and ex.scheduler.has_work
+
+    server.stop(None)  # killed: its sessions are gone
+    step_until(ex, lambda: eng.drafter.counters()["failed"] > 0, "the dead drafter to be noticed")
+    assert ex.scheduler.has_work, "generations should still be in flight"
+
+    restarted = drafters(port=port)
+    wait_until(lambda: eng.drafter.counters()["reconnects"] >= 2,  # no steps needed: background
+               timeout=20, interval=0.05, what="the drafter client to reconnect")
+    before = ex.stats.accepted_tokens
+    step_until(ex, lambda: ex.stats.accepted_tokens > before, "speculation to resume")
+    # Every sequence was re-sent from base_len 0: the new drafter holds each live request's
+    # committed tokens (as of the last step it was told about) from the very first token.
+    live = list(ex.scheduler.running)
+    assert live, "generations should still be in flight"
+    for req in live:
+        held = restarted.engine.store.get(req.request_id)
+        assert held is not None and 0 < len(held.tokens) <= len(req.token_ids)
+        assert held.tokens == req.token_ids[: len(held.tokens)]
+
+    ex.run_until_idle()
+    assert [c.token_ids for c in completions(streams)] == baseline["long"]
+    eng.kv.check_integrity()
+
+    # The same story through GetModelInfo: serve the finished engine and ask.
+    srv = TargetServer("127.0.0.1", 0)
+    srv.start()
+    srv.attach(eng)
+    try:
+        with GenerationClient(f"127.0.0.1:{srv.port}", timeout=30) as client:
+            info = client.model_info()
+    finally:
+        srv.stop(0)
+    assert info.drafter_counters.failed > 0 and info.drafter_counters.reconnects >= 2
+    assert info.speculation.accepted_tokens == ex.stats.accepted_tokens > before
+
+
+# -- a drafter slower than the deadline ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["stream", "unary"])
+def test_slow_drafter_is_late_and_output_unchanged(baseline, drafters, served, mode):
+    server = drafters(delay_ms=400)
+    client = served(f"grpc://{server.address}", drafter_mode=mode, deadline_ms=20)
+    results = generate_concurrently(client, PROMPTS[:4])
+    assert [r.token_ids for r in results] == baseline["short"][:4]
+    info = client.model_info()
+    assert info.drafter_counters.late > 0 and info.drafter_counters.failed == 0
+    # No step waited for the reply: every step verified without drafts, one token each.
+    assert info.speculation.draft_tokens == 0
+    for r in results:
+        assert r.speculation["steps"] == len(r.token_ids)
+    assert len(client.generate("still serving", max_new_tokens=4).token_ids) == 4
+
+
+# -- malformed drafter replies ---------------------------------------------------------------------
+
+
+class CorruptingServicer(DrafterServicer):
+    """The real drafter, with its replies corrupted in rotation: a wrong request id, a stale
+    base_len, ids outside the vocabulary; every fourth reply is left intact."""
+
+    def _draft(self, request, context):
+        reply = super()._draft(request, context)
+        for i, d in enumerate(reply.drafts):
+            kind = (request.step + i) % 4
+            if kind == 0:
+                d.request_id = f"nobody-{d.request_id}"
+            elif kind == 1:
+                d.base_len -= 1
+            elif kind == 2:
+                junk = [TINY_VOCAB + 7, *d.tokens[1:]] if d.tokens else [TINY_VOCAB]
+                del d.tokens[:]
+                d.tokens.extend(junk)
+        return reply
+
+
+@pytest.fixture
+def corrupting_drafter():
+    servicer = CorruptingServicer(max_draft_len=4)
+    ngram = NGramDrafter()
+    servicer.engine = DraftEngine(ngram, SessionStore(ngram, 300.0), 4)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    drafter_pb2_grpc.add_DrafterServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield f"127.0.0.1:{port}"
+    server.stop(None)
+
+
+@pytest.mark.parametrize("mode", ["stream", "unary"])
+def test_malformed_drafter_replies_are_counted_and_ignored(
+    baseline, corrupting_drafter, served, mode
+):
+    client = served(f"grpc://{corrupting_drafter}", drafter_mode=mode)
+    results = generate_concurrently(client, PROMPTS[:8])
+    assert [r.token_ids for r in results] == baseline["short"][:8]
+    info = client.model_info()
+    c = info.drafter_counters
+    assert c.unknown_request > 0 and c.stale > 0 and c.failed == 0
+    assert info.speculation.refused_draft_tokens > 0
+    assert info.speculation.accepted_tokens <= info.speculation.draft_tokens
+    assert client.generate(PROMPTS[0], max_new_tokens=24).token_ids == baseline["short"][0]
+
+
+# -- the handshake, from the CLI ------------------------------------------------------------------
+
+
+class SmolVocabNGram(NGramDrafter):
+    """An n-gram drafter claiming SmolLM2's vocabulary (what `model:smollm2-135m` advertises)."""
+
+    vocab_size = 49152
+
+
+def test_target_cli_refuses_mismatched_drafter_in_one_line(drafters):
+    server = drafters(instance=SmolVocabNGram())
+    cmd = [sys.executable, "-m", "common.cli", "target", "--model", "tiny-random", "--port", "0",
+           "--no-progress", "--drafter", f"grpc://{server.address}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("specwire: error:")]
+    assert len(errors) == 1, proc.stderr
+    assert "vocabulary size 49152" in errors[0] and "512" in errors[0]
+    assert "Traceback" not in proc.stderr
