@@ -16,4 +16,6 @@ def env_default(name: str, default, kind=str):
             return raw.strip().lower() in ("1", "true", "yes", "on")
         return kind(raw)
     except ValueError as exc:
-        raise UserError(f"environment variable {name}={raw!r} is not a valid {kind.__name__}") from exc
+        raise UserError(
+            f"environment variable {name}={raw!r} is not a valid {kind.__name__}"
+        ) from exc

@@ -10,8 +10,7 @@ import grpc
 from common.protogen import generation_pb2 as pb
 from common.protogen import generation_pb2_grpc as pb_grpc
 
-FINISH_NAMES = {v: k.removeprefix("FINISH_REASON_").lower() for k, v in
-                pb.FinishReason.items()}
+FINISH_NAMES = {v: k.removeprefix("FINISH_REASON_").lower() for k, v in pb.FinishReason.items()}
 
 
 @dataclass
@@ -24,14 +23,20 @@ class GenerationResult:
     usage: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        return {"text": self.text, "token_ids": self.token_ids,
-                "finish_reason": self.finish_reason, "speculation": self.speculation,
-                "usage": self.usage}
+        return {
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "finish_reason": self.finish_reason,
+            "speculation": self.speculation,
+            "usage": self.usage,
+        }
 
 
 def spec_stats_dict(s: pb.SpeculationStats) -> dict:
     return {
-        "steps": s.steps, "draft_tokens": s.draft_tokens, "accepted_tokens": s.accepted_tokens,
+        "steps": s.steps,
+        "draft_tokens": s.draft_tokens,
+        "accepted_tokens": s.accepted_tokens,
         "acceptance_rate": round(s.acceptance_rate, 4),
         "mean_accepted_length": round(s.mean_accepted_length, 4),
         "histogram": list(s.accepted_length_histogram),
@@ -40,13 +45,22 @@ def spec_stats_dict(s: pb.SpeculationStats) -> dict:
     }
 
 
-def build_request(prompt: str | None = None, *, token_ids: list[int] | None = None,
-                  chat: list[dict] | None = None, max_new_tokens: int | None = None,
-                  temperature: float | None = None, top_k: int | None = None,
-                  top_p: float | None = None, seed: int | None = None,
-                  stop: list[str] | None = None, speculate: bool = True,
-                  max_draft_len: int | None = None, ignore_eos: bool = False,
-                  request_id: str = "") -> pb.GenerateRequest:
+def build_request(
+    prompt: str | None = None,
+    *,
+    token_ids: list[int] | None = None,
+    chat: list[dict] | None = None,
+    max_new_tokens: int | None = None,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    stop: list[str] | None = None,
+    speculate: bool = True,
+    max_draft_len: int | None = None,
+    ignore_eos: bool = False,
+    request_id: str = "",
+) -> pb.GenerateRequest:
     req = pb.GenerateRequest(request_id=request_id, stop=stop or [], ignore_eos=ignore_eos)
     if chat is not None:
         req.chat.messages.extend(pb.ChatMessage(**m) for m in chat)
@@ -56,8 +70,12 @@ def build_request(prompt: str | None = None, *, token_ids: list[int] | None = No
         req.prompt = prompt or ""
     if max_new_tokens is not None:
         req.max_new_tokens = max_new_tokens
-    for name, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p),
-                        ("seed", seed)):
+    for name, value in (
+        ("temperature", temperature),
+        ("top_k", top_k),
+        ("top_p", top_p),
+        ("seed", seed),
+    ):
         if value is not None:
             setattr(req.sampling, name, value)
     req.speculation.disable = not speculate
@@ -98,13 +116,17 @@ class GenerationClient:
             else:
                 c = resp.complete
                 return GenerationResult(
-                    text=c.text, token_ids=[t for ch in chunks for t in ch.token_ids],
+                    text=c.text,
+                    token_ids=[t for ch in chunks for t in ch.token_ids],
                     finish_reason=FINISH_NAMES.get(c.finish_reason, "unspecified"),
-                    speculation=spec_stats_dict(c.speculation), chunks=chunks,
-                    usage={"prompt_tokens": c.usage.prompt_tokens,
-                           "completion_tokens": c.usage.completion_tokens,
-                           "time_to_first_token_s": c.time_to_first_token_s,
-                           "total_time_s": c.total_time_s},
+                    speculation=spec_stats_dict(c.speculation),
+                    chunks=chunks,
+                    usage={
+                        "prompt_tokens": c.usage.prompt_tokens,
+                        "completion_tokens": c.usage.completion_tokens,
+                        "time_to_first_token_s": c.time_to_first_token_s,
+                        "total_time_s": c.total_time_s,
+                    },
                 )
         raise RuntimeError("the stream ended without a completion message")
 

@@ -17,15 +17,22 @@ def register(sub) -> None:
     _add_request_flags(g)
     g.set_defaults(func=run_generate)
 
-    d = sub.add_parser("demo", help="start a target with the default model and the n-gram "
-                       "drafter, generate, and show the text and acceptance statistics")
+    d = sub.add_parser(
+        "demo",
+        help="start a target with the default model and the n-gram "
+        "drafter, generate, and show the text and acceptance statistics",
+    )
     from target_service.cli import add_engine_flags
 
     add_engine_flags(d)
     d.add_argument("--port", type=int, default=0)
     _add_request_flags(d, default_prompt=DEMO_PROMPT)
-    d.add_argument("--raw-prompt", dest="chat", action="store_false",
-                   help="send the prompt as plain text instead of a chat message")
+    d.add_argument(
+        "--raw-prompt",
+        dest="chat",
+        action="store_false",
+        help="send the prompt as plain text instead of a chat message",
+    )
     d.set_defaults(func=run_demo, chat=True)
 
 
@@ -51,9 +58,15 @@ def _add_request_flags(p: argparse.ArgumentParser, default_prompt: str | None = 
 
 def _request_kwargs(args) -> dict:
     prompt = args.prompt.encode().decode("unicode_escape") if "\\n" in args.prompt else args.prompt
-    kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-              top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop,
-              speculate=not args.no_speculation)
+    kw = dict(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        stop=args.stop,
+        speculate=not args.no_speculation,
+    )
     if args.chat:
         kw["chat"] = [{"role": "user", "content": prompt}]
         return kw
@@ -61,15 +74,17 @@ def _request_kwargs(args) -> dict:
 
 
 def _print_stats(spec: dict, finish: str, out) -> None:
-    print(f"\n--- finish: {finish}; decode steps {spec['steps']}, drafted "
-          f"{spec['draft_tokens']}, accepted {spec['accepted_tokens']} "
-          f"(acceptance {spec['acceptance_rate']:.1%}, mean accepted length "
-          f"{spec['mean_accepted_length']:.2f} tokens/step), histogram {spec['histogram']}",
-          file=out)
+    print(
+        f"\n--- finish: {finish}; decode steps {spec['steps']}, drafted "
+        f"{spec['draft_tokens']}, accepted {spec['accepted_tokens']} "
+        f"(acceptance {spec['acceptance_rate']:.1%}, mean accepted length "
+        f"{spec['mean_accepted_length']:.2f} tokens/step), histogram {spec['histogram']}",
+        file=out,
+    )
 
 
 def generate_to_console(address: str, args) -> int:
-    from common.client import GenerationClient, build_request, spec_stats_dict, FINISH_NAMES
+    from common.client import FINISH_NAMES, GenerationClient, build_request, spec_stats_dict
 
     kwargs = _request_kwargs(args)
     with GenerationClient(address) as client:
@@ -87,8 +102,11 @@ def generate_to_console(address: str, args) -> int:
                     raise UserError(f"generation failed: {resp.error.message}")
                 else:
                     c = resp.complete
-                    _print_stats(spec_stats_dict(c.speculation),
-                                 FINISH_NAMES.get(c.finish_reason, "?"), sys.stdout)
+                    _print_stats(
+                        spec_stats_dict(c.speculation),
+                        FINISH_NAMES.get(c.finish_reason, "?"),
+                        sys.stdout,
+                    )
             return 0
         except grpc.RpcError as exc:
             raise UserError(f"{address}: {exc.code().name}: {exc.details()}") from None
@@ -107,8 +125,11 @@ def run_demo(args) -> int:
     server = TargetServer("127.0.0.1", args.port)
     server.start()
     try:
-        print(f"loading {cfg.model} (drafter {cfg.drafter}, K={cfg.max_draft_len}) ...",
-              file=sys.stderr, flush=True)
+        print(
+            f"loading {cfg.model} (drafter {cfg.drafter}, K={cfg.max_draft_len}) ...",
+            file=sys.stderr,
+            flush=True,
+        )
         server.attach(build_engine(cfg))
         address = f"127.0.0.1:{server.port}"
         print(f"target serving on {address}; prompt:\n{args.prompt}\n--- output:", flush=True)

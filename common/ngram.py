@@ -5,8 +5,9 @@ request). The pool maps every n-gram (1 <= n <= max_ngram) of the committed toke
 position just after one of its occurrences. A query takes the longest suffix of the sequence
 (max_ngram tokens down to 1) that occurred before, and proposes the tokens that followed that
 occurrence, up to the budget; a continuation that runs into the end of the sequence continues
-periodically (copy with overlap), so repetitive text gets full-length drafts. With `prefer="latest"` (default) the most recent earlier
-occurrence wins, which suits editing and repetitive code; `prefer="oldest"` keeps the first.
+periodically (copy with overlap), so repetitive text gets full-length drafts. With
+`prefer="latest"` (default) the most recent earlier occurrence wins, which suits editing and
+repetitive code; `prefer="oldest"` keeps the first.
 Indexing is incremental: each committed token is indexed once, so a step costs O(new tokens x
 max_ngram), not O(sequence length).
 """

@@ -6,7 +6,6 @@ import argparse
 import signal
 import sys
 import threading
-
 from typing import TYPE_CHECKING
 
 from common.cli_env import env_default as env
@@ -16,26 +15,43 @@ if TYPE_CHECKING:  # torch is imported only when a command runs, so --help is in
 
 
 def add_engine_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=env("SPECWIRE_MODEL", "smollm2-135m"),
-                   help="smollm2-135m (default), tiny-random, a HF folder or a .gguf file")
-    p.add_argument("--drafter", default=env("SPECWIRE_DRAFTER", "ngram"),
-                   help="none | ngram | module:Class | grpc://HOST:PORT")
+    p.add_argument(
+        "--model",
+        default=env("SPECWIRE_MODEL", "smollm2-135m"),
+        help="smollm2-135m (default), tiny-random, a HF folder or a .gguf file",
+    )
+    p.add_argument(
+        "--drafter",
+        default=env("SPECWIRE_DRAFTER", "ngram"),
+        help="none | ngram | module:Class | grpc://HOST:PORT",
+    )
     p.add_argument("--max-draft-len", type=int, default=env("SPECWIRE_MAX_DRAFT_LEN", 4, int))
     p.add_argument("--max-ngram", type=int, default=env("SPECWIRE_MAX_NGRAM", 3, int))
     p.add_argument("--device", default=env("SPECWIRE_DEVICE", "cpu"), help="cpu | cuda[:N]")
-    p.add_argument("--dtype", default=env("SPECWIRE_DTYPE", None),
-                   help="float32 | bfloat16 | float16 (default float32 on CPU, bfloat16 on GPU)")
-    p.add_argument("--no-cuda-graphs", action="store_true",
-                   default=env("SPECWIRE_NO_CUDA_GRAPHS", False, bool))
+    p.add_argument(
+        "--dtype",
+        default=env("SPECWIRE_DTYPE", None),
+        help="float32 | bfloat16 | float16 (default float32 on CPU, bfloat16 on GPU)",
+    )
+    p.add_argument(
+        "--no-cuda-graphs", action="store_true", default=env("SPECWIRE_NO_CUDA_GRAPHS", False, bool)
+    )
     p.add_argument("--max-batch-size", type=int, default=env("SPECWIRE_MAX_BATCH_SIZE", 16, int))
     p.add_argument("--max-num-tokens", type=int, default=env("SPECWIRE_MAX_NUM_TOKENS", 1024, int))
-    p.add_argument("--max-context-len", type=int,
-                   default=env("SPECWIRE_MAX_CONTEXT_LEN", 2048, int))
+    p.add_argument(
+        "--max-context-len", type=int, default=env("SPECWIRE_MAX_CONTEXT_LEN", 2048, int)
+    )
     p.add_argument("--num-kv-blocks", type=int, default=env("SPECWIRE_NUM_KV_BLOCKS", 0, int))
-    p.add_argument("--drafter-mode", default=env("SPECWIRE_DRAFTER_MODE", "stream"),
-                   help="remote drafters: stream (default) | unary")
-    p.add_argument("--drafter-deadline-ms", type=float,
-                   default=env("SPECWIRE_DRAFTER_DEADLINE_MS", 50.0, float))
+    p.add_argument(
+        "--drafter-mode",
+        default=env("SPECWIRE_DRAFTER_MODE", "stream"),
+        help="remote drafters: stream (default) | unary",
+    )
+    p.add_argument(
+        "--drafter-deadline-ms",
+        type=float,
+        default=env("SPECWIRE_DRAFTER_DEADLINE_MS", 50.0, float),
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -44,22 +60,35 @@ def config_from_args(args: argparse.Namespace) -> TargetConfig:
 
     dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
     return TargetConfig(
-        model=args.model, drafter=args.drafter, max_draft_len=args.max_draft_len,
-        max_ngram=args.max_ngram, device=args.device, dtype=dtype,
-        cuda_graphs=not args.no_cuda_graphs, max_batch_size=args.max_batch_size,
-        max_num_tokens=args.max_num_tokens, max_context_len=args.max_context_len,
-        num_kv_blocks=args.num_kv_blocks, drafter_mode=args.drafter_mode,
-        drafter_deadline_ms=args.drafter_deadline_ms, progress=not args.no_progress,
+        model=args.model,
+        drafter=args.drafter,
+        max_draft_len=args.max_draft_len,
+        max_ngram=args.max_ngram,
+        device=args.device,
+        dtype=dtype,
+        cuda_graphs=not args.no_cuda_graphs,
+        max_batch_size=args.max_batch_size,
+        max_num_tokens=args.max_num_tokens,
+        max_context_len=args.max_context_len,
+        num_kv_blocks=args.num_kv_blocks,
+        drafter_mode=args.drafter_mode,
+        drafter_deadline_ms=args.drafter_deadline_ms,
+        progress=not args.no_progress,
     )
 
 
 def register(sub) -> None:
     p = sub.add_parser("target", help="serve the target model (specwire.v1.Generation)")
     p.add_argument("--host", default=env("SPECWIRE_HOST", "127.0.0.1"))
-    p.add_argument("--port", type=int, default=env("SPECWIRE_PORT", 50051, int),
-                   help="0 picks a free port")
-    p.add_argument("--metrics-port", type=int, default=env("SPECWIRE_METRICS_PORT", 0, int),
-                   help="serve Prometheus metrics on this port (0 = off)")
+    p.add_argument(
+        "--port", type=int, default=env("SPECWIRE_PORT", 50051, int), help="0 picks a free port"
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=env("SPECWIRE_METRICS_PORT", 0, int),
+        help="serve Prometheus metrics on this port (0 = off)",
+    )
     add_engine_flags(p)
     p.set_defaults(func=run)
 
@@ -71,8 +100,11 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     server = TargetServer(args.host, args.port)
     server.start()
-    print(f"specwire target starting on {args.host}:{server.port} (loading {cfg.model})",
-          file=sys.stderr, flush=True)
+    print(
+        f"specwire target starting on {args.host}:{server.port} (loading {cfg.model})",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
         engine = build_engine(cfg)
     except BaseException:
@@ -81,9 +113,12 @@ def run(args: argparse.Namespace) -> int:
     server.attach(engine)
     if args.metrics_port:
         engine.executor.metrics.serve(args.metrics_port, args.host)
-    print(f"specwire target listening on {args.host}:{server.port} "
-          f"(model={cfg.model} drafter={cfg.drafter} K={engine.executor.max_draft_len} "
-          f"device={cfg.device} graphs={engine.runner.graphs is not None})", flush=True)
+    print(
+        f"specwire target listening on {args.host}:{server.port} "
+        f"(model={cfg.model} drafter={cfg.drafter} K={engine.executor.max_draft_len} "
+        f"device={cfg.device} graphs={engine.runner.graphs is not None})",
+        flush=True,
+    )
     stopped = threading.Event()
 
     def _stop(*_):

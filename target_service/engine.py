@@ -13,7 +13,6 @@ import logging
 import uuid
 from dataclasses import dataclass
 
-
 from common.errors import UserError
 from common.model.loader import LoadedModel, load_model
 from target_service.config import TargetConfig
@@ -51,9 +50,7 @@ def make_drafter(cfg: TargetConfig, loaded: LoadedModel) -> Drafter | None:
         )
     if ":" in spec:
         return load_plugin_drafter(spec, cfg.max_draft_len)
-    raise UserError(
-        f"unknown drafter {spec!r} (use none, ngram, module:Class or grpc://HOST:PORT)"
-    )
+    raise UserError(f"unknown drafter {spec!r} (use none, ngram, module:Class or grpc://HOST:PORT)")
 
 
 @dataclass
@@ -70,10 +67,18 @@ class Engine:
     def max_context_len(self) -> int:
         return self.config.max_context_len
 
-    def new_request(self, prompt_ids: list[int], *, max_new_tokens: int | None = None,
-                    sampling: SamplingConfig | None = None, stop: tuple[str, ...] = (),
-                    ignore_eos: bool = False, speculate: bool = True,
-                    max_draft_len: int | None = None, request_id: str = "") -> Request:
+    def new_request(
+        self,
+        prompt_ids: list[int],
+        *,
+        max_new_tokens: int | None = None,
+        sampling: SamplingConfig | None = None,
+        stop: tuple[str, ...] = (),
+        ignore_eos: bool = False,
+        speculate: bool = True,
+        max_draft_len: int | None = None,
+        request_id: str = "",
+    ) -> Request:
         """Validate inputs and build a Request; raises UserError naming the problem."""
         if not prompt_ids:
             raise UserError("prompt is empty")
@@ -105,9 +110,13 @@ class Engine:
         except ValueError as exc:
             raise UserError(str(exc)) from exc
         return Request(
-            request_id=request_id or uuid.uuid4().hex, prompt_ids=list(prompt_ids),
-            max_new_tokens=max_new_tokens, sampling=sampling, stop=tuple(stop),
-            ignore_eos=ignore_eos, max_draft_len=k,
+            request_id=request_id or uuid.uuid4().hex,
+            prompt_ids=list(prompt_ids),
+            max_new_tokens=max_new_tokens,
+            sampling=sampling,
+            stop=tuple(stop),
+            ignore_eos=ignore_eos,
+            max_draft_len=k,
         )
 
     def shutdown(self) -> None:
@@ -117,9 +126,14 @@ class Engine:
 def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine:
     # 1. model
     if loaded is None:
-        loaded = load_model(cfg.model, device=cfg.device, dtype=cfg.torch_dtype,
-                            block_size=cfg.block_size, max_positions=cfg.max_context_len,
-                            progress=cfg.progress)
+        loaded = load_model(
+            cfg.model,
+            device=cfg.device,
+            dtype=cfg.torch_dtype,
+            block_size=cfg.block_size,
+            max_positions=cfg.max_context_len,
+            progress=cfg.progress,
+        )
     model = loaded.model
     # 2. resource managers
     k = cfg.max_draft_len if cfg.drafter != "none" else 0
@@ -134,20 +148,24 @@ def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine
         resources.add(drafter.spec_resource_manager)
     # 4. runner: warm-up and graph capture
     runner = ModelRunner(
-        model, kv_caches,
+        model,
+        kv_caches,
         RunnerConfig(
-            max_batch_size=cfg.max_batch_size, max_draft_len=k,
-            max_context_len=cfg.max_context_len, block_size=cfg.block_size,
-            dummy_block=KVCacheManager.DUMMY_BLOCK, cuda_graphs=cfg.cuda_graphs,
+            max_batch_size=cfg.max_batch_size,
+            max_draft_len=k,
+            max_context_len=cfg.max_context_len,
+            block_size=cfg.block_size,
+            dummy_block=KVCacheManager.DUMMY_BLOCK,
+            cuda_graphs=cfg.cuda_graphs,
         ),
     )
     runner.warmup(progress=cfg.progress)
     # 5. executor
-    eos_ids = {loaded.tokenizer.eos_token_id} if loaded.tokenizer.eos_token_id is not None else set()
+    eos_ids = (
+        {loaded.tokenizer.eos_token_id} if loaded.tokenizer.eos_token_id is not None else set()
+    )
     executor = Executor(
-        scheduler=Scheduler(
-            SchedulerConfig(cfg.max_batch_size, cfg.max_num_tokens, k), kv
-        ),
+        scheduler=Scheduler(SchedulerConfig(cfg.max_batch_size, cfg.max_num_tokens, k), kv),
         resources=resources,
         drafter=drafter,
         runner=runner,
@@ -156,6 +174,12 @@ def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine
         max_draft_len=k,
         vocab_size=loaded.config.vocab_size,
     )
-    log.info("engine ready: model=%s device=%s drafter=%s K=%d graphs=%s", cfg.model,
-             cfg.device, cfg.drafter, cfg.max_draft_len, runner.graphs is not None)
+    log.info(
+        "engine ready: model=%s device=%s drafter=%s K=%d graphs=%s",
+        cfg.model,
+        cfg.device,
+        cfg.drafter,
+        cfg.max_draft_len,
+        runner.graphs is not None,
+    )
     return Engine(cfg, loaded, kv, resources, drafter, runner, executor)

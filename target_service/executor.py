@@ -164,7 +164,7 @@ class Executor:
         self.prepare_drafts(decode)
         logits = self.runner.forward(batch.rows, [self.kv.block_table(r) for r in batch.requests])
         new_tokens = self.verifier.verify(decode, logits)
-        accepted = {r.request_id: len(t) - 1 for r, t in zip(decode, new_tokens)}
+        accepted = {r.request_id: len(t) - 1 for r, t in zip(decode, new_tokens, strict=False)}
         self._advance(batch.rows, accepted)
         self.resources.update(batch.requests, accepted)
         self.emit(decode, new_tokens)
@@ -217,7 +217,7 @@ class Executor:
                 req.state = RequestState.DECODE
 
     def emit(self, requests: Sequence[Request], new_tokens: list[list[int]]) -> None:
-        for req, toks in zip(requests, new_tokens):
+        for req, toks in zip(requests, new_tokens, strict=False):
             drafted, acc = req.num_real_drafts, len(toks) - 1
             req.stats.record(drafted, acc)
             self.stats.record(drafted, acc)

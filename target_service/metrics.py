@@ -15,7 +15,9 @@ class TargetMetrics:
         self.drafted = Counter("specwire_draft_tokens", "Real draft tokens proposed", registry=r)
         self.accepted = Counter("specwire_accepted_tokens", "Draft tokens accepted", registry=r)
         self.step_seconds = Histogram(
-            "specwire_step_seconds", "Wall time of one executor step", registry=r,
+            "specwire_step_seconds",
+            "Wall time of one executor step",
+            registry=r,
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2),
         )
         self.running = Gauge("specwire_running_requests", "Requests in the batch", registry=r)

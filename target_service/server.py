@@ -26,8 +26,10 @@ from target_service.request import SamplingConfig, SpecStats
 log = logging.getLogger(__name__)
 
 FINISH = {
-    "eos": pb.FINISH_REASON_EOS, "length": pb.FINISH_REASON_LENGTH,
-    "stop": pb.FINISH_REASON_STOP, "context": pb.FINISH_REASON_CONTEXT,
+    "eos": pb.FINISH_REASON_EOS,
+    "length": pb.FINISH_REASON_LENGTH,
+    "stop": pb.FINISH_REASON_STOP,
+    "context": pb.FINISH_REASON_CONTEXT,
     "cancelled": pb.FINISH_REASON_CANCELLED,
 }
 SERVICE_NAME = "specwire.v1.Generation"
@@ -39,9 +41,13 @@ class NotReady(UserError):
 
 def stats_to_proto(s: SpecStats) -> pb.SpeculationStats:
     return pb.SpeculationStats(
-        steps=s.steps, draft_tokens=s.draft_tokens, accepted_tokens=s.accepted_tokens,
-        acceptance_rate=s.acceptance_rate, mean_accepted_length=s.mean_accepted_length,
-        accepted_length_histogram=s.histogram, truncated_draft_tokens=s.truncated_draft_tokens,
+        steps=s.steps,
+        draft_tokens=s.draft_tokens,
+        accepted_tokens=s.accepted_tokens,
+        acceptance_rate=s.acceptance_rate,
+        mean_accepted_length=s.mean_accepted_length,
+        accepted_length_histogram=s.histogram,
+        truncated_draft_tokens=s.truncated_draft_tokens,
         refused_draft_tokens=s.refused_draft_tokens,
     )
 
@@ -67,8 +73,11 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         elif which == "chat":
             if not msg.chat.messages:
                 raise UserError("chat has no messages")
-            gen = msg.chat.add_generation_prompt if msg.chat.HasField(
-                "add_generation_prompt") else True
+            gen = (
+                msg.chat.add_generation_prompt
+                if msg.chat.HasField("add_generation_prompt")
+                else True
+            )
             ids = tok.apply_chat_template(
                 [{"role": m.role, "content": m.content} for m in msg.chat.messages], gen
             )
@@ -88,7 +97,9 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         return engine.new_request(
             ids,
             max_new_tokens=msg.max_new_tokens if msg.HasField("max_new_tokens") else None,
-            sampling=sampling, stop=tuple(msg.stop), ignore_eos=msg.ignore_eos,
+            sampling=sampling,
+            stop=tuple(msg.stop),
+            ignore_eos=msg.ignore_eos,
             speculate=not spec.disable,
             max_draft_len=spec.max_draft_len if spec.HasField("max_draft_len") else None,
             request_id=msg.request_id,
@@ -104,21 +115,35 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         while True:
             ev = stream.events.get()
             if isinstance(ev, Chunk):
-                yield pb.GenerateResponse(request_id=rid, chunk=pb.GenerateChunk(
-                    token_ids=ev.token_ids, text=ev.text, draft_tokens=ev.draft_tokens,
-                    accepted_tokens=ev.accepted_tokens, step=ev.step))
+                yield pb.GenerateResponse(
+                    request_id=rid,
+                    chunk=pb.GenerateChunk(
+                        token_ids=ev.token_ids,
+                        text=ev.text,
+                        draft_tokens=ev.draft_tokens,
+                        accepted_tokens=ev.accepted_tokens,
+                        step=ev.step,
+                    ),
+                )
             elif isinstance(ev, Complete):
-                yield pb.GenerateResponse(request_id=rid, complete=pb.GenerateComplete(
-                    finish_reason=FINISH[ev.finish_reason],
-                    usage=pb.Usage(prompt_tokens=ev.prompt_tokens,
-                                   completion_tokens=ev.completion_tokens),
-                    speculation=stats_to_proto(ev.stats), text=ev.text,
-                    time_to_first_token_s=ev.time_to_first_token_s,
-                    total_time_s=ev.total_time_s))
+                yield pb.GenerateResponse(
+                    request_id=rid,
+                    complete=pb.GenerateComplete(
+                        finish_reason=FINISH[ev.finish_reason],
+                        usage=pb.Usage(
+                            prompt_tokens=ev.prompt_tokens, completion_tokens=ev.completion_tokens
+                        ),
+                        speculation=stats_to_proto(ev.stats),
+                        text=ev.text,
+                        time_to_first_token_s=ev.time_to_first_token_s,
+                        total_time_s=ev.total_time_s,
+                    ),
+                )
                 return
             elif isinstance(ev, Failed):
                 yield pb.GenerateResponse(
-                    request_id=rid, error=pb.GenerateError(code=ev.code, message=ev.message))
+                    request_id=rid, error=pb.GenerateError(code=ev.code, message=ev.message)
+                )
                 return
 
     def GetModelInfo(self, request, context):
@@ -126,17 +151,27 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         cfg, loaded = e.config, e.loaded
         counters = e.drafter.counters() if hasattr(e.drafter, "counters") else {}
         return pb.ModelInfo(
-            model=cfg.model, architecture=loaded.config.architecture,
-            vocab_size=loaded.config.vocab_size, max_context_len=cfg.max_context_len,
-            dtype=cfg.dtype, device=str(e.runner.device),
+            model=cfg.model,
+            architecture=loaded.config.architecture,
+            vocab_size=loaded.config.vocab_size,
+            max_context_len=cfg.max_context_len,
+            dtype=cfg.dtype,
+            device=str(e.runner.device),
             drafter=cfg.drafter if e.drafter is not None else "none",
-            max_draft_len=e.executor.max_draft_len, cuda_graphs=e.runner.graphs is not None,
+            max_draft_len=e.executor.max_draft_len,
+            cuda_graphs=e.runner.graphs is not None,
             tokenizer_fingerprint=loaded.tokenizer.fingerprint,
             eos_token_id=loaded.tokenizer.eos_token_id or 0,
             speculation=stats_to_proto(e.executor.stats),
             drafter_counters=pb.DrafterCounters(
-                **{k: v for k, v in counters.items() if k in pb.DrafterCounters.DESCRIPTOR.fields_by_name}),
-            kv_blocks_total=e.kv.num_blocks, kv_blocks_free=e.kv.num_free_blocks,
+                **{
+                    k: v
+                    for k, v in counters.items()
+                    if k in pb.DrafterCounters.DESCRIPTOR.fields_by_name
+                }
+            ),
+            kv_blocks_total=e.kv.num_blocks,
+            kv_blocks_free=e.kv.num_free_blocks,
             kv_block_size=e.kv.block_size,
         )
 

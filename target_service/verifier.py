@@ -83,7 +83,7 @@ class Verifier:
         if any(greedy):
             argmax = step.logits.argmax(dim=-1).tolist()  # one device sync for the whole step
         results: list[list[int]] = []
-        for req, (off, _n) in zip(requests, step.spans):
+        for req, (off, _n) in zip(requests, step.spans, strict=False):
             drafts = req.draft_tokens[: req.num_real_drafts]
             if req.sampling.greedy:
                 targets = argmax[off : off + len(drafts) + 1]

@@ -17,7 +17,9 @@ class RandomDrafter(Drafter):
 
     def prepare_draft_tokens(self, requests, resources) -> None:
         for req in requests:
-            req.draft_tokens = [self.rng.randrange(self.vocab_size) for _ in range(req.draft_budget)]
+            req.draft_tokens = [
+                self.rng.randrange(self.vocab_size) for _ in range(req.draft_budget)
+            ]
 
 
 class EmptyDrafter(Drafter):

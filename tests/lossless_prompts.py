@@ -13,7 +13,7 @@ _FIXED = [
     "a b c d e f g a b c d e f g a b c",
     "SELECT name, email FROM users WHERE id = 1; SELECT name, email FROM",
     "Héllo wörld — ünïcödé tëxt 日本語のテキスト and emoji 🙂🙂",
-    "<html><body><div class=\"a\"><div class=\"a\"><div class=",
+    '<html><body><div class="a"><div class="a"><div class=',
     "Q: What is the capital of France?\nA: Paris.\nQ: What is the capital of Spain?\nA:",
     "import numpy as np\nimport torch\nimport",
     "Summarise: speculative decoding lets a small drafter propose tokens.",

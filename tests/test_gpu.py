@@ -7,8 +7,8 @@ import os
 
 import pytest
 import torch
-
 from lossless_prompts import lossless_prompts
+
 from target_service.config import TargetConfig
 from target_service.engine import build_engine
 from target_service.output import Complete
@@ -23,8 +23,12 @@ GPU_MODEL = os.environ.get("SPECWIRE_GPU_TEST_MODEL", "smollm2-135m")
 
 def _run(engine, prompts, max_new_tokens=32, speculate=True):
     tok = engine.loaded.tokenizer
-    streams = [engine.executor.submit(engine.new_request(
-        tok.encode(p), max_new_tokens=max_new_tokens, speculate=speculate)) for p in prompts]
+    streams = [
+        engine.executor.submit(
+            engine.new_request(tok.encode(p), max_new_tokens=max_new_tokens, speculate=speculate)
+        )
+        for p in prompts
+    ]
     engine.executor.run_until_idle()
     out = []
     for s in streams:
@@ -38,8 +42,15 @@ def _run(engine, prompts, max_new_tokens=32, speculate=True):
 
 
 def _cfg(**kw):
-    base = dict(model=GPU_MODEL, device="cuda", dtype="float32", drafter="ngram",
-                max_draft_len=4, max_batch_size=16, progress=False)
+    base = dict(
+        model=GPU_MODEL,
+        device="cuda",
+        dtype="float32",
+        drafter="ngram",
+        max_draft_len=4,
+        max_batch_size=16,
+        progress=False,
+    )
     base.update(kw)
     return TargetConfig(**base)
 
@@ -48,8 +59,9 @@ def _cfg(**kw):
 def loaded():
     from common.model.loader import load_model
 
-    return load_model(GPU_MODEL, device="cuda", dtype=torch.float32, progress=False,
-                      max_positions=2048)
+    return load_model(
+        GPU_MODEL, device="cuda", dtype=torch.float32, progress=False, max_positions=2048
+    )
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -69,8 +81,8 @@ def test_graph_replay_equals_eager(dtype):
 
 
 def test_graph_logits_match_eager_logits(loaded):
-    from target_service.scheduler import Row
     from target_service.request import Request
+    from target_service.scheduler import Row
 
     eng = build_engine(_cfg(), loaded=loaded)
     runner = eng.runner
@@ -100,8 +112,11 @@ def test_lossless_fp32_with_cuda_graphs(loaded):
     base = _run(build_engine(_cfg(drafter="none"), loaded=loaded), prompts)
     eng = build_engine(_cfg(), loaded=loaded)
     spec = _run(eng, prompts)
-    diff = [i for i, (a, b) in enumerate(zip(base, spec)) if a.token_ids != b.token_ids]
-    print(f"fp32+graphs: {50 - len(diff)}/50 identical; accepted "
-          f"{eng.executor.stats.accepted_tokens}/{eng.executor.stats.draft_tokens} drafts")
+    pairs = enumerate(zip(base, spec, strict=True))
+    diff = [i for i, (a, b) in pairs if a.token_ids != b.token_ids]
+    print(
+        f"fp32+graphs: {50 - len(diff)}/50 identical; accepted "
+        f"{eng.executor.stats.accepted_tokens}/{eng.executor.stats.draft_tokens} drafts"
+    )
     assert not diff, f"prompts {diff} differ with speculation"
     assert eng.executor.stats.accepted_tokens > 0

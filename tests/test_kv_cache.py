@@ -10,8 +10,12 @@ from target_service.scheduler import Scheduler, SchedulerConfig
 
 
 def _req(i: int, prompt_len: int, max_new: int = 40, k: int = 4) -> Request:
-    return Request(request_id=f"r{i}", prompt_ids=list(range(1, prompt_len + 1)),
-                   max_new_tokens=max_new, max_draft_len=k)
+    return Request(
+        request_id=f"r{i}",
+        prompt_ids=list(range(1, prompt_len + 1)),
+        max_new_tokens=max_new,
+        max_draft_len=k,
+    )
 
 
 def test_reserve_rewind_free_roundtrip():

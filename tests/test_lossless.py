@@ -7,8 +7,8 @@ at once so requests join and leave the batch between steps.
 from __future__ import annotations
 
 import pytest
-
 from lossless_prompts import lossless_prompts
+
 from target_service.config import TargetConfig
 from target_service.engine import build_engine
 from target_service.output import Complete
@@ -38,8 +38,14 @@ def run_all(engine, prompts, max_new_tokens=24, speculate=True):
 
 
 def _engine(model, drafter, k=4, **kw):
-    cfg = TargetConfig(model=model, drafter=drafter, max_draft_len=k, progress=False,
-                       max_batch_size=kw.pop("max_batch_size", 16), **kw)
+    cfg = TargetConfig(
+        model=model,
+        drafter=drafter,
+        max_draft_len=k,
+        progress=False,
+        max_batch_size=kw.pop("max_batch_size", 16),
+        **kw,
+    )
     return build_engine(cfg)
 
 
@@ -95,11 +101,18 @@ def test_preemption_under_kv_pressure_is_lossless(tiny_baseline):
 
 @pytest.mark.slow
 def test_smollm2_ngram_lossless_on_50_prompts(smollm2):
-    base = run_all(build_engine(TargetConfig(model="smollm2-135m", drafter="none",
-                                             progress=False), loaded=smollm2), PROMPTS, 16)
-    eng = build_engine(TargetConfig(model="smollm2-135m", drafter="ngram", progress=False),
-                       loaded=smollm2)
+    base = run_all(
+        build_engine(
+            TargetConfig(model="smollm2-135m", drafter="none", progress=False), loaded=smollm2
+        ),
+        PROMPTS,
+        16,
+    )
+    eng = build_engine(
+        TargetConfig(model="smollm2-135m", drafter="ngram", progress=False), loaded=smollm2
+    )
     spec = run_all(eng, PROMPTS, 16)
-    mismatched = [i for i, (a, b) in enumerate(zip(base, spec)) if a.token_ids != b.token_ids]
+    pairs = enumerate(zip(base, spec, strict=True))
+    mismatched = [i for i, (a, b) in pairs if a.token_ids != b.token_ids]
     assert not mismatched, f"prompts {mismatched} differ with speculation"
     assert eng.executor.stats.accepted_tokens > 0

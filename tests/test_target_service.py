@@ -12,10 +12,9 @@ import urllib.request
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from procs import free_port, running_service, wait_until
 
 from common.client import GenerationClient, build_request
-from common.protogen import generation_pb2 as pb
-from procs import free_port, running_service, wait_until
 from target_service.config import TargetConfig
 from target_service.engine import build_engine
 from target_service.server import TargetServer
@@ -27,8 +26,18 @@ SPECWIRE = [sys.executable, "-m", "common.cli"]
 def server(tiny):
     srv = TargetServer("127.0.0.1", 0)
     srv.start()
-    srv.attach(build_engine(TargetConfig(model="tiny-random", drafter="ngram", max_draft_len=4,
-                                         progress=False, max_context_len=512), loaded=tiny))
+    srv.attach(
+        build_engine(
+            TargetConfig(
+                model="tiny-random",
+                drafter="ngram",
+                max_draft_len=4,
+                progress=False,
+                max_context_len=512,
+            ),
+            loaded=tiny,
+        )
+    )
     yield srv
     srv.stop(0)
 
@@ -43,8 +52,10 @@ def test_generate_streams_chunks_then_completion(client):
     res = client.generate("the cat sat on the mat. the cat sat on the", max_new_tokens=20)
     assert res.finish_reason in ("length", "eos")
     assert res.usage["completion_tokens"] == len(res.token_ids) <= 20
-    assert res.chunks and all(len(c.token_ids) == 1 + c.accepted_tokens or
-                              res.finish_reason != "length" for c in res.chunks[:-1])
+    assert res.chunks and all(
+        len(c.token_ids) == 1 + c.accepted_tokens or res.finish_reason != "length"
+        for c in res.chunks[:-1]
+    )
     spec = res.speculation
     assert spec["steps"] == len(res.chunks)
     assert sum(c.accepted_tokens for c in res.chunks) == spec["accepted_tokens"]
@@ -76,16 +87,19 @@ def test_stop_string_is_honoured_and_not_returned(client):
     assert stop not in res.text and full.text.startswith(res.text)
 
 
-@pytest.mark.parametrize("kwargs,needle", [
-    ({"prompt": ""}, "prompt is empty"),
-    ({"prompt": "hi", "max_new_tokens": 0}, "max_new_tokens must be >= 1"),
-    ({"prompt": "hi", "max_new_tokens": 100000}, "exceeds the context"),
-    ({"prompt": "hi", "temperature": -0.5}, "temperature must be >= 0"),
-    ({"prompt": "hi", "temperature": 1.0, "top_p": 0.0}, "top_p must be in (0, 1]"),
-    ({"prompt": "hi", "temperature": 1.0, "top_p": 1.5}, "top_p must be in (0, 1]"),
-    ({"token_ids": [1, 99999]}, "outside the vocabulary"),
-    ({"prompt": "word " * 600}, "the context holds 512"),
-])
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [
+        ({"prompt": ""}, "prompt is empty"),
+        ({"prompt": "hi", "max_new_tokens": 0}, "max_new_tokens must be >= 1"),
+        ({"prompt": "hi", "max_new_tokens": 100000}, "exceeds the context"),
+        ({"prompt": "hi", "temperature": -0.5}, "temperature must be >= 0"),
+        ({"prompt": "hi", "temperature": 1.0, "top_p": 0.0}, "top_p must be in (0, 1]"),
+        ({"prompt": "hi", "temperature": 1.0, "top_p": 1.5}, "top_p must be in (0, 1]"),
+        ({"token_ids": [1, 99999]}, "outside the vocabulary"),
+        ({"prompt": "word " * 600}, "the context holds 512"),
+    ],
+)
 def test_bad_requests_are_invalid_argument(client, kwargs, needle):
     with pytest.raises(grpc.RpcError) as err:
         list(client.stream(build_request(**kwargs)))
@@ -97,18 +111,23 @@ def test_client_disconnect_frees_blocks_and_others_keep_running(server, client):
     info = client.model_info()
     total = info.kv_blocks_total
     # A long generation that we abandon after the first chunk.
-    call = client.stub.Generate(build_request("abandon me " * 10, max_new_tokens=400,
-                                              speculate=False))
+    call = client.stub.Generate(
+        build_request("abandon me " * 10, max_new_tokens=400, speculate=False)
+    )
     next(iter(call))
     other = {}
-    t = threading.Thread(target=lambda: other.update(r=client.generate("keep going",
-                                                                       max_new_tokens=30)))
+    t = threading.Thread(
+        target=lambda: other.update(r=client.generate("keep going", max_new_tokens=30))
+    )
     t.start()
     call.cancel()
     t.join(60)
     assert other["r"].usage["completion_tokens"] == 30
-    wait_until(lambda: client.model_info().kv_blocks_free == total - 1, timeout=20,
-               what="all KV blocks back in the pool")
+    wait_until(
+        lambda: client.model_info().kv_blocks_free == total - 1,
+        timeout=20,
+        what="all KV blocks back in the pool",
+    )
     server.servicer.engine.kv.check_integrity()
 
 
@@ -125,7 +144,8 @@ def test_model_info_and_health(server, client):
     assert info.speculation.steps > 0
     ch = grpc.insecure_channel(f"127.0.0.1:{server.port}")
     resp = health_pb2_grpc.HealthStub(ch).Check(
-        health_pb2.HealthCheckRequest(service="specwire.v1.Generation"))
+        health_pb2.HealthCheckRequest(service="specwire.v1.Generation")
+    )
     assert resp.status == health_pb2.HealthCheckResponse.SERVING
     ch.close()
 
@@ -147,42 +167,83 @@ def test_not_ready_server_is_not_serving_and_unavailable():
 
 def test_cli_target_and_generate_json():
     metrics_port = free_port()
-    cmd = SPECWIRE + ["target", "--model", "tiny-random", "--port", "0", "--no-progress",
-                      "--max-context-len", "512", "--metrics-port", str(metrics_port)]
+    cmd = SPECWIRE + [
+        "target",
+        "--model",
+        "tiny-random",
+        "--port",
+        "0",
+        "--no-progress",
+        "--max-context-len",
+        "512",
+        "--metrics-port",
+        str(metrics_port),
+    ]
     with running_service(cmd, None, r"listening on ([\d.]+:\d+)", timeout=120) as (_, m):
         addr = m.group(1)
         out = {}
         for flag in ([], ["--no-speculation"]):
             proc = subprocess.run(
-                SPECWIRE + ["generate", "--target", addr, "--prompt", "a b a b a b",
-                            "--max-new-tokens", "12", "--json", *flag],
-                capture_output=True, text=True, timeout=60)
+                SPECWIRE
+                + [
+                    "generate",
+                    "--target",
+                    addr,
+                    "--prompt",
+                    "a b a b a b",
+                    "--max-new-tokens",
+                    "12",
+                    "--json",
+                    *flag,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert proc.returncode == 0, proc.stderr
             out[bool(flag)] = json.loads(proc.stdout)
         assert out[False]["token_ids"] == out[True]["token_ids"]
-        for key in ("steps", "draft_tokens", "accepted_tokens", "acceptance_rate",
-                    "mean_accepted_length", "histogram"):
+        for key in (
+            "steps",
+            "draft_tokens",
+            "accepted_tokens",
+            "acceptance_rate",
+            "mean_accepted_length",
+            "histogram",
+        ):
             assert key in out[False]["speculation"]
-        bad = subprocess.run(SPECWIRE + ["generate", "--target", addr, "--prompt", "hi",
-                                         "--max-new-tokens", "0"],
-                             capture_output=True, text=True, timeout=60)
+        bad = subprocess.run(
+            SPECWIRE + ["generate", "--target", addr, "--prompt", "hi", "--max-new-tokens", "0"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert bad.returncode != 0
         assert bad.stderr.count("\n") == 1 and "max_new_tokens must be >= 1" in bad.stderr
         text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics").read().decode()
-        generated = [ln for ln in text.splitlines() if ln.startswith("specwire_generated_tokens_total")]
+        generated = [
+            ln for ln in text.splitlines() if ln.startswith("specwire_generated_tokens_total")
+        ]
         assert generated and float(generated[0].split()[-1]) >= 24
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--model", "no-such-model"], "unknown model"),
-    (["--model", "/nonexistent/model.gguf"], "does not exist"),
-    (["--model", "tiny-random", "--drafter", "bogus"], "unknown drafter"),
-    (["--model", "tiny-random", "--drafter", "nosuchmodule:X"], "cannot import drafter"),
-    (["--model", "tiny-random", "--max-draft-len", "-1"], "--max-draft-len must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--model", "no-such-model"], "unknown model"),
+        (["--model", "/nonexistent/model.gguf"], "does not exist"),
+        (["--model", "tiny-random", "--drafter", "bogus"], "unknown drafter"),
+        (["--model", "tiny-random", "--drafter", "nosuchmodule:X"], "cannot import drafter"),
+        (["--model", "tiny-random", "--max-draft-len", "-1"], "--max-draft-len must be >= 0"),
+    ],
+)
 def test_cli_target_bad_flags_one_line_error(args, needle):
-    proc = subprocess.run(SPECWIRE + ["target", "--port", "0", "--no-progress", *args],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        SPECWIRE + ["target", "--port", "0", "--no-progress", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode != 0
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("specwire: error")]
     assert len(lines) == 1 and needle in lines[0], proc.stderr

@@ -87,7 +87,9 @@ class TorchPagedAttention:
             return self._uniform(q, kv_cache, meta)
         return self._ragged(q, kv_cache, meta)
 
-    def _gather(self, kv_cache: torch.Tensor, block_table: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def _gather(
+        self, kv_cache: torch.Tensor, block_table: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
         # block_table: [B, M] -> keys/values [B, KVH, M*BS, D]
         b, m = block_table.shape
         keys = kv_cache[0][block_table].view(b, m * self.block_size, self.num_kv_heads, -1)
@@ -102,8 +104,12 @@ class TorchPagedAttention:
         keys, vals = self._gather(kv_cache, meta.block_tables)
         query = q.view(b, qq, self.num_heads, self.head_dim).transpose(1, 2)  # [B, H, q, D]
         out = F.scaled_dot_product_attention(
-            query, keys.to(q.dtype), vals.to(q.dtype), attn_mask=meta.uniform_mask,
-            scale=self.scale, enable_gqa=self.num_heads != self.num_kv_heads,
+            query,
+            keys.to(q.dtype),
+            vals.to(q.dtype),
+            attn_mask=meta.uniform_mask,
+            scale=self.scale,
+            enable_gqa=self.num_heads != self.num_kv_heads,
         )
         return out.transpose(1, 2).reshape(b * qq, self.num_heads, self.head_dim)
 
@@ -111,7 +117,8 @@ class TorchPagedAttention:
         assert meta.query_lens is not None and meta.context_lens_host is not None
         outs = []
         start = 0
-        for row, (qlen, ctx) in enumerate(zip(meta.query_lens, meta.context_lens_host)):
+        lens = zip(meta.query_lens, meta.context_lens_host, strict=True)
+        for row, (qlen, ctx) in enumerate(lens):
             nblocks = -(-ctx // self.block_size)
             keys, vals = self._gather(kv_cache, meta.block_tables[row : row + 1, :nblocks])
             keys, vals = keys[:, :, :ctx], vals[:, :, :ctx]
@@ -119,7 +126,11 @@ class TorchPagedAttention:
             q_pos = torch.arange(ctx - qlen, ctx, device=q.device)
             mask = torch.arange(ctx, device=q.device)[None, :] <= q_pos[:, None]
             out = F.scaled_dot_product_attention(
-                query, keys.to(q.dtype), vals.to(q.dtype), attn_mask=mask, scale=self.scale,
+                query,
+                keys.to(q.dtype),
+                vals.to(q.dtype),
+                attn_mask=mask,
+                scale=self.scale,
                 enable_gqa=self.num_heads != self.num_kv_heads,
             )
             outs.append(out[0].transpose(0, 1))

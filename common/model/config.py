@@ -78,8 +78,10 @@ class ModelConfig:
                 f"unsupported architecture {archs[0]!r} "
                 f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
             )
-        if cfg.get("sliding_window") and cfg.get("use_sliding_window", True) and (
-            cfg.get("model_type") == "mistral"
+        if (
+            cfg.get("sliding_window")
+            and cfg.get("use_sliding_window", True)
+            and (cfg.get("model_type") == "mistral")
         ):
             raise ModelError("Mistral with a sliding window is not supported")
         try:
@@ -110,9 +112,7 @@ class ModelConfig:
                 rope_theta=float(theta),
                 rope_scaling=scaling,
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                attention_bias=bool(
-                    cfg.get("attention_bias", archs[0] == "Qwen2ForCausalLM")
-                ),
+                attention_bias=bool(cfg.get("attention_bias", archs[0] == "Qwen2ForCausalLM")),
                 architecture=archs[0],
             )
         except KeyError as exc:
@@ -159,17 +159,41 @@ def _arch_from_model_type(model_type: str) -> str:
 
 # Named shapes used by tests and benchmarks (random weights of the real shapes).
 TINY_RANDOM = ModelConfig(
-    vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
-    num_kv_heads=2, head_dim=16, max_position_embeddings=1024, rms_norm_eps=1e-5,
-    rope_theta=10000.0, tie_word_embeddings=True,
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    max_position_embeddings=1024,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    tie_word_embeddings=True,
 )
 SMOLLM2_135M = ModelConfig(
-    vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
-    num_kv_heads=3, head_dim=64, max_position_embeddings=8192, rms_norm_eps=1e-5,
-    rope_theta=100000.0, tie_word_embeddings=True,
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_layers=30,
+    num_heads=9,
+    num_kv_heads=3,
+    head_dim=64,
+    max_position_embeddings=8192,
+    rms_norm_eps=1e-5,
+    rope_theta=100000.0,
+    tie_word_embeddings=True,
 )
 LLAMA3_8B = ModelConfig(
-    vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
-    num_kv_heads=8, head_dim=128, max_position_embeddings=8192, rms_norm_eps=1e-5,
-    rope_theta=500000.0, tie_word_embeddings=False,
+    vocab_size=128256,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_layers=32,
+    num_heads=32,
+    num_kv_heads=8,
+    head_dim=128,
+    max_position_embeddings=8192,
+    rms_norm_eps=1e-5,
+    rope_theta=500000.0,
+    tie_word_embeddings=False,
 )

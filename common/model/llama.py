@@ -51,8 +51,10 @@ class Rotary(nn.Module):
 
     def table(self, positions: torch.Tensor, dtype: torch.dtype):
         """cos, sin for the step's positions [T] -> [T, 1, D] each (once per forward)."""
-        return (self.cos[positions].unsqueeze(1).to(dtype),
-                self.sin[positions].unsqueeze(1).to(dtype))
+        return (
+            self.cos[positions].unsqueeze(1).to(dtype),
+            self.sin[positions].unsqueeze(1).to(dtype),
+        )
 
     @staticmethod
     def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -89,7 +91,9 @@ class DecoderLayer(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
         self.attn = TorchPagedAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, block_size)
 
-    def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], kv_cache, meta: AttentionMetadata):
+    def forward(
+        self, x, rope: tuple[torch.Tensor, torch.Tensor], kv_cache, meta: AttentionMetadata
+    ):
         # x: [T, hidden]; rope: cos, sin [T, 1, D]
         h = self.input_layernorm(x)
         q, k, v = self.qkv_proj(h).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -143,8 +147,14 @@ class LlamaModel(nn.Module):
     ) -> torch.Tensor:
         p = self.embed_tokens.weight
         return torch.zeros(
-            self.cfg.num_layers, 2, num_blocks, self.block_size, self.cfg.num_kv_heads,
-            self.cfg.head_dim, dtype=dtype or p.dtype, device=device or p.device,
+            self.cfg.num_layers,
+            2,
+            num_blocks,
+            self.block_size,
+            self.cfg.num_kv_heads,
+            self.cfg.head_dim,
+            dtype=dtype or p.dtype,
+            device=device or p.device,
         )
 
     def load_hf_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:

@@ -1,5 +1,8 @@
-"""An example user-provided drafter: `specwire target --drafter examples.python.lookup_drafter:LastOccurrenceDrafter`
-(with the repository root on PYTHONPATH), or any `module:Class` importable from your environment.
+"""An example user-provided drafter. Run it with (repository root on PYTHONPATH)
+
+    specwire target --drafter examples.python.lookup_drafter:LastOccurrenceDrafter
+
+or use any `module:Class` importable from your environment.
 
 Contract: constructed as `Class(max_draft_len=K)`; `prepare_draft_tokens(requests, resources)`
 sets `request.draft_tokens` to 0..`request.draft_budget` tokens (UNPADDED) for each request.

@@ -53,7 +53,7 @@ class InputPreparer:
         token_spans: list[tuple[int, int]] = []  # (first flat token index, count) per decode row
         logit_rows: list[int] = []
         bs = self.block_size
-        for row, table in zip(rows, tables):
+        for row, table in zip(rows, tables, strict=False):
             toks, start = self.row_tokens(row)
             ids.extend(toks)
             for p in range(start, start + len(toks)):
@@ -66,7 +66,8 @@ class InputPreparer:
                 logit_rows.extend(range(len(ids) - n, len(ids)))
             qlens.append(len(toks))
             ctxs.append(start + len(toks))
-        uniform_q = qlens[0] if all(r.decode and q == qlens[0] for r, q in zip(rows, qlens)) else 0
+        same_q = all(r.decode and q == qlens[0] for r, q in zip(rows, qlens, strict=True))
+        uniform_q = qlens[0] if same_q else 0
         if uniform_q:  # logits for every token: spans index tokens directly
             spans = token_spans
         else:  # logits only for `logit_rows`, packed in decode-row order

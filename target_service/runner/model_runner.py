@@ -63,8 +63,11 @@ class ModelRunner:
         self.graphs: CudaGraphs | None = None
         if config.cuda_graphs and self.device.type == "cuda":
             buffers = StaticBuffers.allocate(
-                config.max_batch_size, 1 + config.max_draft_len, config.max_blocks_per_seq,
-                model.cfg.vocab_size, self.device,
+                config.max_batch_size,
+                1 + config.max_draft_len,
+                config.max_blocks_per_seq,
+                model.cfg.vocab_size,
+                self.device,
             )
             self.graphs = CudaGraphs(
                 self._forward_logits, buffers, config.block_size, config.dummy_block
@@ -87,7 +90,9 @@ class ModelRunner:
             meta = AttentionMetadata(
                 slot_mapping=base + pos % cfg.block_size,
                 block_tables=torch.full(
-                    (1, cfg.max_blocks_per_seq), cfg.dummy_block, dtype=torch.int32,
+                    (1, cfg.max_blocks_per_seq),
+                    cfg.dummy_block,
+                    dtype=torch.int32,
                     device=self.device,
                 ),
                 context_lens=torch.tensor([q], dtype=torch.int32, device=self.device),
@@ -96,8 +101,12 @@ class ModelRunner:
             self._forward_logits(ids, pos, meta)
             if self.graphs is not None:
                 shapes = cfg.graph_shapes()
-                with tqdm(total=len(shapes), desc="capturing CUDA graphs", disable=not progress,
-                          leave=False) as bar:
+                with tqdm(
+                    total=len(shapes),
+                    desc="capturing CUDA graphs",
+                    disable=not progress,
+                    leave=False,
+                ) as bar:
                     self.graphs.capture(shapes, progress=bar)
                 log.info("captured %d CUDA graphs: %s", len(shapes), shapes)
         if self.device.type == "cuda":
