@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from common.model.checkpoint import Checkpoint, write_hf_folder
 from common.model.loader import LoadedModel, build_model, load_checkpoint, load_model
@@ -35,3 +37,9 @@ def smollm2_folder(
     folder = tmp_path_factory.mktemp("smollm2-hf")
     write_hf_folder(smollm2_checkpoint[1], folder)
     return folder
+
+
+# One torch thread per process: tests start servers as subprocesses next to the test process,
+# and two processes each running two threads on 2 cores slow each other down many times over.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(1)

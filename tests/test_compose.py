@@ -139,6 +139,8 @@ def test_compose_services_run_locally_and_speculation_is_lossless(compose: dict)
             _wait_healthy(proc, address, name, timeout=300)
             # The service's own health check command passes too.
             probe = _localize(svc["healthcheck"]["test"][1:], ports)
+            if probe[0] in ("python", "python3"):  # the image's python is this venv's here
+                probe[0] = sys.executable
             assert subprocess.run(probe, cwd=ROOT, timeout=30).returncode == 0
 
         target = f"127.0.0.1:{ports['target'][_service_port(services['target'])]}"

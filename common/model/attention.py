@@ -42,7 +42,7 @@ class AttentionMetadata:
     context_lens_host: list[int] | None = None
     uniform_q: int = 0
     # Built once per step for the uniform layout by `prepare_uniform_mask` and shared by layers:
-    # [B, 1, q, M*block_size] bool, True where a query may attend a key.
+    # [B, 1, q, M*block_size] additive mask (0 where a query may attend a key, -inf elsewhere).
     uniform_mask: torch.Tensor | None = None
 
     @property
@@ -50,7 +50,9 @@ class AttentionMetadata:
         return self.query_lens is None
 
 
-def prepare_uniform_mask(meta: AttentionMetadata, block_size: int) -> None:
+def prepare_uniform_mask(
+    meta: AttentionMetadata, block_size: int, dtype: torch.dtype = torch.float32
+) -> None:
     """Fill `meta.uniform_mask` from context lengths, with tensor ops only (graph-safe)."""
     q = meta.uniform_q
     max_keys = meta.block_tables.shape[1] * block_size
@@ -58,7 +60,12 @@ def prepare_uniform_mask(meta: AttentionMetadata, block_size: int) -> None:
     key_pos = torch.arange(max_keys, device=device)  # [K]
     # Query i of a row sits at position ctx - q + i and sees keys at positions <= its own.
     q_pos = meta.context_lens.long()[:, None] - q + torch.arange(q, device=device)[None, :]
-    meta.uniform_mask = (key_pos[None, None, :] <= q_pos[:, :, None]).unsqueeze(1)
+    allowed = (key_pos[None, None, :] <= q_pos[:, :, None]).unsqueeze(1)
+    # Additive mask in the compute dtype, built once per step: SDPA then does not convert a
+    # boolean mask in every layer.
+    meta.uniform_mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(
+        ~allowed, float("-inf")
+    )
 
 
 class TorchPagedAttention:
@@ -70,6 +77,9 @@ class TorchPagedAttention:
         self.head_dim = head_dim
         self.block_size = block_size
         self.scale = head_dim**-0.5
+        # Repeat K/V heads before SDPA instead of `enable_gqa`: with a mask, SDPA's GQA path can
+        # fall back to the math kernel, while expanded heads can use the fused kernels.
+        self.expand_kv = False
 
     def forward(
         self,
@@ -96,21 +106,26 @@ class TorchPagedAttention:
         vals = kv_cache[1][block_table].view(b, m * self.block_size, self.num_kv_heads, -1)
         return keys.transpose(1, 2), vals.transpose(1, 2)
 
+    def _sdpa(self, query, keys, vals, mask):
+        # query: [B, H, q, D]; keys/vals: [B, KVH, K, D]; mask: broadcastable to [B, H, q, K]
+        gqa = self.num_heads != self.num_kv_heads
+        if gqa and self.expand_kv:
+            groups = self.num_heads // self.num_kv_heads
+            keys = keys.repeat_interleave(groups, dim=1)
+            vals = vals.repeat_interleave(groups, dim=1)
+            gqa = False
+        return F.scaled_dot_product_attention(
+            query, keys, vals, attn_mask=mask, scale=self.scale, enable_gqa=gqa
+        )
+
     def _uniform(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata):
         b = meta.block_tables.shape[0]
         qq = meta.uniform_q
         if meta.uniform_mask is None:
-            prepare_uniform_mask(meta, self.block_size)
+            prepare_uniform_mask(meta, self.block_size, q.dtype)
         keys, vals = self._gather(kv_cache, meta.block_tables)
         query = q.view(b, qq, self.num_heads, self.head_dim).transpose(1, 2)  # [B, H, q, D]
-        out = F.scaled_dot_product_attention(
-            query,
-            keys.to(q.dtype),
-            vals.to(q.dtype),
-            attn_mask=meta.uniform_mask,
-            scale=self.scale,
-            enable_gqa=self.num_heads != self.num_kv_heads,
-        )
+        out = self._sdpa(query, keys.to(q.dtype), vals.to(q.dtype), meta.uniform_mask)
         return out.transpose(1, 2).reshape(b * qq, self.num_heads, self.head_dim)
 
     def _ragged(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata):
@@ -125,14 +140,7 @@ class TorchPagedAttention:
             query = q[start : start + qlen].transpose(0, 1).unsqueeze(0)  # [1, H, qlen, D]
             q_pos = torch.arange(ctx - qlen, ctx, device=q.device)
             mask = torch.arange(ctx, device=q.device)[None, :] <= q_pos[:, None]
-            out = F.scaled_dot_product_attention(
-                query,
-                keys.to(q.dtype),
-                vals.to(q.dtype),
-                attn_mask=mask,
-                scale=self.scale,
-                enable_gqa=self.num_heads != self.num_kv_heads,
-            )
+            out = self._sdpa(query, keys.to(q.dtype), vals.to(q.dtype), mask)
             outs.append(out[0].transpose(0, 1))
             start += qlen
         return torch.cat(outs, dim=0)

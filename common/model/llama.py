@@ -96,11 +96,13 @@ class DecoderLayer(nn.Module):
     ):
         # x: [T, hidden]; rope: cos, sin [T, 1, D]
         h = self.input_layernorm(x)
-        q, k, v = self.qkv_proj(h).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        qk, v = self.qkv_proj(h).split([self.q_size + self.kv_size, self.kv_size], dim=-1)
         t = x.shape[0]
-        q = Rotary.apply(q.view(t, self.cfg.num_heads, self.cfg.head_dim), *rope)
-        k = Rotary.apply(k.view(t, self.cfg.num_kv_heads, self.cfg.head_dim), *rope)
-        v = v.view(t, self.cfg.num_kv_heads, self.cfg.head_dim)
+        heads, kv_heads, d = self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim
+        # q and k sit side by side: rotate them in one go (fewer kernels per layer).
+        qk = Rotary.apply(qk.view(t, heads + kv_heads, d), *rope)
+        q, k = qk[:, :heads], qk[:, heads:]
+        v = v.view(t, kv_heads, d)
         attn = self.attn.forward(q, k, v, kv_cache, meta).reshape(t, self.q_size)
         x = x + self.o_proj(attn)
         gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).chunk(2, dim=-1)
@@ -130,9 +132,9 @@ class LlamaModel(nn.Module):
         kv_caches: torch.Tensor,  # [L, 2, NB, BS, KVH, D]
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [T, hidden]
-        if meta.is_uniform and meta.uniform_mask is None:
-            prepare_uniform_mask(meta, self.block_size)
         x = self.embed_tokens(input_ids)
+        if meta.is_uniform and meta.uniform_mask is None:
+            prepare_uniform_mask(meta, self.block_size, x.dtype)
         rope = self.rotary.table(positions, x.dtype)
         for i, layer in enumerate(self.layers):
             x = layer(x, rope, kv_caches[i], meta)

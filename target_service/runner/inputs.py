@@ -66,7 +66,13 @@ class InputPreparer:
                 logit_rows.extend(range(len(ids) - n, len(ids)))
             qlens.append(len(toks))
             ctxs.append(start + len(toks))
-        same_q = all(r.decode and q == qlens[0] for r, q in zip(rows, qlens, strict=True))
+        # Uniform (graph-capturable) only for steady decode/verify rows: one committed token
+        # plus the same number of drafts. A whole-prompt row stays ragged so that logits are
+        # computed for its verify span only, not for every prompt token.
+        same_q = all(
+            r.decode and r.num_committed == 1 and q == qlens[0]
+            for r, q in zip(rows, qlens, strict=True)
+        )
         uniform_q = qlens[0] if same_q else 0
         if uniform_q:  # logits for every token: spans index tokens directly
             spans = token_spans
