@@ -7,11 +7,11 @@ import os
 
 import pytest
 import torch
+from engine_driver import run_to_completion
 from lossless_prompts import lossless_prompts
 
 from target_service.config import TargetConfig
 from target_service.engine import build_engine
-from target_service.output import Complete
 
 pytestmark = [
     pytest.mark.gpu,
@@ -22,23 +22,7 @@ GPU_MODEL = os.environ.get("SPECWIRE_GPU_TEST_MODEL", "smollm2-135m")
 
 
 def _run(engine, prompts, max_new_tokens=32, speculate=True):
-    tok = engine.loaded.tokenizer
-    streams = [
-        engine.executor.submit(
-            engine.new_request(tok.encode(p), max_new_tokens=max_new_tokens, speculate=speculate)
-        )
-        for p in prompts
-    ]
-    engine.executor.run_until_idle()
-    out = []
-    for s in streams:
-        evs = []
-        while not s.events.empty():
-            evs.append(s.events.get())
-        assert isinstance(evs[-1], Complete)
-        out.append(evs[-1])
-    engine.kv.check_integrity()
-    return out
+    return run_to_completion(engine, prompts, max_new_tokens, speculate)
 
 
 def _cfg(**kw):

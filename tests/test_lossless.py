@@ -7,34 +7,16 @@ at once so requests join and leave the batch between steps.
 from __future__ import annotations
 
 import pytest
+from engine_driver import run_to_completion
 from lossless_prompts import lossless_prompts
 
 from target_service.config import TargetConfig
 from target_service.engine import build_engine
-from target_service.output import Complete
 
 PROMPTS = lossless_prompts(50)
 
 
-def run_all(engine, prompts, max_new_tokens=24, speculate=True):
-    tok = engine.loaded.tokenizer
-    streams = [
-        engine.executor.submit(
-            engine.new_request(tok.encode(p), max_new_tokens=max_new_tokens, speculate=speculate)
-        )
-        for p in prompts
-    ]
-    engine.executor.run_until_idle()
-    results = []
-    for s in streams:
-        events = []
-        while not s.events.empty():
-            events.append(s.events.get())
-        assert isinstance(events[-1], Complete), events[-1]
-        results.append(events[-1])
-    engine.kv.check_integrity()
-    assert engine.kv.num_free_blocks == engine.kv.num_blocks - 1, "KV blocks leaked"
-    return results
+run_all = run_to_completion
 
 
 def _engine(model, drafter, k=4, **kw):
