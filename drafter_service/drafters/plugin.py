@@ -16,12 +16,10 @@ handshake attributes `name`, `vocab_size` (0 = any), `tokenizer_fingerprint` (""
 
 from __future__ import annotations
 
-import importlib
-import os
-import sys
 from typing import Any
 
 from common.errors import UserError
+from common.plugins import load_class
 from drafter_service.drafters.base import Proposal, SessionDrafter
 
 _REQUIRED = ("new_state", "extend", "propose")
@@ -29,19 +27,13 @@ _REQUIRED = ("new_state", "extend", "propose")
 
 def load_plugin(spec: str) -> SessionDrafter:
     """Import `module:Class`, instantiate it and adapt it to `SessionDrafter`."""
-    module_name, _, class_name = spec.partition(":")
-    if not module_name or not class_name.isidentifier():
+    if not spec.partition(":")[2].isidentifier():
         raise UserError(f"--drafter {spec!r}: expected ngram, model:NAME or module:Class")
-    # Like `python -m`, let plugins live in the directory the service is started from.
-    if os.getcwd() not in sys.path:
-        sys.path.append(os.getcwd())
+    class_name = spec.partition(":")[2]
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise UserError(f"--drafter {spec!r}: cannot import {module_name!r}: {exc}") from exc
-    cls = getattr(module, class_name, None)
-    if cls is None:
-        raise UserError(f"--drafter {spec!r}: module {module_name!r} has no {class_name!r}")
+        cls = load_class(spec)
+    except UserError as exc:
+        raise UserError(f"--drafter {spec!r}: {exc}") from exc
     try:
         obj = cls()
     except Exception as exc:

@@ -7,27 +7,8 @@ not subclass it). Its resource manager defaults to its `spec_resource_manager` a
 
 from __future__ import annotations
 
-import importlib
-
 from common.errors import UserError
-
-
-def load_class(spec: str) -> type:
-    """Import `module:Class` (or `module.Class`), with one-line errors."""
-    if ":" in spec:
-        module_name, _, cls_name = spec.partition(":")
-    else:
-        module_name, _, cls_name = spec.rpartition(".")
-    if not module_name or not cls_name:
-        raise UserError(f"drafter {spec!r} is not of the form module:Class")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise UserError(f"cannot import drafter module {module_name!r}: {exc}") from exc
-    cls = getattr(module, cls_name, None)
-    if cls is None:
-        raise UserError(f"module {module_name!r} has no attribute {cls_name!r}")
-    return cls
+from common.plugins import load_class
 
 
 def load_plugin_drafter(spec: str, max_draft_len: int):
