@@ -105,10 +105,7 @@ class Engine:
             if max_draft_len < 0:
                 raise UserError(f"max_draft_len must be >= 0, got {max_draft_len}")
             k = min(k, max_draft_len)
-        try:
-            sampling = sampling or SamplingConfig()
-        except ValueError as exc:
-            raise UserError(str(exc)) from exc
+        sampling = sampling or SamplingConfig()  # validated where it was built
         return Request(
             request_id=request_id or uuid.uuid4().hex,
             prompt_ids=list(prompt_ids),
