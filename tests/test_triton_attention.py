@@ -1,0 +1,251 @@
+"""The Triton paged-attention and KV-store kernels against a per-row fp64 reference, on mixed
+batches (decode, verify, prefill chunks, padding rows and tokens), and the bitwise invariance
+the exact mode rests on: a query's output depends on its row alone.
+
+Runs on a GPU, or on the CPU under Triton's interpreter:
+    TRITON_INTERPRET=1 PYTHONPATH=$PWD:<triton dir> python -m pytest tests/test_triton_attention.py
+Skipped where Triton is missing (CI) or where there is neither a GPU nor TRITON_INTERPRET=1.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+if importlib.util.find_spec("triton") is None or not (torch.cuda.is_available() or INTERPRET):
+    pytest.skip("needs Triton, and a GPU or TRITON_INTERPRET=1", allow_module_level=True)
+
+from common.model.triton_attention import paged_attention, store_kv  # noqa: E402
+
+DEVICE = torch.device("cpu" if INTERPRET else "cuda")
+
+
+def _patch_interpreter_bf16_dot() -> None:
+    """Triton's interpreter stores bf16 as raw uint16 and its `tl.dot` multiplies those bit
+    patterns as integers. Widen bf16 operands to fp32 first (exact; the GPU accumulates in fp32
+    too). Interpreter only: the GPU path is untouched."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    original = interpreter.InterpreterBuilder.create_dot
+
+    def widen(x):
+        if x.dtype.scalar != tl.bfloat16:
+            return x
+        data = interpreter._convert_float(x.data, tl.bfloat16, tl.float32, None)
+        return interpreter.TensorHandle(data.view(np.float32), tl.float32)
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        return original(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
+
+    interpreter.InterpreterBuilder.create_dot = create_dot
+
+
+if INTERPRET:
+    _patch_interpreter_bf16_dot()
+gpu_only = pytest.mark.skipif(INTERPRET or not torch.cuda.is_available(), reason="needs a GPU")
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 2e-2}
+# Small shapes for the interpreter: SmolLM2-135M's heads (group 3, padded to 4) and group 2.
+SMALL_SHAPES = [(9, 3, 64), (4, 2, 32)]
+
+
+@dataclass
+class Row:
+    seq: int | None  # which stored sequence the row reads; None: a padding row
+    qlen: int
+    ctx: int  # context length including the row's new tokens
+
+
+class PagedSequences:
+    """Sequences stored in one paged KV cache under shuffled block ids, with a query vector per
+    position, so that any set of rows over them can be assembled into one kernel call."""
+
+    def __init__(self, lengths, heads, kv_heads, head_dim, block_size, dtype, seed=0):
+        gen = torch.Generator().manual_seed(seed)
+        self.heads, self.block_size, self.dtype = heads, block_size, dtype
+        counts = [-(-n // block_size) for n in lengths]
+        num_blocks = 1 + sum(counts) + 3  # block 0 is the dummy; a few blocks stay unused
+        ids = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()
+        self.width = max(counts)
+        self.tables = []
+        for count in counts:
+            table, ids = ids[:count], ids[count:]
+            self.tables.append(table + [0] * (self.width - count))
+        # Every slot no sequence owns is NaN: the kernel must never let one reach an output.
+        shape = (2, num_blocks, block_size, kv_heads, head_dim)
+        self.cache = torch.full(shape, float("nan"), dtype=dtype)
+        flat = self.cache.view(2, -1, kv_heads, head_dim)
+        for n, table in zip(lengths, self.tables, strict=True):
+            flat[:, _slots(table, n, block_size)] = torch.randn(
+                2, n, kv_heads, head_dim, generator=gen
+            ).to(dtype)
+        self.cache = self.cache.to(DEVICE)
+        self.queries = [torch.randn(n, heads, head_dim, generator=gen).to(dtype) for n in lengths]
+
+    def batch(self, rows: list[Row], pad_tokens: int = 0):
+        """(q, block_tables, cu_seqlens_q, seq_lens) for `rows`, `pad_tokens` NaN queries last."""
+        head_dim = self.queries[0].shape[-1]
+        qs = [self.queries[r.seq][r.ctx - r.qlen : r.ctx] for r in rows if r.seq is not None]
+        qs.append(torch.full((pad_tokens, self.heads, head_dim), float("nan"), dtype=self.dtype))
+        tables = [self.tables[r.seq] if r.seq is not None else [0] * self.width for r in rows]
+        cu = [0]
+        for r in rows:
+            cu.append(cu[-1] + r.qlen)
+        return (
+            torch.cat(qs).to(DEVICE),
+            torch.tensor(tables, dtype=torch.int32, device=DEVICE),
+            torch.tensor(cu, dtype=torch.int32, device=DEVICE),
+            torch.tensor([r.ctx for r in rows], dtype=torch.int32, device=DEVICE),
+        )
+
+    def run(self, rows: list[Row], pad_tokens: int = 0) -> torch.Tensor:
+        q, tables, cu, seq_lens = self.batch(rows, pad_tokens)
+        return paged_attention(q, self.cache, tables, cu, seq_lens, _scale(q)).cpu()
+
+
+def _slots(table: list[int], n: int, block_size: int) -> torch.Tensor:
+    pos = torch.arange(n)
+    return torch.tensor(table)[pos // block_size] * block_size + pos % block_size
+
+
+def _scale(q: torch.Tensor) -> float:
+    return q.shape[-1] ** -0.5
+
+
+def reference(seqs: PagedSequences, rows: list[Row]) -> torch.Tensor:
+    """Per row: gather the context from the cache, causal mask, softmax, all in fp64."""
+    q, tables, cu, seq_lens = (x.cpu() for x in seqs.batch(rows))
+    cache = seqs.cache.cpu().double()
+    _, _, bs, kvh, d = cache.shape
+    group = q.shape[1] // kvh
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    for r, row in enumerate(rows):
+        start, end = int(cu[r]), int(cu[r + 1])
+        if start == end:
+            continue
+        slots = _slots(tables[r].tolist(), row.ctx, bs)
+        k = cache[0].reshape(-1, kvh, d)[slots].repeat_interleave(group, 1)  # [ctx, H, D]
+        v = cache[1].reshape(-1, kvh, d)[slots].repeat_interleave(group, 1)
+        scores = torch.einsum("qhd,khd->hqk", q[start:end].double(), k) * _scale(q)
+        q_pos = row.ctx - row.qlen + torch.arange(row.qlen)
+        scores.masked_fill_(torch.arange(row.ctx)[None, None, :] > q_pos[None, :, None], -torch.inf)
+        out[start:end] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+    return out
+
+
+# seq lengths: decode at 20, verify ending at 40, a 37-token chunk after 100 tokens, a fresh
+# 17-token prefill, a 1-token sequence, and a verify row straddling the 32-key tile boundary.
+MIXED_LENGTHS = [20, 40, 137, 17, 1, 35]
+MIXED_ROWS = [
+    Row(None, 0, 0),
+    Row(0, 1, 20),
+    Row(1, 5, 40),
+    Row(2, 37, 137),
+    Row(None, 0, 0),
+    Row(3, 17, 17),
+    Row(4, 1, 1),
+    Row(5, 5, 35),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", SMALL_SHAPES)
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_mixed_batch_matches_reference(shape, block_size, dtype):
+    seqs = PagedSequences(MIXED_LENGTHS, *shape, block_size, dtype)
+    out = seqs.run(MIXED_ROWS, pad_tokens=3)
+    real = sum(r.qlen for r in MIXED_ROWS)
+    assert out.dtype == dtype and out.shape == (real + 3, shape[0], shape[2])
+    torch.testing.assert_close(
+        out[:real].double(),
+        reference(seqs, MIXED_ROWS),
+        atol=TOLERANCE[dtype],
+        rtol=TOLERANCE[dtype],
+    )
+    assert torch.equal(out[real:], torch.zeros_like(out[real:]))  # padding tokens: zeros
+
+
+def _check_row_invariance(seqs: PagedSequences, seq: int, ctx: int, others: list[Row]):
+    """Positions ctx-5..ctx-1 of `seq`, computed as a verify row (alone and in a batch), as
+    1-token rows, inside a prefill chunk and in a whole-sequence prefill: bitwise equal."""
+    alone = seqs.run([Row(seq, 1, p + 1) for p in range(ctx - 5, ctx)])
+    verify = seqs.run([Row(seq, 5, ctx)])
+    in_batch = seqs.run(others[:2] + [Row(seq, 5, ctx)] + others[2:], pad_tokens=2)
+    start = sum(r.qlen for r in others[:2])
+    chunk = seqs.run([Row(seq, 19, ctx)])[-5:]
+    prefill = seqs.run(others[:1] + [Row(seq, ctx, ctx)])[-5:]
+    assert torch.equal(verify, alone)
+    assert torch.equal(in_batch[start : start + 5], alone)
+    assert torch.equal(chunk, alone)
+    assert torch.equal(prefill, alone)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", SMALL_SHAPES)
+def test_output_depends_on_the_row_alone(shape, dtype):
+    seqs = PagedSequences(MIXED_LENGTHS, *shape, 16, dtype, seed=1)
+    others = [Row(0, 1, 20), Row(None, 0, 0), Row(2, 37, 137), Row(1, 5, 40)]
+    # Sequence 5 (35 tokens): its last five positions 30..34 straddle the 32-key tile edge.
+    _check_row_invariance(seqs, 5, 35, others)
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+def test_store_kv_writes_given_slots_and_skips_minus_one(cache_dtype):
+    kvh, d, bs, nb = 3, 64, 16, 5
+    cache = torch.full((2, nb, bs, kvh, d), 7.0, dtype=cache_dtype, device=DEVICE)
+    slots = torch.tensor([17, -1, 5, 79, -1, 32, 16], device=DEVICE)
+    # fp32 inputs whose values the cache dtype holds exactly: the cast is tested, not its rounding
+    # (the interpreter truncates fp32 -> bf16 where the GPU rounds to nearest even).
+    k = torch.randn(len(slots), kvh, d, device=DEVICE).to(cache_dtype).float()
+    v = torch.randn(len(slots), kvh, d, device=DEVICE).to(cache_dtype).float()
+    store_kv(k, v, cache, slots)
+    written = slots >= 0
+    expected = torch.full_like(cache, 7.0).view(2, -1, kvh, d)
+    expected[0, slots[written]] = k[written].to(cache_dtype)
+    expected[1, slots[written]] = v[written].to(cache_dtype)
+    assert torch.equal(cache.view(2, -1, kvh, d), expected)
+
+
+@pytest.mark.gpu
+@gpu_only
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_llama3_8b_heads_mixed_batch_and_invariance(dtype, block_size):
+    seqs = PagedSequences([1024, 300, 777, 64, 1029], 32, 8, 128, block_size, dtype, seed=2)
+    rows = [Row(0, 1, 1024), Row(1, 5, 300), Row(None, 0, 0), Row(2, 200, 777), Row(3, 64, 64)]
+    out = seqs.run(rows, pad_tokens=5)
+    real = sum(r.qlen for r in rows)
+    torch.testing.assert_close(
+        out[:real].double(), reference(seqs, rows), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype]
+    )
+    _check_row_invariance(seqs, 4, 1029, rows)
+
+
+@pytest.mark.gpu
+@gpu_only
+def test_cuda_graph_replay_follows_new_metadata():
+    """Captured once, replayed over other rows of the same shapes: equals eager each time."""
+    seqs = PagedSequences([300, 45, 129, 1], 9, 3, 64, 16, torch.bfloat16, seed=3)
+    first = [Row(0, 5, 300), Row(1, 5, 45), Row(None, 0, 0), Row(2, 5, 129)]
+    second = [Row(2, 1, 100), Row(None, 0, 0), Row(0, 13, 13), Row(3, 1, 1)]  # 15 tokens + 5 pad
+    static = [x.clone() for x in seqs.batch(first)]
+    out = torch.empty_like(static[0])
+    scale = _scale(static[0])
+    paged_attention(static[0], seqs.cache, *static[1:], scale, out=out)  # compile outside
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        paged_attention(static[0], seqs.cache, *static[1:], scale, out=out)
+    for rows, pad in ((first, 0), (second, 5)):
+        fresh = seqs.batch(rows, pad)
+        for buf, new in zip(static, fresh, strict=True):
+            buf.copy_(new)
+        graph.replay()
+        eager = paged_attention(static[0], seqs.cache, *static[1:], scale)
+        assert torch.equal(out, eager)
