@@ -45,6 +45,9 @@ KEY_TILE = 32  # key positions per inner-loop step; fixed, since it shapes the n
 TILE_ROWS = 32  # M of the packed query tile: BLOCK_Q query positions × GROUP_P heads
 NUM_WARPS = 4
 NUM_STAGES = 2
+# Pinned, not left to the Triton default (which flips to False in Triton 3.10): FMA contraction
+# changes the low bits, and the exact mode needs the same bits from every install.
+FP_FUSION = True
 _LOG2E = 1.4426950408889634
 
 
@@ -283,6 +286,7 @@ def paged_attention(
         DOT_PRECISION=precision,
         num_warps=NUM_WARPS,
         num_stages=NUM_STAGES,
+        enable_fp_fusion=FP_FUSION,
     )
     return out
 
