@@ -241,8 +241,8 @@ def test_cuda_graph_replay_follows_new_metadata():
     """Captured once, replayed over other rows of the same shapes: equals eager each time."""
     seqs = PagedSequences([300, 45, 129, 1], 9, 3, 64, 16, torch.bfloat16, seed=3)
     first = [Row(0, 5, 300), Row(1, 5, 45), Row(None, 0, 0), Row(2, 5, 129)]
-    second = [Row(2, 1, 100), Row(None, 0, 0), Row(0, 13, 13), Row(3, 1, 1)]  # 15 tokens + 5 pad
-    static = [x.clone() for x in seqs.batch(first)]
+    second = [Row(2, 1, 100), Row(None, 0, 0), Row(0, 13, 13), Row(3, 1, 1)]
+    static = [x.clone() for x in seqs.batch(first, pad_tokens=5)]  # both steps: 15 + 5 tokens
     out = torch.empty_like(static[0])
     scale = _scale(static[0])
     paged_attention(static[0], seqs.cache, *static[1:], scale, out=out)  # compile outside
@@ -250,8 +250,8 @@ def test_cuda_graph_replay_follows_new_metadata():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         paged_attention(static[0], seqs.cache, *static[1:], scale, out=out)
-    for rows, pad in ((first, 0), (second, 5)):
-        fresh = seqs.batch(rows, pad)
+    for rows in (first, second):
+        fresh = seqs.batch(rows, pad_tokens=5)
         for buf, new in zip(static, fresh, strict=True):
             buf.copy_(new)
         graph.replay()
