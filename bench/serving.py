@@ -105,10 +105,11 @@ def plan_passes(
         chunk = tuple(pool[start : start + n])
         start += n
         if i == 0:
-            plans.append(PassPlan("warm-up", min(max(levels), n), chunk))
+            if n:
+                plans.append(PassPlan("warm-up", min(max(levels), n), chunk))
         else:
             plans.append(PassPlan(f"c={levels[i - 1]}", levels[i - 1], chunk))
-    top = max(plans[1:], key=lambda p: p.concurrency)
+    top = max((p for p in plans if p.name != "warm-up"), key=lambda p: p.concurrency)
     plans.append(PassPlan("replay", top.concurrency, top.prompts, replay=True))
     return plans
 
@@ -134,6 +135,7 @@ async def send(stub, prompt: Prompt, rid: str, args: argparse.Namespace) -> Requ
             elif which == "complete":
                 c = resp.complete
                 rec.done, rec.completion_tokens = now, c.usage.completion_tokens
+                rec.server_ttft = c.time_to_first_token_s
                 rec.finish = FINISH_NAMES.get(c.finish_reason, "unspecified")
                 s = c.speculation
                 rec.steps, rec.drafted, rec.accepted = s.steps, s.draft_tokens, s.accepted_tokens
@@ -196,7 +198,7 @@ async def run_server(server, plans: list[PassPlan], args) -> dict:
             s = rec["summary"]
             log(
                 f"{server.config} {plan.name}: {s['completion_tokens']} tokens in {wall:.2f}s "
-                f"({s['tok_per_s']:.1f} tok/s), errors {s['errors']}"
+                f"({s['tok_per_s'] or 0:.1f} tok/s), errors {s['errors']}"
                 + ("" if timed else " [warm-up, not timed]")
             )
     return dict(
