@@ -69,10 +69,10 @@ class OutputStream:
             kept.append(tok)
             if tok in self.eos_ids and not req.ignore_eos:
                 reason = "eos"
+            elif req.num_tokens >= self.max_context:
+                reason = "context"  # before length: a full context is the real reason
             elif len(req.output_ids) >= req.max_new_tokens:
                 reason = "length"
-            elif req.num_tokens >= self.max_context:
-                reason = "context"
             if reason:
                 break
         ids_for_text = kept[:-1] if reason == "eos" else kept
