@@ -114,7 +114,9 @@ def store_kv(
     )
 
 
-@triton.jit
+# Lengths vary step to step: not specialized, so one compiled kernel serves every batch shape
+# (no recompiles while capturing graphs of other sizes, and one binary for all numerics).
+@triton.jit(do_not_specialize=["num_tokens", "num_rows"])
 def _paged_attention_kernel(
     q_ptr,
     cache_ptr,
