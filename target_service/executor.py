@@ -28,7 +28,7 @@ import torch
 
 from target_service.drafters.base import Drafter
 from target_service.metrics import TargetMetrics
-from target_service.output import OutputStream
+from target_service.output import OutputStream, OutputWorker
 from target_service.request import Request, RequestState, SpecStats
 from target_service.resources.base import ResourceRegistry
 from target_service.resources.kv_cache import KVCacheManager
@@ -71,6 +71,8 @@ class Executor:
         self._stop = False
         self._thread: threading.Thread | None = None
         self.death: BaseException | None = None  # why the executor thread stopped, if it did
+        # Detokenising and streaming run on their own thread, off the step's critical path.
+        self.output = OutputWorker(on_stopped=self._stopped)
         self.on_death = None  # called (from the executor thread) with that exception
 
     # -- called from other threads -------------------------------------------------------------
@@ -104,6 +106,8 @@ class Executor:
             self._thread.join(timeout=10)
         for stream in list(self.streams.values()):
             self._finish(stream.request, "cancelled")
+        self.output.flush()
+        self.output.close()
         if self.drafter is not None:
             self.drafter.close()
 
@@ -145,14 +149,18 @@ class Executor:
                 self.scheduler.add(stream.request)
             elif kind == "cancel" and payload in self.streams:
                 self._finish(self.streams[payload].request, "cancelled")
+            elif kind == "stopped" and payload in self.streams:
+                self._release(self.streams[payload].request)  # its stream already completed
 
     def run_until_idle(self, max_steps: int = 1_000_000) -> None:
         """Drive steps on the caller's thread (tests and benchmarks without the server)."""
         for _ in range(max_steps):
+            self.output.flush()  # stop strings found by the output thread release requests
             self._drain_inbox()
             if not self.scheduler.has_work:
-                return
+                break
             self.step()
+        self.output.flush()
 
     def step(self) -> None:
         batch = self.scheduler.schedule()
@@ -304,17 +312,20 @@ class Executor:
             self.metrics.tokens.inc(len(toks))
             self.metrics.drafted.inc(drafted)
             self.metrics.accepted.inc(acc)
-            try:
-                done = self.streams[req.request_id].commit(toks, drafted, acc, self.step_no)
-            except Exception as exc:  # e.g. detokenising: only this request is affected
-                log.exception("output of request %s failed", req.request_id)
-                self._fail(req, f"output failed: {exc}")
-                continue
-            if done:
+            stream = self.streams[req.request_id]
+            kept, reason = stream.append(toks)
+            self.output.render(stream, kept, reason, drafted, acc, self.step_no)
+            if reason is not None:
                 self._release(req)
 
+    def _stopped(self, request_id: str) -> None:
+        """From the output thread: a stop string finished this request's stream."""
+        with self._wake:
+            self._inbox.append(("stopped", request_id))
+            self._wake.notify()
+
     def _finish(self, req: Request, reason: str) -> None:
-        self.streams[req.request_id].finish(reason)
+        self.output.submit(self.streams[req.request_id].finish, reason)
         self._release(req)
 
     def _fail(self, req: Request, message: str) -> None:
@@ -322,7 +333,7 @@ class Executor:
             return
         stream = self.streams.get(req.request_id)
         if stream is not None:
-            stream.fail("INTERNAL", message)
+            self.output.submit(stream.fail, "INTERNAL", message)
         self._release(req)
 
     def _release(self, req: Request) -> None:
