@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common.model.config import LLAMA3_8B, SMOLLM2_135M, TINY_RANDOM, ModelConfig  # noqa: E402
 from common.model.llama import LlamaModel  # noqa: E402
+from common.model.triton_backend import make_backend  # noqa: E402
 from target_service.request import Request  # noqa: E402
 from target_service.resources.kv_cache import KVCacheManager  # noqa: E402
 from target_service.runner.model_runner import ModelRunner, RunnerConfig  # noqa: E402
@@ -146,12 +147,13 @@ def measure(
     """(eager ms, graph ms, replay ms, prep ms, graph key) for one batch of rows."""
     eager = time_ms(lambda: runner.forward(rows, tables, allow_graphs=False), iters, device)
     graph = replay = None
-    key = runner.graphs.select(runner.prepare(rows, tables)) if runner.graphs else None
+    prepare = runner.inputs.prepare_varlen if runner.varlen else runner.prepare
+    key = runner.graphs.select(prepare(rows, tables)) if runner.graphs else None
     if key is not None:
         graph = time_ms(lambda: runner.forward(rows, tables), iters, device)
         assert runner.forward(rows, tables).graph == key, "forward did not replay the graph"
         replay = time_ms(runner.graphs.graphs[key].replay, iters, device, per_call=5)
-    prep = time_ms(lambda: runner.prepare(rows, tables), iters, device)  # host work, GPU idle
+    prep = time_ms(lambda: prepare(rows, tables), iters, device)  # host work, GPU idle
     return eager, graph, replay, prep, key
 
 
@@ -169,7 +171,9 @@ def bench_shape(
     kv = KVCacheManager(max_b * blocks_per_row + 1, BLOCK_SIZE, max_k)
     kv_caches = model.allocate_kv_cache(kv.num_blocks)  # [L, 2, NB, BS, KVH, D]
     graphs = device.type == "cuda" and not args.no_cuda_graphs
-    # One runner per distinct draft length > 0 (each captures q = 1 and q = 1 + K).
+    model.set_attention(make_backend(args.attention, model, device))
+    log(f"{name}: attention backend {model.attention.name}")
+    # One runner per distinct draft length > 0 (its logits buffer is sized for 1 + K rows).
     runners: dict[int, ModelRunner] = {}
     for k in sorted({k for k in args.ks if k > 0} or {0}):
         t0 = time.perf_counter()
@@ -183,6 +187,7 @@ def bench_shape(
                 block_size=BLOCK_SIZE,
                 dummy_block=KVCacheManager.DUMMY_BLOCK,
                 cuda_graphs=graphs,
+                max_num_tokens=max_b * (1 + max_k),
             ),
         )
         runners[k].warmup(progress=False)
@@ -208,7 +213,7 @@ def bench_shape(
                 replay_ms=replay,
                 prep_ms=prep,
                 floor_ms=fl,
-                graph_bucket=list(key) if key else None,
+                graph_bucket=key,
                 graph_over_floor=graph / fl if graph else None,
                 plain_pytorch_graph_ms=PLAIN_GRAPH_MS.get((name, batch, q)),
             )
@@ -257,6 +262,7 @@ def main() -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
     ap.add_argument("--no-cuda-graphs", action="store_true")
+    ap.add_argument("--attention", default="auto", help="auto | triton | sdpa")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()

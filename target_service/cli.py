@@ -36,6 +36,16 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-cuda-graphs", action="store_true", default=env("SPECWIRE_NO_CUDA_GRAPHS", False, bool)
     )
+    p.add_argument(
+        "--attention",
+        default=env("SPECWIRE_ATTENTION", "auto"),
+        help="auto (triton on CUDA, sdpa on CPU) | triton | sdpa",
+    )
+    p.add_argument(
+        "--draft-policy",
+        default=env("SPECWIRE_DRAFT_POLICY", "adaptive"),
+        help="adaptive (K per step from measured costs and acceptance; GPU) | static",
+    )
     p.add_argument("--max-batch-size", type=int, default=env("SPECWIRE_MAX_BATCH_SIZE", 16, int))
     p.add_argument("--max-num-tokens", type=int, default=env("SPECWIRE_MAX_NUM_TOKENS", 1024, int))
     p.add_argument(
@@ -67,6 +77,8 @@ def config_from_args(args: argparse.Namespace) -> TargetConfig:
         device=args.device,
         dtype=dtype,
         cuda_graphs=not args.no_cuda_graphs,
+        attention=args.attention,
+        draft_policy=args.draft_policy,
         max_batch_size=args.max_batch_size,
         max_num_tokens=args.max_num_tokens,
         max_context_len=args.max_context_len,
@@ -126,6 +138,15 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
+    # The supervisor: a dead executor turns health NOT_SERVING (in `attach`) and ends the
+    # process with a non-zero code, so an orchestrator restarts it.
+    engine.executor.on_death = lambda exc: (server.mark_dead(exc), stopped.set())
+    if engine.executor.death is not None:  # died before the hook was set
+        stopped.set()
     stopped.wait()
-    server.stop()
+    death = engine.executor.death
+    server.stop(0 if death is not None else 2.0)
+    if death is not None:
+        print(f"specwire: error: the executor stopped: {death!r}", file=sys.stderr, flush=True)
+        return 1
     return 0

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from common.errors import UserError
+from common.model.paged import blocks_for
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -20,6 +21,8 @@ class TargetConfig:
     device: str = "cpu"
     dtype: str = "float32"
     cuda_graphs: bool = True
+    attention: str = "auto"  # auto (triton on CUDA, sdpa on CPU) | triton | sdpa
+    draft_policy: str = "adaptive"  # adaptive (needs CUDA graphs' cost table) | static
     max_batch_size: int = 16
     max_num_tokens: int = 1024
     max_context_len: int = 2048
@@ -44,6 +47,10 @@ class TargetConfig:
             raise UserError("--max-context-len must be >= 2")
         if self.max_num_tokens < 1 + self.max_draft_len:
             raise UserError("--max-num-tokens must be at least 1 + --max-draft-len")
+        if self.attention not in ("auto", "triton", "sdpa"):
+            raise UserError(f"--attention must be auto, triton or sdpa, got {self.attention!r}")
+        if self.draft_policy not in ("adaptive", "static"):
+            raise UserError(f"--draft-policy must be adaptive or static, got {self.draft_policy!r}")
         if self.drafter_mode not in ("stream", "unary"):
             raise UserError(f"--drafter-mode must be stream or unary, got {self.drafter_mode!r}")
         if self.drafter_deadline_ms <= 0:
@@ -55,4 +62,4 @@ class TargetConfig:
 
     @property
     def blocks_per_seq(self) -> int:
-        return -(-self.max_context_len // self.block_size)
+        return blocks_for(self.max_context_len, self.block_size)

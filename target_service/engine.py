@@ -15,7 +15,9 @@ from dataclasses import dataclass
 
 from common.errors import UserError
 from common.model.loader import LoadedModel, load_model
+from common.model.triton_backend import make_backend
 from target_service.config import TargetConfig
+from target_service.draft_policy import DraftLengthPolicy
 from target_service.drafters.base import Drafter
 from target_service.drafters.ngram import NGramDrafter
 from target_service.drafters.plugin import load_plugin_drafter
@@ -107,7 +109,9 @@ class Engine:
             k = min(k, max_draft_len)
         sampling = sampling or SamplingConfig()  # validated where it was built
         return Request(
-            request_id=request_id or uuid.uuid4().hex,
+            request_id=uuid.uuid4().hex,  # internal key: unique whatever the client sends
+            client_id=request_id,
+            max_context_len=self.max_context_len,
             prompt_ids=list(prompt_ids),
             max_new_tokens=max_new_tokens,
             sampling=sampling,
@@ -143,7 +147,8 @@ def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine
     drafter = make_drafter(cfg, loaded)
     if drafter is not None and getattr(drafter, "spec_resource_manager", None) is not None:
         resources.add(drafter.spec_resource_manager)
-    # 4. runner: warm-up and graph capture
+    # 4. runner: attention backend, warm-up and graph capture
+    model.set_attention(make_backend(cfg.attention, model, kv_caches.device))
     runner = ModelRunner(
         model,
         kv_caches,
@@ -154,6 +159,7 @@ def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine
             block_size=cfg.block_size,
             dummy_block=KVCacheManager.DUMMY_BLOCK,
             cuda_graphs=cfg.cuda_graphs,
+            max_num_tokens=cfg.max_num_tokens,
         ),
     )
     runner.warmup(progress=cfg.progress)
@@ -161,8 +167,14 @@ def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine
     eos_ids = (
         {loaded.tokenizer.eos_token_id} if loaded.tokenizer.eos_token_id is not None else set()
     )
+    # The draft-length policy: adaptive where a measured cost table exists (CUDA graphs).
+    policy = DraftLengthPolicy(k, adaptive=cfg.draft_policy == "adaptive")
+    if runner.graphs is not None and k > 0:
+        policy.seed_costs(runner.graphs.measure())
+    else:
+        policy.adaptive = False
     executor = Executor(
-        scheduler=Scheduler(SchedulerConfig(cfg.max_batch_size, cfg.max_num_tokens, k), kv),
+        scheduler=Scheduler(SchedulerConfig(cfg.max_batch_size, cfg.max_num_tokens, k), kv, policy),
         resources=resources,
         drafter=drafter,
         runner=runner,
@@ -172,11 +184,13 @@ def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine
         vocab_size=loaded.config.vocab_size,
     )
     log.info(
-        "engine ready: model=%s device=%s drafter=%s K=%d graphs=%s",
+        "engine ready: model=%s device=%s drafter=%s K=%d graphs=%s attention=%s policy=%s",
         cfg.model,
         cfg.device,
         cfg.drafter,
         cfg.max_draft_len,
         runner.graphs is not None,
+        model.attention.name,
+        "adaptive" if policy.adaptive else "static",
     )
     return Engine(cfg, loaded, kv, resources, drafter, runner, executor)

@@ -17,6 +17,8 @@ and the executor keeps serving.
 from __future__ import annotations
 
 import logging
+import math
+import numbers
 import threading
 import time
 from collections import deque
@@ -26,7 +28,7 @@ import torch
 
 from target_service.drafters.base import Drafter
 from target_service.metrics import TargetMetrics
-from target_service.output import OutputStream
+from target_service.output import OutputStream, OutputWorker
 from target_service.request import Request, RequestState, SpecStats
 from target_service.resources.base import ResourceRegistry
 from target_service.resources.kv_cache import KVCacheManager
@@ -68,6 +70,10 @@ class Executor:
         self._wake = threading.Condition()
         self._stop = False
         self._thread: threading.Thread | None = None
+        self.death: BaseException | None = None  # why the executor thread stopped, if it did
+        # Detokenising and streaming run on their own thread, off the step's critical path.
+        self.output = OutputWorker(on_stopped=self._stopped)
+        self.on_death = None  # called (from the executor thread) with that exception
 
     # -- called from other threads -------------------------------------------------------------
     def submit(self, request: Request) -> OutputStream:
@@ -100,11 +106,27 @@ class Executor:
             self._thread.join(timeout=10)
         for stream in list(self.streams.values()):
             self._finish(stream.request, "cancelled")
+        self.output.flush()
+        self.output.close()
         if self.drafter is not None:
             self.drafter.close()
 
     # -- the executor thread ---------------------------------------------------------------------
     def _loop(self) -> None:
+        """The executor thread. It must never die quietly: anything that escapes a step (a
+        plugin calling sys.exit, a bug in the executor itself) is recorded in `death` and
+        reported through `on_death`, so the server can turn NOT_SERVING and exit non-zero."""
+        try:
+            self._serve()
+        except BaseException as exc:  # noqa: BLE001 - the supervisor must see everything
+            log.critical("executor thread died: %r", exc, exc_info=True)
+            self.death = exc
+            for stream in list(self.streams.values()):
+                stream.fail("INTERNAL", f"the target's executor stopped: {exc!r}")
+            if self.on_death is not None:
+                self.on_death(exc)
+
+    def _serve(self) -> None:
         while True:
             with self._wake:
                 while not self._stop and not self._inbox and not self.scheduler.has_work:
@@ -127,14 +149,18 @@ class Executor:
                 self.scheduler.add(stream.request)
             elif kind == "cancel" and payload in self.streams:
                 self._finish(self.streams[payload].request, "cancelled")
+            elif kind == "stopped" and payload in self.streams:
+                self._release(self.streams[payload].request)  # its stream already completed
 
     def run_until_idle(self, max_steps: int = 1_000_000) -> None:
         """Drive steps on the caller's thread (tests and benchmarks without the server)."""
         for _ in range(max_steps):
+            self.output.flush()  # stop strings found by the output thread release requests
             self._drain_inbox()
             if not self.scheduler.has_work:
-                return
+                break
             self.step()
+        self.output.flush()
 
     def step(self) -> None:
         batch = self.scheduler.schedule()
@@ -143,39 +169,71 @@ class Executor:
             return
         self.step_no += 1
         t0 = time.perf_counter()
-        try:
-            self._step(batch)
-        except Exception as exc:  # fail this batch's requests, keep serving the rest
-            log.exception("step %d failed", self.step_no)
-            for req in batch.requests:
-                if not req.finished:
-                    self.streams[req.request_id].fail("INTERNAL", f"step failed: {exc}")
-                    self._release(req)
+        self._run_isolated(batch.rows, draft=True)
+        elapsed = time.perf_counter() - t0
+        tokens = sum(
+            r.num_committed + (r.request.num_real_drafts if r.decode else 0) for r in batch.rows
+        )
+        self.scheduler.policy.observe_step(tokens, elapsed)
         m = self.metrics
         m.steps.inc()
-        m.step_seconds.observe(time.perf_counter() - t0)
+        m.step_seconds.observe(elapsed)
         m.running.set(len(self.scheduler.running))
         m.waiting.set(len(self.scheduler.waiting))
         m.kv_free.set(self.kv.num_free_blocks)
 
-    def _step(self, batch: ScheduledBatch) -> None:
+    def _run_isolated(self, rows: list[Row], draft: bool) -> None:
+        """Run a step; if it fails, retry each half without drafts until the failure is
+        pinned on one request, which alone fails. Bystanders finish as if run alone.
+
+        Retrying is safe because nothing before `_commit` changes a request: the forward only
+        rewrites the same cache slots with the same values."""
+        try:
+            new_tokens = self._compute(ScheduledBatch(rows=rows), draft)
+        except Exception as exc:
+            if len(rows) == 1:
+                req = rows[0].request
+                log.exception("step %d failed for request %s", self.step_no, req.request_id)
+                self._fail(req, f"step failed: {exc}")
+                return
+            log.warning(
+                "step %d failed (%r); retrying its %d rows in halves", self.step_no, exc, len(rows)
+            )
+            half = len(rows) // 2
+            self._run_isolated(rows[:half], draft=False)
+            self._run_isolated(rows[half:], draft=False)
+            return
+        self._commit(ScheduledBatch(rows=rows), new_tokens)
+
+    def _compute(self, batch: ScheduledBatch, draft: bool) -> list[list[int]]:
         decode = batch.decode_requests
         self.resources.prepare(batch.requests)
-        self.prepare_drafts(decode)
+        self.prepare_drafts(decode, ask_drafter=draft)
         logits = self.runner.forward(batch.rows, [self.kv.block_table(r) for r in batch.requests])
-        new_tokens = self.verifier.verify(decode, logits)
-        accepted = {r.request_id: len(t) - 1 for r, t in zip(decode, new_tokens, strict=False)}
+        if logits.graph is None:
+            self.metrics.eager_steps.inc()
+        return self.verifier.verify(decode, logits)
+
+    def _commit(self, batch: ScheduledBatch, new_tokens: list[list[int]]) -> None:
+        decode = batch.decode_requests
+        accepted = {r.request_id: len(t) - 1 for r, t in zip(decode, new_tokens, strict=True)}
         self._advance(batch.rows, accepted)
-        self.resources.update(batch.requests, accepted)
+        try:
+            self.resources.update(batch.requests, accepted)
+        except Exception as exc:  # a resource manager bug: these requests' state is unknown
+            log.exception("resource update failed at step %d", self.step_no)
+            for req in batch.requests:
+                self._fail(req, f"resource update failed: {exc}")
+            return
         self.emit(decode, new_tokens)
 
     # -- phases ----------------------------------------------------------------------------------
-    def prepare_drafts(self, requests: Sequence[Request]) -> None:
+    def prepare_drafts(self, requests: Sequence[Request], ask_drafter: bool = True) -> None:
         """Ask the drafter (unpadded), sanitise, then pad to one length for the whole step."""
         for req in requests:
             req.draft_tokens, req.draft_probs = [], None
         drafting = [r for r in requests if r.draft_budget > 0]
-        if self.drafter is not None and drafting:
+        if self.drafter is not None and drafting and ask_drafter:
             try:
                 self.drafter.prepare_draft_tokens(drafting, self.resources)
             except Exception:  # fail open: a drafter bug costs speed, never output
@@ -185,7 +243,11 @@ class Executor:
                     req.draft_tokens, req.draft_probs = [], None
         for req in requests:
             self._sanitise(req)
-        # Pad to max_draft_len when anyone drafted (one graph shape), else verify 1 token/row.
+        # The SDPA backend needs uniform rows: pad to max_draft_len when anyone drafted, else
+        # verify 1 token/row. A varlen backend takes each row as it is; the runner pads the
+        # step's token count to a captured graph instead.
+        if not self.runner.pads_drafts:
+            return
         pad_to = self.max_draft_len if any(r.num_real_drafts for r in requests) else 0
         for req in requests:
             req.draft_tokens = req.draft_tokens + [0] * (pad_to - len(req.draft_tokens))
@@ -198,15 +260,40 @@ class Executor:
             req.stats.truncated_draft_tokens += len(drafts) - budget
             self.stats.truncated_draft_tokens += len(drafts) - budget
             drafts = drafts[:budget]
-        if any(not (isinstance(t, int) and 0 <= t < self.vocab_size) for t in drafts):
-            req.stats.refused_draft_tokens += len(drafts)
-            self.stats.refused_draft_tokens += len(drafts)
-            drafts, probs = [], None
         if probs is not None:
             probs = list(probs)[: len(drafts)]
             if len(probs) != len(drafts):
                 probs = None  # incomplete distributions: treat drafts as point masses
+        if not all(self._token_ok(t) for t in drafts) or not self._dists_ok(probs):
+            req.stats.refused_draft_tokens += len(drafts)
+            self.stats.refused_draft_tokens += len(drafts)
+            drafts, probs = [], None
+        drafts = [int(t) for t in drafts]
         req.draft_tokens, req.draft_probs, req.num_real_drafts = drafts, probs, len(drafts)
+
+    def _token_ok(self, t: object) -> bool:
+        """A real token id: an integer (not a bool) inside the vocabulary."""
+        return (
+            isinstance(t, numbers.Integral)
+            and not isinstance(t, bool)
+            and 0 <= int(t) < self.vocab_size
+        )
+
+    def _dists_ok(self, probs: list | None) -> bool:
+        """Draft distributions: per position, (ids, probs) of equal length, ids in the
+        vocabulary, probabilities finite and >= 0 with a positive sum."""
+        if probs is None:
+            return True
+        try:
+            for ids, ps in probs:
+                ids, ps = list(ids), [float(p) for p in ps]
+                if len(ids) != len(ps) or not all(self._token_ok(t) for t in ids):
+                    return False
+                if not all(math.isfinite(p) and p >= 0 for p in ps) or not sum(ps) > 0:
+                    return False
+        except (TypeError, ValueError):
+            return False
+        return True
 
     def _advance(self, rows: list[Row], accepted: dict[str, int]) -> None:
         """KV now holds the fed committed tokens plus each decode row's accepted drafts."""
@@ -217,22 +304,41 @@ class Executor:
                 req.state = RequestState.DECODE
 
     def emit(self, requests: Sequence[Request], new_tokens: list[list[int]]) -> None:
-        for req, toks in zip(requests, new_tokens, strict=False):
+        for req, toks in zip(requests, new_tokens, strict=True):
             drafted, acc = req.num_real_drafts, len(toks) - 1
             req.stats.record(drafted, acc)
             self.stats.record(drafted, acc)
+            self.scheduler.policy.observe(req, drafted, acc)
             self.metrics.tokens.inc(len(toks))
             self.metrics.drafted.inc(drafted)
             self.metrics.accepted.inc(acc)
-            if self.streams[req.request_id].commit(toks, drafted, acc, self.step_no):
+            stream = self.streams[req.request_id]
+            kept, reason = stream.append(toks)
+            self.output.render(stream, kept, reason, drafted, acc, self.step_no)
+            if reason is not None:
                 self._release(req)
 
+    def _stopped(self, request_id: str) -> None:
+        """From the output thread: a stop string finished this request's stream."""
+        with self._wake:
+            self._inbox.append(("stopped", request_id))
+            self._wake.notify()
+
     def _finish(self, req: Request, reason: str) -> None:
-        self.streams[req.request_id].finish(reason)
+        self.output.submit(self.streams[req.request_id].finish, reason)
+        self._release(req)
+
+    def _fail(self, req: Request, message: str) -> None:
+        if req.finished:
+            return
+        stream = self.streams.get(req.request_id)
+        if stream is not None:
+            self.output.submit(stream.fail, "INTERNAL", message)
         self._release(req)
 
     def _release(self, req: Request) -> None:
         req.state = RequestState.FINISHED
         self.scheduler.remove(req)
-        self.resources.free(req)
+        self.scheduler.policy.forget(req)
+        self.resources.free(req)  # never raises; every manager gets its chance
         self.streams.pop(req.request_id, None)

@@ -12,6 +12,11 @@ class TargetMetrics:
         r = self.registry
         self.steps = Counter("specwire_steps", "Executor steps run", registry=r)
         self.tokens = Counter("specwire_generated_tokens", "Tokens committed", registry=r)
+        self.eager_steps = Counter(
+            "specwire_eager_steps",
+            "Steps whose forward ran eagerly instead of replaying a CUDA graph",
+            registry=r,
+        )
         self.drafted = Counter("specwire_draft_tokens", "Real draft tokens proposed", registry=r)
         self.accepted = Counter("specwire_accepted_tokens", "Draft tokens accepted", registry=r)
         self.step_seconds = Histogram(

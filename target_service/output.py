@@ -7,12 +7,17 @@ might be the start of a stop string is held back until it is known not to be).
 
 from __future__ import annotations
 
+import copy
+import logging
 import queue
+import threading
 import time
 from dataclasses import dataclass, field
 
 from common.tokenizer import IncrementalDecoder, Tokenizer
 from target_service.request import Request, SpecStats
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -56,9 +61,18 @@ class OutputStream:
         self.max_context = max_context
         self.text = ""  # everything decoded so far (stop strings cut it)
         self.sent = 0  # characters of `text` already streamed
+        self.num_rendered = 0  # output tokens rendered (the executor may be a step ahead)
+        self.done = False  # a Complete or Failed event was sent: nothing more goes out
 
     def commit(self, new_tokens: list[int], drafted: int, accepted: int, step: int) -> bool:
-        """Append verified tokens, stream a chunk; True when the request finished."""
+        """Both halves at once (tests and single-threaded use): True when finished."""
+        kept, reason = self.append(new_tokens)
+        return self.render(kept, reason, drafted, accepted, step)
+
+    def append(self, new_tokens: list[int]) -> tuple[list[int], str | None]:
+        """The executor's half: append verified tokens and apply the token-level finish rules
+        (EOS, context, length). Returns the tokens kept and the finish reason, if any. Cheap:
+        no text is produced here."""
         req = self.request
         if req.first_token_time is None:
             req.first_token_time = time.monotonic()
@@ -69,12 +83,23 @@ class OutputStream:
             kept.append(tok)
             if tok in self.eos_ids and not req.ignore_eos:
                 reason = "eos"
+            elif req.num_tokens >= self.max_context:
+                reason = "context"  # before length: a full context is the real reason
             elif len(req.output_ids) >= req.max_new_tokens:
                 reason = "length"
-            elif req.num_tokens >= self.max_context:
-                reason = "context"
             if reason:
                 break
+        return kept, reason
+
+    def render(
+        self, kept: list[int], reason: str | None, drafted: int, accepted: int, step: int
+    ) -> bool:
+        """The output half (the output thread): detokenise, apply stop strings, stream a chunk
+        and, when finished, the completion. True when the request finished here or before;
+        a stream that already finished ignores late tokens."""
+        if self.done:
+            return True
+        self.num_rendered += len(kept)
         ids_for_text = kept[:-1] if reason == "eos" else kept
         self.text += self.decoder.feed_many(ids_for_text)
         if reason:
@@ -107,6 +132,9 @@ class OutputStream:
         return best
 
     def finish(self, reason: str) -> None:
+        if self.done:
+            return
+        self.done = True
         req = self.request
         now = time.monotonic()
         req.finish_reason = reason
@@ -115,14 +143,65 @@ class OutputStream:
             Complete(
                 finish_reason=reason,
                 prompt_tokens=len(req.prompt_ids),
-                completion_tokens=len(req.output_ids),
-                stats=req.stats,
+                completion_tokens=self.num_rendered,
+                stats=copy.deepcopy(req.stats),
                 text=self.text,
                 time_to_first_token_s=ttft,
                 total_time_s=now - req.arrival_time,
-                token_ids=list(req.output_ids),
+                token_ids=list(req.output_ids[: self.num_rendered]),
             )
         )
 
     def fail(self, code: str, message: str) -> None:
+        if self.done:
+            return
+        self.done = True
         self.events.put(Failed(code, message))
+
+
+class OutputWorker:
+    """The output thread: renders committed tokens (detokenising, stop strings, events) off
+    the executor's critical path, in the order they were committed. A request that a stop
+    string finishes is reported back through `on_stopped` so the executor releases it."""
+
+    def __init__(self, on_stopped) -> None:
+        self._queue: queue.Queue = queue.Queue()
+        self._on_stopped = on_stopped
+        self._thread = threading.Thread(target=self._run, name="specwire-output", daemon=True)
+        self._thread.start()
+
+    def submit(self, fn, *args) -> None:
+        self._queue.put((fn, args))
+
+    def render(self, stream: OutputStream, kept, reason, drafted, accepted, step) -> None:
+        self.submit(self._render, stream, kept, reason, drafted, accepted, step)
+
+    def _render(self, stream: OutputStream, kept, reason, drafted, accepted, step) -> None:
+        if stream.render(kept, reason, drafted, accepted, step) and reason is None:
+            self._on_stopped(stream.request.request_id)
+
+    def flush(self) -> None:
+        """Wait until everything submitted so far has been rendered."""
+        self._queue.join()
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                fn, args = item
+                try:
+                    fn(*args)
+                except Exception:  # one request's output bug never stops the others'
+                    log.exception("rendering output failed")
+                    stream = args[0] if args and isinstance(args[0], OutputStream) else None
+                    if stream is not None:
+                        stream.fail("INTERNAL", "output failed")
+                        self._on_stopped(stream.request.request_id)
+            finally:
+                self._queue.task_done()

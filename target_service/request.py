@@ -15,6 +15,10 @@ class RequestState(enum.Enum):
     FINISHED = "finished"
 
 
+MIN_TEMPERATURE = 1e-5  # below this a temperature means greedy decoding
+MAX_TEMPERATURE = 100.0
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     """Validated per-request sampling parameters (temperature 0 = greedy)."""
@@ -25,16 +29,21 @@ class SamplingConfig:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        # NaN fails every comparison, so each check is written to reject it.
+        if not 0.0 <= self.temperature <= MAX_TEMPERATURE:
+            raise ValueError(
+                f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature}"
+            )
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0, got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        # Below MIN_TEMPERATURE, logits / temperature overflows to inf (softmax gives NaN);
+        # such a distribution is the argmax anyway, so it is decoded greedily.
+        return self.temperature < MIN_TEMPERATURE
 
 
 @dataclass
@@ -84,6 +93,8 @@ class Request:
     (UNPADDED, 0..`draft_budget` tokens) and optionally `draft_probs`. The executor pads.
     """
 
+    # The server-assigned key every internal table uses (KV blocks, streams, drafter sessions).
+    # Unique per request by construction; never the client's id, which is only echoed.
     request_id: str
     prompt_ids: list[int]
     max_new_tokens: int
@@ -91,6 +102,8 @@ class Request:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     max_draft_len: int = 0  # per-request cap (0 = no speculation)
+    client_id: str = ""  # the id the client sent (echoed in responses and logs; may repeat)
+    max_context_len: int = 0  # the engine's context; 0 = unbounded (unit tests)
 
     output_ids: list[int] = field(default_factory=list)
     state: RequestState = RequestState.WAITING
@@ -122,6 +135,10 @@ class Request:
     def useful_drafts(self) -> int:
         """Drafts that could be used at all (never past max_new_tokens)."""
         remaining = self.max_new_tokens - len(self.output_ids) - 1
+        if self.max_context_len:
+            # Verify positions never pass the end of the context: the last committed token
+            # sits at num_tokens - 1, its drafts after it, and the bonus token must fit too.
+            remaining = min(remaining, self.max_context_len - self.num_tokens - 1)
         return max(0, min(self.max_draft_len, remaining))
 
     @property

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from target_service.draft_policy import DraftLengthPolicy
 from target_service.request import Request, RequestState
 from target_service.resources.kv_cache import KVCacheManager
 
@@ -58,9 +59,13 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+    def __init__(
+        self, config: SchedulerConfig, kv: KVCacheManager, policy: DraftLengthPolicy | None = None
+    ) -> None:
         self.config = config
         self.kv = kv
+        # The owner of K: the draft length of each step and each request's cap.
+        self.policy = policy or DraftLengthPolicy(config.max_draft_len)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
 
@@ -82,9 +87,12 @@ class Scheduler:
         tokens_left = self.config.max_num_tokens
         free_blocks = self.kv.num_free_blocks
         queue = list(self.running)
+        decode_next = [r for r in queue if r.num_tokens - r.num_computed == 1]
+        prefill = sum(r.num_tokens - r.num_computed for r in queue) - len(decode_next)
+        step_k = self.policy.step_draft_len(decode_next, min(prefill, self.config.max_num_tokens))
         while queue and len(batch.rows) < self.config.max_batch_size and tokens_left > 0:
             req = queue.pop(0)
-            row, cost, blocks = self._plan_row(req, tokens_left)
+            row, cost, blocks = self._plan_row(req, tokens_left, step_k)
             while blocks > free_blocks and queue:
                 victim = queue.pop()  # youngest running request gives its blocks back
                 free_blocks += len(self.kv.block_table(victim))
@@ -99,7 +107,7 @@ class Scheduler:
             free_blocks -= blocks
         while self.waiting and len(batch.rows) < self.config.max_batch_size and tokens_left > 0:
             req = self.waiting[0]
-            row, cost, blocks = self._plan_row(req, tokens_left)
+            row, cost, blocks = self._plan_row(req, tokens_left, step_k)
             if blocks > free_blocks:
                 break
             self.waiting.popleft()
@@ -110,9 +118,9 @@ class Scheduler:
             free_blocks -= blocks
         return batch
 
-    def _plan_row(self, req: Request, tokens_left: int) -> tuple[Row, int, int]:
+    def _plan_row(self, req: Request, tokens_left: int, step_k: int) -> tuple[Row, int, int]:
         remaining = req.num_tokens - req.num_computed
-        k = req.useful_drafts
+        k = self.policy.request_cap(req, step_k)
         if remaining + k <= tokens_left:
             row, cost = Row(req, remaining, decode=True), remaining + k
         elif remaining <= tokens_left:

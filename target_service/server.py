@@ -111,7 +111,7 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         stream = engine.executor.submit(req)
         # Fires when the RPC ends for any reason; a client that went away frees its blocks.
         context.add_callback(lambda: engine.executor.cancel(req.request_id))
-        rid = req.request_id
+        rid = req.client_id or req.request_id  # echo the client's id, or our key
         while True:
             ev = stream.events.get()
             if isinstance(ev, Chunk):
@@ -210,6 +210,11 @@ class TargetServer:
         self.servicer.engine = engine
         engine.executor.start()
         self._set(health_pb2.HealthCheckResponse.SERVING)
+
+    def mark_dead(self, exc: BaseException) -> None:
+        """The executor died: stop looking healthy at once."""
+        log.critical("target is NOT_SERVING: the executor stopped (%r)", exc)
+        self._set(health_pb2.HealthCheckResponse.NOT_SERVING)
 
     def stop(self, grace: float = 2.0) -> None:
         self._set(health_pb2.HealthCheckResponse.NOT_SERVING)

@@ -13,6 +13,7 @@ import torch
 
 from common.model.attention import AttentionMetadata
 from common.model.llama import LlamaModel
+from common.model.paged import slots_of
 
 Row = tuple[int, list[int]]  # (sequence id, the tokens this step adds to it)
 
@@ -36,7 +37,7 @@ class PagedRunner:
         while len(table) * self.bs < start + n:
             table.append(self.free.pop())
         positions = list(range(start, start + n))
-        slots = [table[p // self.bs] * self.bs + p % self.bs for p in positions]
+        slots = slots_of(table, start, n, self.bs)
         self.lens[seq] = start + n
         return positions, slots
 

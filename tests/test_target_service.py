@@ -93,7 +93,7 @@ def test_stop_string_is_honoured_and_not_returned(client):
         ({"prompt": ""}, "prompt is empty"),
         ({"prompt": "hi", "max_new_tokens": 0}, "max_new_tokens must be >= 1"),
         ({"prompt": "hi", "max_new_tokens": 100000}, "exceeds the context"),
-        ({"prompt": "hi", "temperature": -0.5}, "temperature must be >= 0"),
+        ({"prompt": "hi", "temperature": -0.5}, "temperature must be in [0, 100]"),
         ({"prompt": "hi", "temperature": 1.0, "top_p": 0.0}, "top_p must be in (0, 1]"),
         ({"prompt": "hi", "temperature": 1.0, "top_p": 1.5}, "top_p must be in (0, 1]"),
         ({"token_ids": [1, 99999]}, "outside the vocabulary"),

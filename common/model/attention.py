@@ -33,6 +33,8 @@ class AttentionMetadata:
     query_lens:    host list of each row's new-token count (ragged layout), or None (uniform)
     context_lens_host: host list of context_lens (ragged layout only; avoids device syncs)
     uniform_q:     tokens per row in the uniform layout (0 for ragged)
+    cu_seqlens_q:  [B+1] int32 row r's tokens are [cu[r], cu[r+1]) (varlen backends; padding
+                   rows are empty, padding tokens sit past cu[B])
     """
 
     slot_mapping: torch.Tensor
@@ -44,6 +46,7 @@ class AttentionMetadata:
     # Built once per step for the uniform layout by `prepare_uniform_mask` and shared by layers:
     # [B, 1, q, M*block_size] additive mask (0 where a query may attend a key, -inf elsewhere).
     uniform_mask: torch.Tensor | None = None
+    cu_seqlens_q: torch.Tensor | None = None
 
     @property
     def is_uniform(self) -> bool:
@@ -69,7 +72,17 @@ def prepare_uniform_mask(
 
 
 class TorchPagedAttention:
-    """Pure-PyTorch paged attention (SDPA on gathered blocks)."""
+    """Pure-PyTorch paged attention (SDPA on gathered blocks): the CPU backend and the
+    reference the GPU backend is tested against.
+
+    An attention backend is one object shared by every layer of a model, with
+    `forward(q, k, v, kv_cache, meta)` (store this step's K/V, then attend) and two facts the
+    runner needs: `varlen` (one launch handles rows of any lengths, so drafts need no padding
+    and any step can be captured by token count) and `graphs` (CUDA-graph capturable)."""
+
+    name = "sdpa"
+    varlen = False
+    graphs = False
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int):
         self.num_heads = num_heads

@@ -76,7 +76,7 @@ class RMSNorm(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, block_size: int):
+    def __init__(self, cfg: ModelConfig, attn):
         super().__init__()
         self.cfg = cfg
         self.q_size = cfg.num_heads * cfg.head_dim
@@ -89,7 +89,7 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-        self.attn = TorchPagedAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, block_size)
+        self.attn = attn  # the model's attention backend, shared by all layers
 
     def forward(
         self, x, rope: tuple[torch.Tensor, torch.Tensor], kv_cache, meta: AttentionMetadata
@@ -117,12 +117,25 @@ class LlamaModel(nn.Module):
         self.cfg = cfg
         self.block_size = block_size
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, block_size) for _ in range(cfg.num_layers))
+        self.attention = TorchPagedAttention(
+            cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, block_size
+        )
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, self.attention) for _ in range(cfg.num_layers)
+        )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        self.rotary = Rotary(cfg, max_positions or cfg.max_position_embeddings)
+        # Whole blocks of positions: padding tokens may use any position a block table covers.
+        positions = max_positions or cfg.max_position_embeddings
+        self.rotary = Rotary(cfg, -(-positions // block_size) * block_size)
+
+    def set_attention(self, backend) -> None:
+        """Swap the attention backend (e.g. the Triton one on a GPU) for every layer."""
+        self.attention = backend
+        for layer in self.layers:
+            layer.attn = backend
 
     @torch.inference_mode()
     def forward(
@@ -133,7 +146,7 @@ class LlamaModel(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [T, hidden]
         x = self.embed_tokens(input_ids)
-        if meta.is_uniform and meta.uniform_mask is None:
+        if not self.attention.varlen and meta.is_uniform and meta.uniform_mask is None:
             prepare_uniform_mask(meta, self.block_size, x.dtype)
         rope = self.rotary.table(positions, x.dtype)
         for i, layer in enumerate(self.layers):

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from common.model.attention import AttentionMetadata
+from common.model.paged import blocks_for, slot_of
 from drafter_service.drafters.base import Proposal, SessionDrafter, SparseDist
 from drafter_service.drafters.kv_blocks import BlockAllocator
 
@@ -130,7 +131,7 @@ class ModelDrafter(SessionDrafter):
         return out
 
     def _reserve(self, st: ModelSessionState, num_tokens: int) -> bool:
-        need = -(-num_tokens // self.block_size) - len(st.blocks)
+        need = blocks_for(num_tokens, self.block_size) - len(st.blocks)
         if need <= 0:
             return True
         got = self.allocator.allocate(need)
@@ -141,7 +142,7 @@ class ModelDrafter(SessionDrafter):
 
     def _slots(self, st: ModelSessionState, positions: range) -> list[int]:
         bs = self.block_size
-        return [st.blocks[t // bs] * bs + t % bs for t in positions]
+        return [slot_of(st.blocks, t, bs) for t in positions]
 
     def _block_tables(self, rows: list[_Row]) -> torch.Tensor:  # [R, M] int32
         width = max(len(r.state.blocks) for r in rows)

@@ -6,10 +6,13 @@ The executor builds them before the drafter (a drafter may use one) and drives t
 
 from __future__ import annotations
 
+import logging
 from abc import ABC
 from collections.abc import Sequence
 
 from target_service.request import Request
+
+log = logging.getLogger(__name__)
 
 
 class ResourceManager(ABC):
@@ -59,8 +62,13 @@ class ResourceRegistry:
             m.update(batch, accepted)
 
     def free(self, request: Request) -> None:
+        """Every manager frees the request, even when one before it raises (a plugin bug must
+        not leak KV blocks); errors are logged, never raised."""
         for m in reversed(list(self._managers.values())):
-            m.free(request)
+            try:
+                m.free(request)
+            except Exception:
+                log.exception("resource manager %r failed to free %s", m.name, request.request_id)
 
     def check_integrity(self) -> None:
         for m in self._managers.values():

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 
+from common.model.paged import blocks_for
 from target_service.request import Request
 from target_service.resources.base import ResourceManager
 
@@ -45,7 +46,7 @@ class KVCacheManager(ResourceManager):
     def blocks_needed(self, request: Request, num_slots: int) -> int:
         """Extra blocks `request` needs so its table covers `num_slots` tokens."""
         have = len(self._tables.get(request.request_id, ()))
-        return max(0, -(-num_slots // self.block_size) - have)
+        return max(0, blocks_for(num_slots, self.block_size) - have)
 
     # -- the step lifecycle ----------------------------------------------------------------------
     def plan(self, request: Request, num_slots: int) -> None:
@@ -77,7 +78,7 @@ class KVCacheManager(ResourceManager):
         table = self._tables.get(request.request_id)
         if table is None:
             return
-        keep = -(-num_tokens // self.block_size)
+        keep = blocks_for(num_tokens, self.block_size)
         while len(table) > keep:
             self._free.append(table.pop())
 

@@ -1,8 +1,15 @@
 """The model runner: construction, public entry points and the forward path.
 
 Its phases are components built here and handed their dependencies: input preparation
-(`InputPreparer` -> `PreparedInputs`), static buffers and CUDA graphs (`CudaGraphs`, which
-also owns dummy padding rows), and warm-up (`warmup`). Eager on CPU or with graphs disabled.
+(`InputPreparer`: rows -> a varlen step or, for the SDPA backend, `PreparedInputs`), CUDA graphs
+(`TokenGraphs`, which also owns the static and pinned buffers), and warm-up (`warmup`).
+
+Two paths, chosen by the model's attention backend:
+- varlen (the Triton backend, on the GPU): rows of any lengths in one launch per layer; every
+  step replays the graph of its padded token count; eager only when graphs are off or a step
+  is larger than the largest bucket.
+- SDPA (the CPU backend and reference): uniform steps (every row 1 + K tokens) or ragged ones,
+  eager. Drafts are padded to one length per step so that a batch stays uniform.
 """
 
 from __future__ import annotations
@@ -15,7 +22,8 @@ from tqdm import tqdm
 
 from common.model.attention import AttentionMetadata
 from common.model.llama import LlamaModel
-from target_service.runner.graphs import CudaGraphs, StaticBuffers
+from common.model.paged import blocks_for
+from target_service.runner.graphs import TokenGraphs
 from target_service.runner.inputs import InputPreparer, PreparedInputs
 from target_service.scheduler import Row
 
@@ -30,25 +38,22 @@ class RunnerConfig:
     block_size: int
     dummy_block: int
     cuda_graphs: bool = True
+    max_num_tokens: int = 1024
 
     @property
     def max_blocks_per_seq(self) -> int:
-        return -(-self.max_context_len // self.block_size)
+        return blocks_for(self.max_context_len, self.block_size)
 
-    def batch_buckets(self) -> list[int]:
-        sizes = [b for b in (1, 2, 4, 8, 16, 24, 32, 48, 64) if b < self.max_batch_size]
-        return sizes + [self.max_batch_size]
-
-    def graph_shapes(self) -> list[tuple[int, int]]:
-        qs = sorted({1, 1 + self.max_draft_len})
-        return [(bs, q) for q in qs for bs in self.batch_buckets()]
+    @property
+    def max_logit_rows(self) -> int:
+        return self.max_batch_size * (1 + self.max_draft_len)
 
 
 @dataclass
 class StepLogits:
-    logits: torch.Tensor  # [N, V] fp32 on the model's device
-    spans: list[tuple[int, int]]  # per decode row: (offset into logits, 1 + padded drafts)
-    graph: tuple[int, int] | None  # the (bucket, q) replayed, or None when eager
+    logits: torch.Tensor  # [N, V] fp32 on the model's device (N may exceed the rows used)
+    spans: list[tuple[int, int]]  # per decode row: (offset into logits, 1 + drafts)
+    graph: object | None  # the graph replayed (its key), or None when eager
 
 
 class ModelRunner:
@@ -60,18 +65,24 @@ class ModelRunner:
         self.inputs = InputPreparer(
             config.block_size, config.max_blocks_per_seq, config.dummy_block, self.device
         )
-        self.graphs: CudaGraphs | None = None
-        if config.cuda_graphs and self.device.type == "cuda":
-            buffers = StaticBuffers.allocate(
-                config.max_batch_size,
-                1 + config.max_draft_len,
-                config.max_blocks_per_seq,
-                model.cfg.vocab_size,
-                self.device,
+        self.varlen = bool(model.attention.varlen)
+        self.graphs: TokenGraphs | None = None
+        if config.cuda_graphs and self.device.type == "cuda" and model.attention.graphs:
+            self.graphs = TokenGraphs(
+                self._forward_logits,
+                max_tokens=config.max_num_tokens,
+                max_rows=config.max_batch_size,
+                max_blocks=config.max_blocks_per_seq,
+                max_logit_rows=config.max_logit_rows,
+                vocab_size=model.cfg.vocab_size,
+                device=self.device,
             )
-            self.graphs = CudaGraphs(
-                self._forward_logits, buffers, config.block_size, config.dummy_block
-            )
+
+    @property
+    def pads_drafts(self) -> bool:
+        """Whether the executor must pad every decode row's drafts to one length (uniform
+        batches for the SDPA backend). Varlen backends take each row's real drafts."""
+        return not self.varlen
 
     def _forward_logits(self, ids, positions, meta: AttentionMetadata, index=None):
         hidden = self.model(ids, positions, self.kv_caches, meta)
@@ -80,7 +91,7 @@ class ModelRunner:
         return self.model.compute_logits(hidden)
 
     def warmup(self, progress: bool = True) -> None:
-        """One eager step to load kernels, then (GPU) capture every graph shape."""
+        """One eager step to load kernels, then (GPU) capture every graph bucket."""
         cfg = self.config
         with torch.inference_mode():
             q = 1 + cfg.max_draft_len
@@ -97,18 +108,19 @@ class ModelRunner:
                 ),
                 context_lens=torch.tensor([q], dtype=torch.int32, device=self.device),
                 uniform_q=q,
+                cu_seqlens_q=torch.tensor([0, q], dtype=torch.int32, device=self.device),
             )
             self._forward_logits(ids, pos, meta)
             if self.graphs is not None:
-                shapes = cfg.graph_shapes()
+                buckets = self.graphs.buckets
                 with tqdm(
-                    total=len(shapes),
+                    total=len(buckets),
                     desc="capturing CUDA graphs",
                     disable=not progress,
                     leave=False,
                 ) as bar:
-                    self.graphs.capture(shapes, progress=bar)
-                log.info("captured %d CUDA graphs: %s", len(shapes), shapes)
+                    self.graphs.capture(buckets, progress=bar)
+                log.info("captured %d CUDA graphs (tokens): %s", len(buckets), buckets)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
 
@@ -122,13 +134,15 @@ class ModelRunner:
         """Run the model on the scheduled rows; logits for every decode row's verify span.
 
         `allow_graphs=False` forces the eager path (tests compare the two)."""
+        if self.varlen:
+            step = self.inputs.prepare_varlen(rows, tables)
+            key = self.graphs.select(step) if allow_graphs and self.graphs else None
+            if key is not None:
+                return StepLogits(self.graphs.replay(key, step), step.spans, key)
+            ids, pos, meta, index = self.inputs.varlen_tensors(step)
+            return StepLogits(self._forward_logits(ids, pos, meta, index), step.spans, None)
         inputs = self.prepare(rows, tables)
-        use = allow_graphs and self.graphs is not None
-        key = self.graphs.select(inputs) if use else None
-        if key is not None:
-            logits = self.graphs.replay(key, inputs)
-        else:
-            logits = self._forward_logits(
-                inputs.input_ids, inputs.positions, inputs.meta, inputs.logits_index
-            )
-        return StepLogits(logits=logits, spans=inputs.logit_spans, graph=key)
+        logits = self._forward_logits(
+            inputs.input_ids, inputs.positions, inputs.meta, inputs.logits_index
+        )
+        return StepLogits(logits=logits, spans=inputs.logit_spans, graph=None)

@@ -1,0 +1,162 @@
+"""Real specwire services for the serving benchmarks: one fresh target (and drafter) per run.
+
+`add_target_flags` puts the target flags on a benchmark's CLI; `running_config(name, args)`
+starts `python -m common.cli target ...` (plus `python -m common.cli drafter ...` for a remote
+drafter configuration) with those flags, waits for the "listening" line and health SERVING,
+yields a `Server`, and stops everything on the way out. `scrape_metrics` reads the target's
+Prometheus endpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from procs import free_port, output_tail, start_service, stop_service  # noqa: E402
+
+# Configuration name -> the target's --drafter value ("remote" = a drafter service started here).
+CONFIGS = {"none": "none", "ngram": "ngram", "remote-ngram": "remote"}
+TARGET_READY = r"specwire target listening on (\S+):(\d+)"
+DRAFTER_READY = r"specwire drafter listening on (\S+):(\d+)"
+
+
+@dataclass
+class Server:
+    """A running target (and its drafter service, if any)."""
+
+    config: str
+    address: str  # host:port of specwire.v1.Generation
+    pid: int  # the target process (its RSS is the target's)
+    metrics_url: str | None  # http://127.0.0.1:P/metrics when --metrics
+    commands: list[list[str]] = field(default_factory=list)
+    startup_s: float = 0.0
+
+
+def add_target_flags(ap: argparse.ArgumentParser) -> None:
+    """Flags passed through to every `specwire target` the benchmark starts."""
+    g = ap.add_argument_group("target service (passed through to `specwire target`)")
+    g.add_argument("--model", default="smollm2-135m")
+    g.add_argument("--device", default="cpu")
+    g.add_argument("--dtype", default=None, help="default: the target's (fp32 CPU, bf16 GPU)")
+    g.add_argument("--max-batch-size", type=int, default=None)
+    g.add_argument("--max-num-tokens", type=int, default=None)
+    g.add_argument("--max-draft-len", type=int, default=4, help="K, also the drafter service's")
+    g.add_argument(
+        "--target-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra argument for the target, repeatable: --target-arg=--no-cuda-graphs",
+    )
+    g.add_argument(
+        "--metrics", action="store_true", help="start the target with --metrics-port and scrape it"
+    )
+    g.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to load + warm up")
+
+
+def _env() -> dict[str, str | None]:
+    path = os.environ.get("PYTHONPATH")
+    return {"PYTHONPATH": str(ROOT) + (os.pathsep + path if path else "")}
+
+
+def target_command(args: argparse.Namespace, drafter: str, metrics_port: int) -> list[str]:
+    cmd = [sys.executable, "-m", "common.cli", "target", "--host", "127.0.0.1", "--port", "0"]
+    cmd += ["--model", args.model, "--device", args.device, "--drafter", drafter]
+    cmd += ["--max-draft-len", str(args.max_draft_len), "--no-progress"]
+    for flag, value in (
+        ("--dtype", args.dtype),
+        ("--max-batch-size", args.max_batch_size),
+        ("--max-num-tokens", args.max_num_tokens),
+    ):
+        if value is not None:
+            cmd += [flag, str(value)]
+    if metrics_port:
+        cmd += ["--metrics-port", str(metrics_port)]
+    return cmd + list(args.target_arg)
+
+
+def wait_serving(address: str, timeout: float) -> None:
+    """Block until the target's health check says SERVING (the engine is loaded and warm)."""
+    deadline = time.monotonic() + timeout
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while True:
+            try:
+                status = stub.Check(
+                    health_pb2.HealthCheckRequest(service="specwire.v1.Generation"), timeout=5
+                ).status
+                if status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{address} not SERVING after {timeout:.0f}s")
+            time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def running_config(config: str, args: argparse.Namespace) -> Iterator[Server]:
+    """Start a fresh target for `config` (see CONFIGS); stop it (and its drafter) afterwards."""
+    if config not in CONFIGS:
+        raise ValueError(f"unknown configuration {config!r}; known: {', '.join(CONFIGS)}")
+    t0 = time.perf_counter()
+    procs = []
+    commands: list[list[str]] = []
+    try:
+        drafter = CONFIGS[config]
+        if drafter == "remote":
+            dcmd = [sys.executable, "-m", "common.cli", "drafter", "--host", "127.0.0.1"]
+            dcmd += ["--port", "0", "--drafter", config.removeprefix("remote-")]
+            dcmd += ["--max-draft-len", str(args.max_draft_len)]
+            dproc, m = start_service(dcmd, _env(), DRAFTER_READY, timeout=120, cwd=ROOT)
+            procs.append(dproc)
+            commands.append(dcmd)
+            drafter = f"grpc://127.0.0.1:{m.group(2)}"
+        metrics_port = free_port() if args.metrics else 0
+        cmd = target_command(args, drafter, metrics_port)
+        proc, m = start_service(cmd, _env(), TARGET_READY, timeout=args.ready_timeout, cwd=ROOT)
+        procs.append(proc)
+        commands.append(cmd)
+        address = f"127.0.0.1:{m.group(2)}"
+        wait_serving(address, timeout=60)
+        yield Server(
+            config=config,
+            address=address,
+            pid=proc.pid,
+            metrics_url=f"http://127.0.0.1:{metrics_port}/metrics" if metrics_port else None,
+            commands=commands,
+            startup_s=time.perf_counter() - t0,
+        )
+    except Exception as exc:
+        tails = "\n".join(f"--- {p.args[3]} output ---\n{output_tail(p)}" for p in procs)
+        raise RuntimeError(f"{config}: {exc}\n{tails}") from exc
+    finally:
+        for p in reversed(procs):  # target first: it holds the drafter connection
+            stop_service(p)
+
+
+def scrape_metrics(url: str | None) -> dict[str, float]:
+    """{sample name: value} at `url`, labelled samples summed (meant for counters); {} if off."""
+    if not url:
+        return {}
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[sample.name] = out.get(sample.name, 0.0) + sample.value
+    return out

@@ -1,0 +1,383 @@
+"""Serving benchmark over gRPC on prompts each server sees for the first time.
+
+Real traffic is new: a benchmark that warms up on the prompts it then times hides first-sight
+costs (new shapes, new compiles, new KV layouts). Here every configuration (--configs) is a
+fresh `specwire target` process (bench/servers.py) driven over gRPC, and within one server no
+timed prompt is ever sent twice, except in the explicit replay pass:
+
+1. warm-up: --warmup-prompts prompts reserved for warm-up, never timed;
+2. for each concurrency c (--concurrency): a timed pass on prompts that server has never seen;
+3. replay: the prompts of the largest-c pass again at that c, reported apart, with the ratio
+   first-sight / replay.
+
+Every configuration gets the same prompt sets (each is a fresh server, so each sees them first),
+so configurations compare side by side. A ledger of the prompts sent to each server refuses to
+run a pass that would time a repeated prompt. Concurrency c keeps c requests in flight (c
+coroutines over one grpc.aio channel, each taking the next prompt) until the pass's prompts
+are done. How each figure is computed: bench/serving_stats.py and bench/README.md.
+
+    python bench/serving.py --model tiny-random --concurrency 1,4 --prompts-per-pass 8 \
+        --max-new-tokens 16                                                   # CPU smoke run
+    python bench/serving.py --model smollm2-135m --device cuda --dtype bfloat16 \
+        --configs none,ngram,remote-ngram --concurrency 1,8,32,64 --metrics --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import shlex
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+from prompt_pool import KINDS, Prompt, build_pool  # noqa: E402
+from servers import CONFIGS, add_target_flags, running_config, scrape_metrics  # noqa: E402
+from serving_stats import RequestRecord, kind_table, pass_table, ratio, summarise  # noqa: E402
+
+from common.client import FINISH_NAMES, build_request  # noqa: E402
+from common.protogen import generation_pb2 as pb  # noqa: E402
+from common.protogen import generation_pb2_grpc as pb_grpc  # noqa: E402
+
+EAGER = "specwire_eager_steps_total"
+STEPS = "specwire_steps_total"
+
+
+def log(msg: str) -> None:
+    print(f"[serving {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+class FirstSightError(AssertionError):
+    """A timed pass would send a prompt its server has already seen."""
+
+
+class Ledger:
+    """The prompts one server process has been sent; guards the first-sight rule."""
+
+    def __init__(self) -> None:
+        self.sent: set[str] = set()
+
+    def admit(self, prompts: tuple[Prompt, ...], replay: bool) -> None:
+        texts = [p.text for p in prompts]
+        if len(set(texts)) != len(texts):
+            raise FirstSightError("a pass holds the same prompt twice")
+        if replay:
+            unseen = [p.id for p in prompts if p.text not in self.sent]
+            if unseen:
+                raise FirstSightError(f"replay of prompts never sent: {unseen[:3]}")
+        else:
+            repeated = [p.id for p in prompts if p.text in self.sent]
+            if repeated:
+                raise FirstSightError(f"timed pass would repeat prompts: {repeated[:3]}")
+        self.sent.update(texts)
+
+
+@dataclass(frozen=True)
+class PassPlan:
+    name: str  # "warm-up", "c=8", "replay"
+    concurrency: int
+    prompts: tuple[Prompt, ...]
+    replay: bool = False
+
+
+def plan_passes(
+    pool: list[Prompt], levels: list[int], per_pass: int | None, warmup: int
+) -> list[PassPlan]:
+    """Consecutive slices of the pool: warm-up, one per level, then the replay of the last."""
+    sizes = [warmup] + [per_pass or max(2 * c, 16) for c in levels]
+    if sum(sizes) > len(pool):
+        raise SystemExit(
+            f"the passes need {sum(sizes)} unique prompts, the pool has {len(pool)}: "
+            "lower --prompts-per-pass / --warmup-prompts or add --kinds"
+        )
+    plans, start = [], 0
+    for i, n in enumerate(sizes):
+        chunk = tuple(pool[start : start + n])
+        start += n
+        if i == 0:
+            if n:
+                plans.append(PassPlan("warm-up", min(max(levels), n), chunk))
+        else:
+            plans.append(PassPlan(f"c={levels[i - 1]}", levels[i - 1], chunk))
+    top = max((p for p in plans if p.name != "warm-up"), key=lambda p: p.concurrency)
+    plans.append(PassPlan("replay", top.concurrency, top.prompts, replay=True))
+    return plans
+
+
+async def send(stub, prompt: Prompt, rid: str, args: argparse.Namespace) -> RequestRecord:
+    rec = RequestRecord(prompt.id, prompt.kind)
+    text = dict(chat=[{"role": "user", "content": prompt.text}]) if args.chat else {}
+    req = build_request(
+        None if args.chat else prompt.text,
+        **text,
+        max_new_tokens=args.max_new_tokens,
+        temperature=0.0,
+        ignore_eos=args.ignore_eos,
+        request_id=rid,
+    )
+    rec.sent = time.perf_counter()
+    try:
+        async for resp in stub.Generate(req, timeout=args.request_timeout):
+            now = time.perf_counter()
+            which = resp.WhichOneof("response")
+            if which == "chunk" and resp.chunk.token_ids:
+                rec.chunks.append((now, len(resp.chunk.token_ids)))
+            elif which == "complete":
+                c = resp.complete
+                rec.done, rec.completion_tokens = now, c.usage.completion_tokens
+                rec.server_ttft = c.time_to_first_token_s
+                rec.finish = FINISH_NAMES.get(c.finish_reason, "unspecified")
+                s = c.speculation
+                rec.steps, rec.drafted, rec.accepted = s.steps, s.draft_tokens, s.accepted_tokens
+            elif which == "error":
+                rec.error = f"{resp.error.code}: {resp.error.message}"
+    except grpc.aio.AioRpcError as exc:
+        rec.error = f"{exc.code().name}: {exc.details()}"
+    return rec
+
+
+async def run_pass(stub, plan: PassPlan, config: str, args) -> tuple[float, list[RequestRecord]]:
+    """(wall seconds, records) with `plan.concurrency` requests in flight until all are done."""
+    todo = iter(enumerate(plan.prompts))
+    records: list[RequestRecord] = []
+
+    async def worker() -> None:
+        for i, prompt in todo:  # shared iterator: each worker takes the next prompt
+            records.append(await send(stub, prompt, f"{config}/{plan.name}/{i}", args))
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(plan.concurrency)))
+    return time.perf_counter() - t0, records
+
+
+def _counter_delta(before: dict, after: dict, name: str) -> float | None:
+    return after[name] - before.get(name, 0.0) if name in after else None
+
+
+async def run_server(server, plans: list[PassPlan], args) -> dict:
+    """Run every pass on one server; the configuration's JSON record."""
+    ledger = Ledger()
+    passes: list[dict] = []
+    first_sight: list[RequestRecord] = []  # requests of the timed passes, replay excluded
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        stub = pb_grpc.GenerationStub(channel)
+        info = await stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=30)
+        for plan in plans:
+            ledger.admit(plan.prompts, plan.replay)  # before anything is sent
+            before = await asyncio.to_thread(scrape_metrics, server.metrics_url)
+            wall, records = await run_pass(stub, plan, server.config, args)
+            after = await asyncio.to_thread(scrape_metrics, server.metrics_url)
+            timed = plan.name != "warm-up"
+            rec = dict(
+                name=plan.name,
+                concurrency=plan.concurrency,
+                timed=timed,
+                summary=summarise(records, wall),
+                per_kind={
+                    k: summarise([r for r in records if r.kind == k], None)
+                    for k in KINDS
+                    if any(r.kind == k for r in records)
+                },
+                eager_steps=_counter_delta(before, after, EAGER),
+                steps=_counter_delta(before, after, STEPS),
+                requests=[r.to_json() for r in records],
+            )
+            passes.append(rec)
+            if timed and not plan.replay:
+                first_sight += records
+            s = rec["summary"]
+            log(
+                f"{server.config} {plan.name}: {s['completion_tokens']} tokens in {wall:.2f}s "
+                f"({s['tok_per_s'] or 0:.1f} tok/s), errors {s['errors']}"
+                + ("" if timed else " [warm-up, not timed]")
+            )
+    return dict(
+        config=server.config,
+        commands=[shlex.join(c) for c in server.commands],
+        startup_s=server.startup_s,
+        model=dict(
+            drafter=info.drafter,
+            max_draft_len=info.max_draft_len,
+            cuda_graphs=info.cuda_graphs,
+            device=info.device,
+            dtype=info.dtype,
+            kv_blocks_total=info.kv_blocks_total,
+        ),
+        passes=passes,
+        per_kind_first_sight={
+            k: summarise([r for r in first_sight if r.kind == k], None)
+            for k in KINDS
+            if any(r.kind == k for r in first_sight)
+        },
+    )
+
+
+def run_config(name: str, plans: list[PassPlan], args) -> dict:
+    with running_config(name, args) as server:
+        log(f"{name}: target {server.address} ready in {server.startup_s:.1f}s")
+        return asyncio.run(run_server(server, plans, args))
+
+
+def config_markdown(rec: dict) -> str:
+    m = rec["model"]
+    timed = [p for p in rec["passes"] if p["timed"]]
+    out = [
+        f"### {rec['config']} (drafter={m['drafter']}, K={m['max_draft_len']}, "
+        f"graphs={m['cuda_graphs']}, {m['device']}, {m['dtype']})\n\n",
+        pass_table(timed),
+    ]
+    replay = next((p for p in timed if p["name"] == "replay"), None)
+    first = next((p for p in timed if p["concurrency"] == (replay or {}).get("concurrency")), None)
+    if replay and first:
+        f, r = first["summary"], replay["summary"]
+        out.append(
+            f"first-sight ÷ replay at c={replay['concurrency']}: tok/s "
+            f"{ratio(f['tok_per_s'], r['tok_per_s'])}, TTFT p50 "
+            f"{ratio(f['ttft_p50_s'], r['ttft_p50_s'])}, TTFT p99 "
+            f"{ratio(f['ttft_p99_s'], r['ttft_p99_s'])}, E2E p50 "
+            f"{ratio(f['e2e_p50_s'], r['e2e_p50_s'])}\n"
+        )
+    out.append("\nPer prompt kind, pooled over the first-sight passes:\n\n")
+    out.append(kind_table(rec["per_kind_first_sight"]))
+    return "".join(out)
+
+
+def summary_markdown(results: list[dict]) -> str:
+    """tok/s of each configuration at each pass, and its ratio to `none` in the same pass."""
+    names = [r["config"] for r in results]
+    base = next((r for r in results if r["config"] == "none"), None)
+    head = "| pass | " + " | ".join(f"{n} tok/s" for n in names)
+    if base:
+        head += " | " + " | ".join(f"{n} ÷ none" for n in names if n != "none")
+    lines = [head + " |", "|---" * (head.count("|")) + "|"]
+    for i, p in enumerate(results[0]["passes"]):
+        if not p["timed"]:
+            continue
+        tps = [r["passes"][i]["summary"]["tok_per_s"] for r in results]
+        row = f"| {p['name']} | " + " | ".join(f"{t:.1f}" for t in tps)
+        if base:
+            b = base["passes"][i]["summary"]["tok_per_s"]
+            row += " | " + " | ".join(
+                ratio(t, b) for n, t in zip(names, tps, strict=True) if n != "none"
+            )
+        lines.append(row + " |")
+    kinds = [k for k in KINDS if k in results[0]["per_kind_first_sight"]]
+    lines += ["", "Mean accepted length (acceptance) per prompt kind, first-sight passes:", ""]
+    lines += ["| kind | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for k in kinds:
+        cells = []
+        for r in results:
+            s = r["per_kind_first_sight"].get(k)
+            mal = s and s["mean_accepted_length"]
+            cells.append("n/a" if not mal else f"{mal:.2f} ({s['acceptance_rate']:.2f})")
+        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def environment(args: argparse.Namespace) -> dict:
+    def git(*cmd: str) -> str | None:
+        try:
+            return subprocess.run(
+                ["git", *cmd], cwd=ROOT, capture_output=True, text=True, check=True
+            ).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return None
+
+    gpu = None
+    try:
+        import torch
+
+        gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    except Exception as exc:  # no torch or no driver: the JSON says why
+        gpu = f"unavailable: {exc!r}"
+    return dict(
+        command=shlex.join([sys.executable, *sys.argv]),
+        git_commit=git("rev-parse", "HEAD"),
+        git_dirty=bool(git("status", "--porcelain", "--untracked-files=no")),
+        gpu=gpu,
+        python=sys.version.split()[0],
+        platform=platform.platform(),
+        grpc=grpc.__version__,
+        time=time.strftime("%Y-%m-%d %H:%M:%S %z"),
+    )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_target_flags(ap)
+    ap.add_argument("--configs", default="none,ngram,remote-ngram", help=", ".join(CONFIGS))
+    ap.add_argument("--concurrency", default="1,8,32,64", help="requests in flight, per pass")
+    ap.add_argument(
+        "--prompts-per-pass", type=int, default=None, help="default max(2*c, 16) at level c"
+    )
+    ap.add_argument("--warmup-prompts", type=int, default=16, help="reserved, never timed")
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--ignore-eos", action="store_true", help="always generate max-new-tokens")
+    ap.add_argument(
+        "--chat",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="send prompts as chat messages (default) or raw text (--no-chat)",
+    )
+    ap.add_argument("--kinds", default=",".join(KINDS), help="prompt kinds to mix")
+    ap.add_argument("--seed", type=int, default=0, help="prompt pool order")
+    ap.add_argument("--request-timeout", type=float, default=600.0)
+    ap.add_argument("--json", default=None, metavar="PATH", help="write everything here")
+    args = ap.parse_args()
+    configs = [c for c in args.configs.split(",") if c]
+    levels = [int(c) for c in args.concurrency.split(",") if c]
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown or not levels or min(levels) < 1:
+        ap.error(f"bad --configs {unknown} or --concurrency {levels}")
+
+    env = environment(args)
+    pool, source = build_pool(args.chat, tuple(k for k in args.kinds.split(",") if k), args.seed)
+    plans = plan_passes(pool, levels, args.prompts_per_pass, args.warmup_prompts)
+    log(
+        f"{len(pool)} unique {source} prompts; passes: "
+        + ", ".join(f"{p.name} ({len(p.prompts)} at c={p.concurrency})" for p in plans)
+    )
+    report = dict(
+        env=env,
+        args=vars(args),
+        prompt_source=source,
+        pool_size=len(pool),
+        plan=[
+            dict(name=p.name, concurrency=p.concurrency, prompts=[q.id for q in p.prompts])
+            for p in plans
+        ],
+        results=[],
+        failures=[],
+    )
+    for name in configs:
+        try:
+            rec = run_config(name, plans, args)
+            report["results"].append(rec)
+            print("\n" + config_markdown(rec), flush=True)
+        except Exception as exc:  # record it, go on with the next configuration
+            log(f"{name} FAILED: {exc}")
+            report["failures"].append(dict(config=name, error=traceback.format_exc()))
+        if args.json:
+            Path(args.json).write_text(json.dumps(report, indent=1))
+    if report["results"]:
+        summary = summary_markdown(report["results"])
+        report["summary_markdown"] = summary
+        print("\n## Side by side\n\n" + summary, flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+        log(f"wrote {args.json}")
+    return 1 if report["failures"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""Client-side measurements of one serving pass, and their markdown tables (bench/serving.py).
+
+Times are `time.perf_counter()` seconds on the client. For one request:
+
+- TTFT: send -> arrival of the first chunk that holds tokens.
+- ITL (inter-token latency): for each later chunk i with n_i tokens, arriving g_i seconds after
+  the previous chunk, every one of its n_i tokens gets the latency g_i / n_i (speculation
+  delivers several tokens per chunk, and they arrive together). The pass's ITL percentiles are
+  over all such tokens of all requests (token-weighted); the first chunk's tokens are in TTFT.
+- TPOT: (last chunk - first chunk) / (tokens after the first chunk): the token-weighted mean
+  of that request's ITL.
+- E2E: send -> the GenerateComplete message.
+- server TTFT: the target's own `time_to_first_token_s` (arrival -> first token, its clock), to
+  tell server time from transport and client time.
+
+All client times are when the client's event loop reads the message. Tokens a server delivers
+in a burst (its gRPC thread behind the executor) show as ITL ~0 followed by one long gap: that
+is what a client sees, so it is reported as is.
+
+Pass figures: output tok/s = completion tokens of the requests that completed / wall time of
+the pass (first send -> last reply); acceptance = sum accepted / sum drafted, and mean accepted
+length = (sum accepted + sum steps) / sum steps, both from each GenerateComplete's
+`speculation` stats.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from itertools import pairwise
+
+import numpy as np
+
+
+@dataclass
+class RequestRecord:
+    prompt_id: str
+    kind: str
+    sent: float = 0.0
+    chunks: list[tuple[float, int]] = field(default_factory=list)  # (arrival, tokens), tokens > 0
+    done: float | None = None  # arrival of GenerateComplete
+    server_ttft: float | None = None  # GenerateComplete.time_to_first_token_s (server clock)
+    completion_tokens: int = 0
+    finish: str = ""
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.done is not None
+
+    def itl(self) -> list[tuple[float, int]]:
+        """[(seconds per token, tokens)] for each chunk after the first."""
+        return [((t - t_prev) / n, n) for (t_prev, _), (t, n) in pairwise(self.chunks)]
+
+    def to_json(self) -> dict:
+        first = self.chunks[0][0] - self.sent if self.chunks else None
+        return dict(
+            id=self.prompt_id,
+            kind=self.kind,
+            ttft_s=first,
+            server_ttft_s=self.server_ttft,
+            e2e_s=self.done - self.sent if self.done is not None else None,
+            tokens=self.completion_tokens,
+            chunks=len(self.chunks),
+            finish=self.finish,
+            steps=self.steps,
+            drafted=self.drafted,
+            accepted=self.accepted,
+            error=self.error,
+        )
+
+
+def _pct(values: list[float], q: float, weights: list[int] | None = None) -> float | None:
+    if not values:
+        return None
+    if weights is None:
+        return float(np.percentile(values, q))
+    return float(np.percentile(np.repeat(values, weights), q))
+
+
+def summarise(records: list[RequestRecord], wall_s: float | None) -> dict:
+    """Figures for a set of requests; tok/s and req/s only when `wall_s` (a whole pass)."""
+    ok = [r for r in records if r.ok]
+    tokens = sum(r.completion_tokens for r in ok)
+    ttft = [r.chunks[0][0] - r.sent for r in ok if r.chunks]
+    itl = [x for r in ok for x in r.itl()]
+    tpot = [
+        (r.chunks[-1][0] - r.chunks[0][0]) / (sum(n for _, n in r.chunks[1:]))
+        for r in ok
+        if len(r.chunks) > 1
+    ]
+    e2e = [r.done - r.sent for r in ok]
+    steps = sum(r.steps for r in ok)
+    drafted = sum(r.drafted for r in ok)
+    accepted = sum(r.accepted for r in ok)
+    errors = [r.error for r in records if not r.ok]
+    return dict(
+        requests=len(records),
+        completed=len(ok),
+        errors=len(errors),
+        error_samples=sorted(set(e or "no completion" for e in errors))[:5],
+        completion_tokens=tokens,
+        wall_s=wall_s,
+        tok_per_s=tokens / wall_s if wall_s else None,
+        req_per_s=len(ok) / wall_s if wall_s else None,
+        ttft_p50_s=_pct(ttft, 50),
+        ttft_p99_s=_pct(ttft, 99),
+        server_ttft_p50_s=_pct([r.server_ttft for r in ok if r.server_ttft is not None], 50),
+        itl_p50_s=_pct([v for v, _ in itl], 50, [n for _, n in itl]),
+        itl_p99_s=_pct([v for v, _ in itl], 99, [n for _, n in itl]),
+        tpot_p50_s=_pct(tpot, 50),
+        e2e_p50_s=_pct(e2e, 50),
+        e2e_p99_s=_pct(e2e, 99),
+        decode_steps=steps,
+        drafted=drafted,
+        accepted=accepted,
+        acceptance_rate=accepted / drafted if drafted else 0.0,
+        mean_accepted_length=(accepted + steps) / steps if steps else None,
+        chunks_per_request=sum(len(r.chunks) for r in ok) / len(ok) if ok else None,
+        finish_reasons=dict(Counter(r.finish for r in ok)),
+    )
+
+
+def _ms(x: float | None) -> str:
+    return "n/a" if x is None else f"{1000 * x:.1f}"
+
+
+def _f(x: float | None, fmt: str = ".2f") -> str:
+    return "n/a" if x is None else format(x, fmt)
+
+
+def _delta(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.0f}"
+
+
+def pass_table(passes: list[dict]) -> str:
+    """One row per pass of one configuration."""
+    lines = [
+        "| pass | c | reqs | tokens | tok/s | req/s | TTFT p50 ms | TTFT p99 ms | "
+        "srv TTFT p50 ms | ITL p50 ms | "
+        "ITL p99 ms | TPOT p50 ms | E2E p50 s | acceptance | mean acc len | eager steps | "
+        "steps | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for p in passes:
+        s = p["summary"]
+        lines.append(
+            f"| {p['name']} | {p['concurrency']} | {s['requests']} | {s['completion_tokens']} | "
+            f"{_f(s['tok_per_s'], '.1f')} | {_f(s['req_per_s'])} | {_ms(s['ttft_p50_s'])} | "
+            f"{_ms(s['ttft_p99_s'])} | {_ms(s['server_ttft_p50_s'])} | {_ms(s['itl_p50_s'])} | "
+            f"{_ms(s['itl_p99_s'])} | "
+            f"{_ms(s['tpot_p50_s'])} | {_f(s['e2e_p50_s'])} | {s['acceptance_rate']:.2f} | "
+            f"{_f(s['mean_accepted_length'])} | {_delta(p['eager_steps'])} | "
+            f"{_delta(p['steps'])} | {s['errors']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def kind_table(per_kind: dict[str, dict]) -> str:
+    """Per prompt kind, over all first-sight timed passes of one configuration."""
+    lines = [
+        "| kind | reqs | tokens | acceptance | mean acc len | TTFT p50 ms | ITL p50 ms | "
+        "TPOT p50 ms | E2E p50 s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for kind, s in per_kind.items():
+        lines.append(
+            f"| {kind} | {s['requests']} | {s['completion_tokens']} | {s['acceptance_rate']:.2f} "
+            f"| {_f(s['mean_accepted_length'])} | {_ms(s['ttft_p50_s'])} | "
+            f"{_ms(s['itl_p50_s'])} | {_ms(s['tpot_p50_s'])} | {_f(s['e2e_p50_s'])} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    return "n/a" if a is None or not b else f"{a / b:.2f}×"
