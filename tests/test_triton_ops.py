@@ -28,8 +28,8 @@ EPS = 1e-5
 
 
 def _randn(*shape, dtype=torch.bfloat16, scale=1.0, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(*shape, generator=g) * scale).to(dtype).to(DEVICE)
+    g = torch.Generator(device=DEVICE).manual_seed(seed)  # on the GPU: the LM head is 0.5 G
+    return (torch.randn(*shape, generator=g, device=DEVICE) * scale).to(dtype)
 
 
 def _eager_rms_norm(x, w):
