@@ -240,7 +240,17 @@ class LinearConfig:
 def linear_config(n: int, k: int) -> LinearConfig:
     """Pick tiles so that small-M calls (weight-bandwidth-bound) spread the weight over enough
     programs to keep every SM streaming: 64-wide N tiles, 32-wide when N is small, and a K split
-    when there are still too few tiles and K is long enough for each split to stay efficient."""
+    when there are still too few tiles and K is long enough for each split to stay efficient.
+
+    What it gives (programs at M <= 16; M multiplies them by cdiv(M, 16)):
+      SmolLM2  qkv 960x576, o 576x576, gate_up 3072x576, down 576x1536: bn32, no split
+               (30, 18, 96, 18 programs: latency-bound, weights of 0.7-3.5 MB); lm_head 49152x576:
+               bn64, 768 programs.
+      Llama-8B qkv 6144x4096: bn32 split 2; o 4096x4096: bn32 split 3; down 4096x14336: bn32
+               split 3 (384 programs each, + the split sum); gate_up 28672x4096: bn64, 448;
+               lm_head 128256x4096: bn64, 2004.
+    num_stages 4 keeps 3 weight tiles in flight per program; with 4 warps and at most 20 KB a
+    stage, two or more programs fit on an SM."""
     block_k = next((b for b in (128, 64, 32) if k % b == 0), 64)
     block_n = 64 if triton.cdiv(n, 64) >= _TARGET_PROGRAMS // 2 else 32
     tiles_n = triton.cdiv(n, block_n)
