@@ -1,0 +1,376 @@
+"""Triton kernels for the decoder layer: batch-invariant GEMM, RMSNorm (+ residual), SiLU·up, RoPE.
+
+Inference only (no autograd) and graph-capturable: no host syncs, grids from shapes only.
+
+**Exact mode.** Every kernel here computes each output row with the same instructions in the
+same order whatever the number of rows `M`/`T` and wherever the row sits in the batch, so a row's
+bits never depend on its batch:
+- norms: one row per program; the reduction's block and warp count depend on `N` only;
+- elementwise ops (silu_mul, rope) are per element;
+- `linear`: one fixed tile config per weight shape `(N, K)` (never per `M`): BLOCK_M = 16, the
+  whole K range of a split in one program, accumulated in a fixed order into fp32 with chained
+  `tl.dot(a, b, acc)`; the K split count depends on `(N, K)` only, and the split partials are
+  summed in split order by a second kernel. `M` is not specialised on (`do_not_specialize`), so
+  every `M` runs the same binary.
+
+The elementwise kernels mirror PyTorch's rounding (fp32 opmath, round to the tensor dtype after
+every eager op) so they are bitwise equal to the eager formulas they replace.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+# CUDA's expf/rsqrtf (what PyTorch's kernels call) are libdevice's; Triton's own tl.exp/tl.rsqrt
+# are faster approximations that would round differently. The interpreter has no libdevice.
+_INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
+
+
+@triton.jit
+def _exp(x):
+    return tl.exp(x) if _INTERPRET else libdevice.exp(x)
+
+
+@triton.jit
+def _rsqrt(x):
+    return tl.rsqrt(x) if _INTERPRET else libdevice.rsqrt(x)
+
+
+@triton.jit
+def _cast(x, dtype: tl.constexpr):
+    """fp32 -> dtype, rounding to nearest even (the GPU's cvt.rn). The interpreter truncates
+    fp32 -> bf16, so there it gets the same rounding from bit arithmetic."""
+    if _INTERPRET and dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = bits + 0x7FFF + ((bits >> 16) & 1)
+        return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        return x.to(dtype)
+
+
+@triton.jit
+def _f32(x):
+    return x.to(tl.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# RMSNorm, with and without the residual add
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr,
+    x_stride, res_stride, out_stride, new_res_stride,
+    N, eps,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + row * res_stride + cols, mask=mask, other=0.0)
+        x = _cast(_f32(x) + _f32(r), x.dtype)  # eager `x + residual`
+        tl.store(new_res_ptr + row * new_res_stride + cols, x, mask=mask)
+    xf = x.to(tl.float32)
+    # F.rms_norm in fp32: x * rsqrt(mean(x^2) + eps); CUDA's rsqrtf is libdevice's.
+    mean_sq = tl.div_rn(tl.sum(xf * xf, axis=0), N.to(tl.float32))
+    normed = _cast(xf * _rsqrt(mean_sq + eps), x.dtype)  # `.to(x.dtype)`
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+    y = _cast(_f32(w) * _f32(normed), x.dtype)  # `weight * ...` in x.dtype
+    tl.store(out_ptr + row * out_stride + cols, y, mask=mask)
+
+
+def _norm_launch(x, residual, weight, eps):
+    # x, residual: [T, N]; weight: [N]
+    if x.dim() != 2 or x.stride(-1) != 1 or weight.dtype != x.dtype or not weight.is_contiguous():
+        raise ValueError("rms_norm wants x [T, N] with unit last stride and weight [N] of x.dtype")
+    t, n = x.shape
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    new_res = torch.empty_like(out) if residual is not None else out
+    if t == 0:
+        return out, new_res
+    block = triton.next_power_of_2(n)
+    res = residual if residual is not None else x
+    _rms_norm_kernel[(t,)](
+        x, res, weight, out, new_res,
+        x.stride(0), res.stride(0), out.stride(0), new_res.stride(0),
+        n, eps,
+        HAS_RESIDUAL=residual is not None, BLOCK=block,
+        num_warps=min(16, max(1, block // 256)),  # from N only: fixed reduction tree per N
+    )  # fmt: skip
+    return out, new_res
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`weight * F.rms_norm(x.float(), (N,), eps=eps).to(x.dtype)` for x [T, N] -> [T, N]."""
+    return _norm_launch(x, None, weight, eps)[0]
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual), x + residual) for x, residual [T, N]: the residual add fused."""
+    if residual.shape != x.shape or residual.dtype != x.dtype or residual.stride(-1) != 1:
+        raise ValueError("residual must match x in shape and dtype, with unit last stride")
+    return _norm_launch(x, residual, weight, eps)
+
+
+# ---------------------------------------------------------------------------------------------
+# SiLU(gate) * up
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _silu_mul_kernel(in_ptr, out_ptr, in_stride, out_stride, inter, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < inter
+    gate = tl.load(in_ptr + row * in_stride + cols, mask=mask, other=0.0)
+    up = tl.load(in_ptr + row * in_stride + inter + cols, mask=mask, other=0.0)
+    g = gate.to(tl.float32)
+    # PyTorch's CUDA silu: x / (1 + expf(-x)) in fp32 (IEEE division), rounded to the dtype;
+    # then `silu * up` is one more fp32 multiply rounded to the dtype.
+    silu = _cast(tl.div_rn(g, 1.0 + _exp(-g)), gate.dtype)
+    y = _cast(_f32(silu) * _f32(up), gate.dtype)
+    tl.store(out_ptr + row * out_stride + cols, y, mask=mask)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """`F.silu(gate) * up` where gate, up = gate_up.chunk(2, -1): [T, 2I] -> [T, I]."""
+    if gate_up.dim() != 2 or gate_up.stride(-1) != 1 or gate_up.shape[1] % 2:
+        raise ValueError("silu_mul wants gate_up [T, 2I] with unit last stride")
+    t, inter = gate_up.shape[0], gate_up.shape[1] // 2
+    out = torch.empty((t, inter), dtype=gate_up.dtype, device=gate_up.device)
+    if t == 0:
+        return out
+    block = min(1024, triton.next_power_of_2(inter))
+    grid = (t, triton.cdiv(inter, block))
+    _silu_mul_kernel[grid](gate_up, out, gate_up.stride(0), out.stride(0), inter, BLOCK=block)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# RoPE (rotate-half convention), q and k heads side by side
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _rope_kernel(
+    x_ptr, cos_ptr, sin_ptr, out_ptr,
+    x_stride_t, x_stride_h, cos_stride, sin_stride, out_stride_t, out_stride_h,
+    heads,
+    HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+):  # fmt: skip
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.arange(0, BLOCK_H)[:, None]
+    d = tl.arange(0, BLOCK_HALF)[None, :]
+    mask = (h < heads) & (d < HALF)
+    x_row = x_ptr + t * x_stride_t + h * x_stride_h
+    # Each thread loads and stores the same (first half, second half) pairs: in place is safe.
+    x1 = tl.load(x_row + d, mask=mask, other=0.0)
+    x2 = tl.load(x_row + HALF + d, mask=mask, other=0.0)
+    dmask = d < HALF
+    c1 = tl.load(cos_ptr + t * cos_stride + d, mask=dmask, other=0.0).to(tl.float32)
+    c2 = tl.load(cos_ptr + t * cos_stride + HALF + d, mask=dmask, other=0.0).to(tl.float32)
+    s1 = tl.load(sin_ptr + t * sin_stride + d, mask=dmask, other=0.0).to(tl.float32)
+    s2 = tl.load(sin_ptr + t * sin_stride + HALF + d, mask=dmask, other=0.0).to(tl.float32)
+    dt = x1.dtype
+    f1 = x1.to(tl.float32)
+    f2 = x2.to(tl.float32)
+    # Eager `x * cos + rotate_half(x) * sin`: each product and the sum rounded to the dtype.
+    o1 = _cast(_f32(_cast(f1 * c1, dt)) + _f32(_cast(-f2 * s1, dt)), dt)
+    o2 = _cast(_f32(_cast(f2 * c2, dt)) + _f32(_cast(f1 * s2, dt)), dt)
+    o_row = out_ptr + t * out_stride_t + h * out_stride_h
+    tl.store(o_row + d, o1, mask=mask)
+    tl.store(o_row + HALF + d, o2, mask=mask)
+
+
+def rope(
+    qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inplace: bool = False
+) -> torch.Tensor:
+    """`Rotary.apply`: qk [T, H, D] (any row/head strides), cos, sin [T, D] or [T, 1, D] of
+    qk.dtype -> rotated [T, H, D] (written into qk when `inplace`, else a new tensor)."""
+    t, heads, d = qk.shape
+    cos, sin = cos.reshape(cos.shape[0], -1), sin.reshape(sin.shape[0], -1)
+    if d % 2 or qk.stride(-1) != 1 or cos.stride(-1) != 1 or sin.stride(-1) != 1:
+        raise ValueError("rope wants an even head_dim and unit last strides")
+    if cos.shape != (t, d) or sin.shape != (t, d) or cos.dtype != qk.dtype or sin.dtype != qk.dtype:
+        raise ValueError("cos/sin must be [T, D] in qk.dtype")
+    out = qk if inplace else torch.empty((t, heads, d), dtype=qk.dtype, device=qk.device)
+    if t == 0:
+        return out
+    _rope_kernel[(t,)](
+        qk, cos, sin, out,
+        qk.stride(0), qk.stride(1), cos.stride(0), sin.stride(0), out.stride(0), out.stride(1),
+        heads,
+        HALF=d // 2, BLOCK_H=triton.next_power_of_2(heads),
+        BLOCK_HALF=triton.next_power_of_2(d // 2),
+    )  # fmt: skip
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Batch-invariant linear: out = x @ weight.T (+ bias)
+# ---------------------------------------------------------------------------------------------
+
+BLOCK_M = 16  # tl.dot's minimum; fixed for every M (small M is the decode/verify regime)
+_TARGET_PROGRAMS = 264  # 2 per SM on the H200's 132 SMs, for the weight-streaming (small M) case
+
+
+@dataclass(frozen=True)
+class LinearConfig:
+    """Tile config of one weight shape. A function of (N, K) only: never of M."""
+
+    block_n: int
+    block_k: int
+    split_k: int  # K splits, each reduced by its own program into an fp32 workspace
+    k_per_split: int  # elements of K per split (a multiple of block_k)
+    num_warps: int = 4
+    num_stages: int = 4
+
+
+def linear_config(n: int, k: int) -> LinearConfig:
+    """Pick tiles so that small-M calls (weight-bandwidth-bound) spread the weight over enough
+    programs to keep every SM streaming: 64-wide N tiles, 32-wide when N is small, and a K split
+    when there are still too few tiles and K is long enough for each split to stay efficient.
+
+    What it gives (programs at M <= 16; M multiplies them by cdiv(M, 16)):
+      SmolLM2  qkv 960x576, o 576x576, gate_up 3072x576, down 576x1536: bn32, no split
+               (30, 18, 96, 18 programs: latency-bound, weights of 0.7-3.5 MB); lm_head 49152x576:
+               bn64, 768 programs.
+      Llama-8B qkv 6144x4096: bn32 split 2; o 4096x4096: bn32 split 3; down 4096x14336: bn32
+               split 3 (384 programs each, + the split sum); gate_up 28672x4096: bn64, 448;
+               lm_head 128256x4096: bn64, 2004.
+    num_stages 4 keeps 3 weight tiles in flight per program; with 4 warps and at most 20 KB a
+    stage, two or more programs fit on an SM."""
+    block_k = next((b for b in (128, 64, 32) if k % b == 0), 64)
+    block_n = 64 if triton.cdiv(n, 64) >= _TARGET_PROGRAMS // 2 else 32
+    tiles_n = triton.cdiv(n, block_n)
+    k_iters = triton.cdiv(k, block_k)
+    split = 1
+    if tiles_n < _TARGET_PROGRAMS and k >= 2048:
+        # at least 8 K iterations per split, so the pipeline reaches its steady state
+        split = max(1, min(triton.cdiv(_TARGET_PROGRAMS, tiles_n), k_iters // 8))
+    iters_per_split = triton.cdiv(k_iters, split)
+    split = triton.cdiv(k_iters, iters_per_split)  # no empty splits
+    return LinearConfig(block_n, block_k, split, iters_per_split * block_k)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _linear_kernel(
+    x_ptr, w_ptr, b_ptr, out_ptr,
+    M, N, K,
+    x_stride, w_stride, out_stride, out_split_stride,
+    K_PER_SPLIT,
+    HAS_BIAS: tl.constexpr, FP32_IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    # Grid: (M tiles, N tiles, K splits). M tiles vary fastest, so the programs that read one
+    # weight tile run together and share it through L2.
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    rm = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    k_start = pid_k * K_PER_SPLIT
+    k_end = tl.minimum(k_start + K_PER_SPLIT, K)
+    a_ptrs = x_ptr + rm[:, None] * x_stride + (k_start + rk)[None, :]
+    b_ptrs = w_ptr + rn[None, :] * w_stride + (k_start + rk)[:, None]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(k_start, k_end, BLOCK_K):
+        kmask = (k + rk) < k_end
+        a = tl.load(a_ptrs, mask=(rm[:, None] < M) & kmask[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=(rn[None, :] < N) & kmask[:, None], other=0.0)
+        # Chained accumulation: the K order is fixed by (K, BLOCK_K, split), never by M.
+        if _INTERPRET:  # its dot multiplies bf16's raw bits: give it fp32 (exact)
+            acc = tl.dot(_f32(a), _f32(b), acc, input_precision="ieee")
+        elif FP32_IEEE:
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+    out_ptrs = out_ptr + pid_k * out_split_stride + rm[:, None] * out_stride + rn[None, :]
+    omask = (rm[:, None] < M) & (rn[None, :] < N)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptrs, _cast(acc, out_ptr.dtype.element_ty), mask=omask)
+
+
+@triton.jit
+def _split_sum_kernel(
+    part_ptr, b_ptr, out_ptr, total, N, split_stride,
+    SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    # part: [SPLIT, M, N] fp32 (contiguous); out: [M, N] contiguous. Fixed order: split 0, 1, ...
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < total
+    acc = tl.load(part_ptr + offs, mask=mask, other=0.0)
+    for s in tl.static_range(1, SPLIT):
+        acc += tl.load(part_ptr + s * split_stride + offs, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs, _cast(acc, out_ptr.dtype.element_ty), mask=mask)
+
+
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    block_m: int = BLOCK_M,
+) -> torch.Tensor:
+    """Batch-invariant `x @ weight.T + bias`: x [M, K], weight [N, K], bias [N] -> [M, N].
+
+    fp32 accumulation; output in `out_dtype` (default x.dtype; torch.float32 for logits, which
+    then skip the rounding to x.dtype). Each output row is bitwise independent of M and of the
+    row's position in the batch (see `linear_config`). fp32 inputs use IEEE fp32 products (no
+    TF32).
+
+    `block_m` (experimental): 16, 32 or 64. Triton uses Hopper's wgmma only for tiles of a
+    multiple of 64 rows with a multiple of 4 warps; 16 and 32 rows with 4 warps, and 64 rows
+    with 2 warps, all stay on the same m16n8k16 mma.sync chain per row, so the bits should not
+    change, while a larger tile re-reads the weight from L2 fewer times at large M. Pick it by
+    M only once the GPU test `test_gpu_block_m_keeps_bits` has passed on the target GPU."""
+    m, k = x.shape
+    n = weight.shape[0]
+    if weight.shape[1] != k or weight.dtype != x.dtype or x.stride(-1) != 1:
+        raise ValueError(f"linear: x {tuple(x.shape)} and weight {tuple(weight.shape)} mismatch")
+    if weight.stride(-1) != 1:
+        raise ValueError("linear wants weight [N, K] with unit last stride")
+    if block_m not in (16, 32, 64):
+        raise ValueError("block_m must be 16, 32 or 64 (mma.sync tiles)")
+    out_dtype = out_dtype or x.dtype
+    out = torch.empty((m, n), dtype=out_dtype, device=x.device)
+    if m == 0:
+        return out
+    cfg = linear_config(n, k)
+    has_bias = bias is not None
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, cfg.block_n), cfg.split_k)
+    target = out if cfg.split_k == 1 else torch.empty((cfg.split_k, m, n), dtype=torch.float32,
+                                                      device=x.device)  # fmt: skip
+    _linear_kernel[grid](
+        x, weight, bias if has_bias else x, target,
+        m, n, k,
+        x.stride(0), weight.stride(0), n, m * n,
+        cfg.k_per_split,
+        HAS_BIAS=has_bias and cfg.split_k == 1, FP32_IEEE=x.dtype == torch.float32,
+        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        num_warps=2 if block_m == 64 else cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    if cfg.split_k > 1:
+        total, block = m * n, 1024
+        _split_sum_kernel[(triton.cdiv(total, block),)](
+            target, bias if has_bias else target, out, total, n, m * n,
+            SPLIT=cfg.split_k, HAS_BIAS=has_bias, BLOCK=block,
+        )  # fmt: skip
+    return out

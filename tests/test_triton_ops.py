@@ -1,0 +1,259 @@
+"""Triton layer ops against the eager formulas they replace, and the batch invariance of exact
+mode: a row's output bits must not depend on how many rows share its batch or where it sits.
+
+Runs on a GPU, or on the CPU under Triton's interpreter (small shapes):
+  TRITON_INTERPRET=1 PYTHONPATH=$PWD python -m pytest -q tests/test_triton_ops.py
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton")
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+if not (torch.cuda.is_available() or INTERPRET):
+    pytest.skip("needs a GPU or TRITON_INTERPRET=1", allow_module_level=True)
+
+from common.model import triton_ops as ops  # noqa: E402 (triton is known to be there)
+from common.model.llama import Rotary  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
+DTYPES = [torch.bfloat16, torch.float32]
+BATCH_SIZES = [1, 3, 5, 16, 17, 64, 100]
+EPS = 1e-5
+
+
+def _randn(*shape, dtype=torch.bfloat16, scale=1.0, seed=0):
+    g = torch.Generator(device=DEVICE).manual_seed(seed)  # on the GPU: the LM head is 0.5 G
+    return (torch.randn(*shape, generator=g, device=DEVICE) * scale).to(dtype)
+
+
+def _eager_rms_norm(x, w):
+    return w * F.rms_norm(x.float(), x.shape[-1:], eps=EPS).to(x.dtype)
+
+
+def _assert_within_ulp(out, ref):
+    """The fp32 statistics differ from PyTorch's in the last bits (its reduction order and
+    rsqrt are its own): a few fp32 ulps, which a bf16 result almost never shows."""
+    if out.dtype == torch.float32:
+        torch.testing.assert_close(out, ref, rtol=4 * torch.finfo(torch.float32).eps, atol=1e-6)
+    else:
+        torch.testing.assert_close(
+            out.float(), ref.float(), rtol=torch.finfo(out.dtype).eps, atol=0
+        )
+        assert (out == ref).float().mean().item() > 0.99
+
+
+def _assert_rows_invariant(fn, rows: torch.Tensor, filler: torch.Tensor):
+    """fn on every sub-batch of `rows`, padded at shifting offsets with `filler` rows, must give
+    each row exactly the bits it gets in the full batch of `rows`."""
+    ref = fn(rows)
+    g = torch.Generator().manual_seed(1)
+    for m in BATCH_SIZES:
+        pick = torch.randperm(rows.shape[0], generator=g)[:m].to(rows.device)
+        before = (7 * m) % 13  # crosses BLOCK_M = 16 tile boundaries differently for each m
+        batch = torch.cat([filler[:before], rows[pick], filler[before : before + m % 5]])
+        out = fn(batch)[before : before + m]
+        for i in range(m):
+            assert torch.equal(out[i], ref[pick[i]]), f"batch of {m}: row {i} changed"
+
+
+# --- norms, silu_mul, rope: the eager formulas ---------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [96, 200])  # a power of two's multiple, and a masked row
+def test_rms_norm_matches_eager(dtype, n):
+    x, w = _randn(7, n, dtype=dtype), _randn(n, dtype=dtype, seed=1)
+    _assert_within_ulp(ops.rms_norm(x, w, EPS), _eager_rms_norm(x, w))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_add_rms_norm_matches_eager(dtype):
+    x, res = _randn(7, 200, dtype=dtype), _randn(7, 200, dtype=dtype, seed=2)
+    w = _randn(200, dtype=dtype, seed=1)
+    normed, new_res = ops.add_rms_norm(x, res, w, EPS)
+    assert torch.equal(new_res, x + res)
+    _assert_within_ulp(normed, _eager_rms_norm(x + res, w))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_mul_matches_eager(dtype):
+    gate_up = _randn(5, 2 * 1100, dtype=dtype, scale=3.0)  # I = 1100: two blocks, one masked
+    gate, up = gate_up.chunk(2, dim=-1)
+    out = ops.silu_mul(gate_up)
+    if dtype == torch.bfloat16:
+        assert torch.equal(out, F.silu(gate) * up)
+    else:  # fp32 keeps exp's last-bit differences (the interpreter's exp is numpy's)
+        torch.testing.assert_close(out, F.silu(gate) * up, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("inplace", [False, True])
+def test_rope_matches_rotary_apply(dtype, inplace):
+    t, heads, kv_heads, d = 6, 5, 2, 16
+    qkv = _randn(t, (heads + 2 * kv_heads) * d, dtype=dtype)
+    qk = qkv[:, : (heads + kv_heads) * d].view(t, heads + kv_heads, d)  # strided, like the model
+    angles = _randn(t, d // 2, dtype=torch.float32, seed=3) * 10
+    emb = torch.cat([angles, angles], dim=-1)
+    cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+    ref = Rotary.apply(qk.clone(), cos[:, None], sin[:, None])
+    v_before = qkv[:, (heads + kv_heads) * d :].clone()
+    out = ops.rope(qk, cos, sin, inplace=inplace)
+    assert torch.equal(out, ref)
+    assert torch.equal(qkv[:, (heads + kv_heads) * d :], v_before)  # v untouched
+    if inplace:
+        assert torch.equal(qk, ref)
+
+
+# --- linear: accuracy ----------------------------------------------------------------------------
+
+
+def _linear_ref(x, w, b=None):
+    out = x.float() @ w.float().T
+    return out + b.float() if b is not None else out
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "m,n,k",
+    [(1, 72, 200), (5, 96, 128), (33, 40, 576), (3, 40, 2112)],  # the last takes the K-split path
+)
+def test_linear_matches_matmul(dtype, m, n, k):
+    x = _randn(m, k, dtype=dtype, seed=4)
+    w = _randn(n, k, dtype=dtype, seed=5, scale=k**-0.5)
+    b = _randn(n, dtype=dtype, seed=6)
+    tol = dict(rtol=1e-2, atol=1e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
+    ref = _linear_ref(x, w)
+    torch.testing.assert_close(ops.linear(x, w).float(), ref, **tol)
+    torch.testing.assert_close(ops.linear(x, w, b).float(), _linear_ref(x, w, b), **tol)
+    for block_m in (32, 64):  # the larger row tiles (see `linear`) compute the same thing
+        torch.testing.assert_close(ops.linear(x, w, block_m=block_m).float(), ref, **tol)
+    # fp32 output (logits): the accumulator itself, no rounding to the input dtype
+    out32 = ops.linear(x, w, out_dtype=torch.float32)
+    assert out32.dtype == torch.float32
+    torch.testing.assert_close(out32, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_k_split_shape_is_split():
+    # Guards test_linear_matches_matmul's last shape (and the Llama-3-8B o_proj/down shapes).
+    assert ops.linear_config(40, 2112).split_k > 1
+    assert ops.linear_config(4096, 14336).split_k > 1
+
+
+def test_linear_handles_empty_batch():
+    x, w = _randn(0, 64), _randn(32, 64)
+    assert ops.linear(x, w).shape == (0, 32)
+
+
+# --- batch invariance ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n,k", [(72, 200), (40, 2112)])  # one program per tile; K split
+def test_linear_rows_are_batch_invariant(n, k):
+    w = _randn(n, k, seed=5, scale=k**-0.5)
+    b = _randn(n, seed=6)
+    rows, filler = _randn(100, k, seed=7), _randn(20, k, seed=8)
+    _assert_rows_invariant(lambda x: ops.linear(x, w, b), rows, filler)
+    _assert_rows_invariant(lambda x: ops.linear(x, w, out_dtype=torch.float32), rows, filler)
+
+
+def test_norm_rows_are_batch_invariant():
+    w = _randn(200, seed=1)
+    rows, filler = _randn(100, 200, seed=7), _randn(20, 200, seed=8)
+    _assert_rows_invariant(lambda x: ops.rms_norm(x, w, EPS), rows, filler)
+    res = _randn(100, 200, seed=9)
+
+    def add_norm(x):  # the residual rides along in the other half of the row
+        h = x.shape[1] // 2
+        return torch.cat(ops.add_rms_norm(x[:, :h], x[:, h:], w[:h], EPS), dim=1)
+
+    _assert_rows_invariant(add_norm, torch.cat([rows, res], 1), torch.cat([filler, filler], 1))
+
+
+# --- GPU shapes (H200) ---------------------------------------------------------------------------
+
+SMOLLM2 = dict(qkv=(960, 576), o=(576, 576), gate_up=(3072, 576), down=(576, 1536))
+SMOLLM2["lm_head"] = (49152, 576)
+LLAMA3_8B = dict(qkv=(6144, 4096), o=(4096, 4096), gate_up=(28672, 4096), down=(4096, 14336))
+LLAMA3_8B["lm_head"] = (128256, 4096)
+GPU_SHAPES = [(f"smollm2-{k}", *v) for k, v in SMOLLM2.items()]
+GPU_SHAPES += [(f"llama3-8b-{k}", *v) for k, v in LLAMA3_8B.items()]
+on_gpu = pytest.mark.skipif(DEVICE != "cuda", reason="GPU-size shapes")
+
+
+@pytest.mark.gpu
+@on_gpu
+@pytest.mark.parametrize("name,n,k", GPU_SHAPES, ids=[s[0] for s in GPU_SHAPES])
+@pytest.mark.parametrize("out_dtype", [None, torch.float32], ids=["bf16", "fp32-out"])
+def test_gpu_linear_model_shapes(name, n, k, out_dtype):
+    w = _randn(n, k, seed=5, scale=k**-0.5)
+    rows, filler = _randn(320, k, seed=7), _randn(20, k, seed=8)
+    out = ops.linear(rows, w, out_dtype=out_dtype)
+    tol = dict(rtol=1e-5, atol=1e-4) if out_dtype else dict(rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(out.float(), _linear_ref(rows, w), **tol)
+    _assert_rows_invariant(lambda x: ops.linear(x, w, out_dtype=out_dtype), rows, filler)
+
+
+@pytest.mark.gpu
+@on_gpu
+@pytest.mark.parametrize("name,n,k", GPU_SHAPES, ids=[s[0] for s in GPU_SHAPES])
+def test_gpu_block_m_keeps_bits(name, n, k):
+    """Larger row tiles (still mma.sync, see `linear`) must give every row the same bits."""
+    w, rows = _randn(n, k, seed=5, scale=k**-0.5), _randn(100, k, seed=7)
+    ref = ops.linear(rows, w)
+    for block_m in (32, 64):
+        assert torch.equal(ops.linear(rows, w, block_m=block_m), ref), f"block_m={block_m}"
+
+
+@pytest.mark.gpu
+@on_gpu
+@pytest.mark.parametrize("hidden,inter", [(576, 1536), (4096, 14336)])
+def test_gpu_elementwise_ops_model_shapes(hidden, inter):
+    x, res, w = _randn(64, hidden), _randn(64, hidden, seed=2), _randn(hidden, seed=1)
+    _assert_within_ulp(ops.rms_norm(x, w, EPS), _eager_rms_norm(x, w))
+    _assert_rows_invariant(lambda r: ops.rms_norm(r, w, EPS), _randn(100, hidden), x[:20])
+    normed, new_res = ops.add_rms_norm(x, res, w, EPS)
+    assert torch.equal(new_res, x + res)
+    _assert_within_ulp(normed, _eager_rms_norm(x + res, w))
+    gate_up = _randn(64, 2 * inter, scale=3.0)
+    gate, up = gate_up.chunk(2, dim=-1)
+    assert torch.equal(ops.silu_mul(gate_up), F.silu(gate) * up)
+
+
+@pytest.mark.gpu
+@on_gpu
+def test_gpu_fp32_linear_is_ieee():
+    x, w = _randn(5, 576, dtype=torch.float32), _randn(960, 576, dtype=torch.float32, seed=5)
+    torch.testing.assert_close(ops.linear(x, w), F.linear(x, w), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.gpu
+@on_gpu
+def test_gpu_ops_replay_in_a_cuda_graph():
+    n, k = LLAMA3_8B["o"]
+    x, w, nw = _randn(8, k), _randn(n, k, seed=5, scale=k**-0.5), _randn(n, seed=1)
+    gate_up = _randn(8, 2 * 256, seed=3)
+
+    def step():
+        h = ops.linear(x, w)
+        normed, res = ops.add_rms_norm(h, x, nw, EPS)
+        return normed, res, ops.silu_mul(gate_up)
+
+    eager = step()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()  # warm up (compiles) outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(eager, captured, strict=True):
+        assert torch.equal(a, b)
