@@ -42,6 +42,12 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         help="auto (triton on CUDA, sdpa on CPU) | triton | sdpa",
     )
     p.add_argument(
+        "--exact",
+        action="store_true",
+        default=env("SPECWIRE_EXACT", False, bool),
+        help="GPU: batch-invariant kernels, so bf16 output with speculation equals without it",
+    )
+    p.add_argument(
         "--draft-policy",
         default=env("SPECWIRE_DRAFT_POLICY", "adaptive"),
         help="adaptive (K per step from measured costs and acceptance; GPU) | static",
@@ -79,6 +85,7 @@ def config_from_args(args: argparse.Namespace) -> TargetConfig:
         cuda_graphs=not args.no_cuda_graphs,
         attention=args.attention,
         draft_policy=args.draft_policy,
+        exact=args.exact,
         max_batch_size=args.max_batch_size,
         max_num_tokens=args.max_num_tokens,
         max_context_len=args.max_context_len,

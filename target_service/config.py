@@ -22,6 +22,7 @@ class TargetConfig:
     dtype: str = "float32"
     cuda_graphs: bool = True
     attention: str = "auto"  # auto (triton on CUDA, sdpa on CPU) | triton | sdpa
+    exact: bool = False  # batch-invariant GEMMs: bf16 speculation token-exact (GPU)
     draft_policy: str = "adaptive"  # adaptive (needs CUDA graphs' cost table) | static
     max_batch_size: int = 16
     max_num_tokens: int = 1024

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from common.errors import UserError
 from common.model.loader import LoadedModel, load_model
-from common.model.triton_backend import make_backend
+from common.model.triton_backend import make_backend, make_ops
 from target_service.config import TargetConfig
 from target_service.draft_policy import DraftLengthPolicy
 from target_service.drafters.base import Drafter
@@ -149,6 +149,7 @@ def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine
         resources.add(drafter.spec_resource_manager)
     # 4. runner: attention backend, warm-up and graph capture
     model.set_attention(make_backend(cfg.attention, model, kv_caches.device))
+    model.set_ops(make_ops(model.attention, exact=cfg.exact))
     runner = ModelRunner(
         model,
         kv_caches,
@@ -184,13 +185,15 @@ def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine
         vocab_size=loaded.config.vocab_size,
     )
     log.info(
-        "engine ready: model=%s device=%s drafter=%s K=%d graphs=%s attention=%s policy=%s",
+        "engine ready: model=%s device=%s drafter=%s K=%d graphs=%s attention=%s ops=%s "
+        "policy=%s",
         cfg.model,
         cfg.device,
         cfg.drafter,
         cfg.max_draft_len,
         runner.graphs is not None,
         model.attention.name,
+        model.ops.name,
         "adaptive" if policy.adaptive else "static",
     )
     return Engine(cfg, loaded, kv, resources, drafter, runner, executor)

@@ -11,11 +11,11 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from common.model.attention import AttentionMetadata, TorchPagedAttention, prepare_uniform_mask
 from common.model.config import ModelConfig, RopeScaling
+from common.model.ops import TorchOps
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
@@ -71,8 +71,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in fp32 like the reference implementation, then cast back (fused kernel).
-        return self.weight * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype)
+        return TorchOps.rms_norm(x, self.weight, self.eps)
 
 
 class DecoderLayer(nn.Module):
@@ -90,23 +89,34 @@ class DecoderLayer(nn.Module):
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
         self.attn = attn  # the model's attention backend, shared by all layers
+        self.ops = TorchOps()  # the model's ops, shared by all layers (LlamaModel.set_ops)
 
     def forward(
-        self, x, rope: tuple[torch.Tensor, torch.Tensor], kv_cache, meta: AttentionMetadata
-    ):
-        # x: [T, hidden]; rope: cos, sin [T, 1, D]
-        h = self.input_layernorm(x)
-        qk, v = self.qkv_proj(h).split([self.q_size + self.kv_size, self.kv_size], dim=-1)
+        self,
+        x: torch.Tensor,  # [T, hidden]: this layer's input delta (the embedding for layer 0)
+        residual: torch.Tensor | None,  # [T, hidden]: the residual stream before x is added
+        rope: tuple[torch.Tensor, torch.Tensor],  # cos, sin [T, 1, D]
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # (output delta, residual stream) [T, hidden] each
+        ops, eps = self.ops, self.cfg.rms_norm_eps
+        # The residual add rides inside the norm (one kernel with TritonOps).
+        if residual is None:
+            h, residual = ops.rms_norm(x, self.input_layernorm.weight, eps), x
+        else:
+            h, residual = ops.add_rms_norm(x, residual, self.input_layernorm.weight, eps)
+        qkv = ops.linear(h, self.qkv_proj.weight, self.qkv_proj.bias)
         t = x.shape[0]
         heads, kv_heads, d = self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim
-        # q and k sit side by side: rotate them in one go (fewer kernels per layer).
-        qk = Rotary.apply(qk.view(t, heads + kv_heads, d), *rope)
+        # q and k sit side by side: rotate them in one go (in place with TritonOps).
+        qk = ops.rope(qkv[:, : self.q_size + self.kv_size].view(t, heads + kv_heads, d), *rope)
         q, k = qk[:, :heads], qk[:, heads:]
-        v = v.view(t, kv_heads, d)
+        v = qkv[:, self.q_size + self.kv_size :].view(t, kv_heads, d)
         attn = self.attn.forward(q, k, v, kv_cache, meta).reshape(t, self.q_size)
-        x = x + self.o_proj(attn)
-        gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).chunk(2, dim=-1)
-        return x + self.down_proj(F.silu(gate) * up)
+        x = ops.linear(attn, self.o_proj.weight)
+        h, residual = ops.add_rms_norm(x, residual, self.post_attention_layernorm.weight, eps)
+        x = ops.linear(ops.silu_mul(ops.linear(h, self.gate_up_proj.weight)), self.down_proj.weight)
+        return x, residual
 
 
 class LlamaModel(nn.Module):
@@ -130,6 +140,13 @@ class LlamaModel(nn.Module):
         # Whole blocks of positions: padding tokens may use any position a block table covers.
         positions = max_positions or cfg.max_position_embeddings
         self.rotary = Rotary(cfg, -(-positions // block_size) * block_size)
+        self.ops = TorchOps()
+
+    def set_ops(self, ops) -> None:
+        """Swap the ops (`TorchOps`, `TritonOps`, `TritonOps(exact=True)`) for every layer."""
+        self.ops = ops
+        for layer in self.layers:
+            layer.ops = ops
 
     def set_attention(self, backend) -> None:
         """Swap the attention backend (e.g. the Triton one on a GPU) for every layer."""
@@ -149,12 +166,17 @@ class LlamaModel(nn.Module):
         if not self.attention.varlen and meta.is_uniform and meta.uniform_mask is None:
             prepare_uniform_mask(meta, self.block_size, x.dtype)
         rope = self.rotary.table(positions, x.dtype)
+        residual = None
         for i, layer in enumerate(self.layers):
-            x = layer(x, rope, kv_caches[i], meta)
-        return self.norm(x)
+            x, residual = layer(x, residual, rope, kv_caches[i], meta)
+        if residual is None:  # no layers
+            return self.ops.rms_norm(x, self.norm.weight, self.cfg.rms_norm_eps)
+        return self.ops.add_rms_norm(x, residual, self.norm.weight, self.cfg.rms_norm_eps)[0]
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, V] fp32
+        if self.ops.exact:  # fp32 straight from the accumulator, rows batch-invariant
+            return self.ops.linear(hidden, self.lm_head.weight, out_dtype=torch.float32)
         return self.lm_head(hidden).float()
 
     def allocate_kv_cache(

@@ -65,3 +65,16 @@ def make_backend(kind: str, model, device: torch.device):
         except ImportError as exc:
             raise UserError(f"--attention triton needs the triton package ({exc})") from exc
     raise UserError(f"unknown attention backend {kind!r} (use auto, triton or sdpa)")
+
+
+def make_ops(attention, exact: bool = False):
+    """The model's ops to go with its attention backend: our fused Triton kernels beside the
+    Triton attention (batch-invariant GEMMs too when `exact`), plain PyTorch otherwise."""
+    from common.errors import UserError
+    from common.model.ops import TorchOps, TritonOps
+
+    if attention.name == "triton":
+        return TritonOps(exact=exact)
+    if exact:
+        raise UserError("--exact needs the Triton kernels (--device cuda --attention triton)")
+    return TorchOps()
