@@ -98,6 +98,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         )
 
     async def Draft(self, request, context):
+        self._ready()
         return await self._draft(request, peer_identity(context))
 
     async def DraftStream(self, request_iterator, context):
@@ -119,7 +120,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
                 del self.streams[group]
 
     async def _draft(self, request, owner: str) -> drafter_pb2.DraftResponse:
-        engine = self._ready()
+        engine = self._ready(new_call=False)  # an open stream keeps drafting while draining
         updates = updates_from_proto(request)
         loop = asyncio.get_running_loop()
         drafts = await loop.run_in_executor(
@@ -127,10 +128,10 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         )
         return response_to_proto(request.step, drafts)
 
-    def _ready(self) -> DraftEngine:
+    def _ready(self, new_call: bool = True) -> DraftEngine:
         if self.engine is None:
             raise NotReady("drafter is still starting")
-        if self.draining:
+        if new_call and self.draining:
             raise NotReady("drafter is shutting down")
         return self.engine
 
