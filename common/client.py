@@ -9,6 +9,8 @@ import grpc
 
 from common.protogen import generation_pb2 as pb
 from common.protogen import generation_pb2_grpc as pb_grpc
+from common.security import ClientSecurity
+from common.transport import make_channel
 
 FINISH_NAMES = {v: k.removeprefix("FINISH_REASON_").lower() for k, v in pb.FinishReason.items()}
 
@@ -85,8 +87,10 @@ def build_request(
 
 
 class GenerationClient:
-    def __init__(self, address: str, timeout: float | None = None) -> None:
-        self.channel = grpc.insecure_channel(address)
+    def __init__(
+        self, address: str, timeout: float | None = None, security: ClientSecurity | None = None
+    ) -> None:
+        self.channel = make_channel(address, security)
         self.stub = pb_grpc.GenerationStub(self.channel)
         self.timeout = timeout
 

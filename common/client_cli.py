@@ -9,11 +9,14 @@ import sys
 import grpc
 
 from common.errors import UserError
+from common.security import ClientSecurity, add_client_flags, client_security_from_args
 
 
 def register(sub) -> None:
     g = sub.add_parser("generate", help="generate from a running target")
     g.add_argument("--target", default="127.0.0.1:50051", help="HOST:PORT of the target")
+    # --tls-ca, --tls-cert, --tls-key, --token-file (or env SPECWIRE_TOKEN)
+    add_client_flags(g, env="SPECWIRE_CLIENT")
     _add_request_flags(g)
     g.set_defaults(func=run_generate)
 
@@ -83,11 +86,11 @@ def _print_stats(spec: dict, finish: str, out) -> None:
     )
 
 
-def generate_to_console(address: str, args) -> int:
+def generate_to_console(address: str, args, security: ClientSecurity | None = None) -> int:
     from common.client import FINISH_NAMES, GenerationClient, build_request, spec_stats_dict
 
     kwargs = _request_kwargs(args)
-    with GenerationClient(address) as client:
+    with GenerationClient(address, security=security) as client:
         try:
             if args.json:
                 res = client.generate(**kwargs)
@@ -113,7 +116,7 @@ def generate_to_console(address: str, args) -> int:
 
 
 def run_generate(args) -> int:
-    return generate_to_console(args.target, args)
+    return generate_to_console(args.target, args, client_security_from_args(args))
 
 
 def run_demo(args) -> int:

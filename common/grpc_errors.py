@@ -1,7 +1,8 @@
-"""One server interceptor that maps errors to gRPC status codes.
+"""One server interceptor (grpc.aio) that maps errors to gRPC status codes.
 
 `UserError` (bad input) -> its `code` (INVALID_ARGUMENT by default) with the error's message;
-anything else -> INTERNAL, logged with its traceback. Servicers just raise.
+anything else -> INTERNAL, logged with its traceback. Servicers just raise. Only specwire's own
+services are wrapped (health and reflection handle their own errors).
 """
 
 from __future__ import annotations
@@ -23,36 +24,35 @@ def _status(exc: Exception) -> tuple[grpc.StatusCode, str]:
 
 
 def _wrap_unary(behavior):
-    def handler(request, context):
+    async def handler(request, context):
         try:
-            return behavior(request, context)
-        except (UserError, Exception) as exc:
-            if isinstance(exc, grpc.RpcError):
-                raise
-            code, msg = _status(exc)
-            context.abort(code, msg)
+            return await behavior(request, context)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await context.abort(*_status(exc))
 
     return handler
 
 
 def _wrap_stream(behavior):
-    def handler(request, context):
+    async def handler(request, context):
         try:
-            yield from behavior(request, context)
+            async for response in behavior(request, context):
+                yield response
+        except grpc.aio.AbortError:
+            raise
         except Exception as exc:
-            if isinstance(exc, grpc.RpcError):
-                raise
-            code, msg = _status(exc)
-            context.abort(code, msg)
+            await context.abort(*_status(exc))
 
     return handler
 
 
-class ErrorInterceptor(grpc.ServerInterceptor):
-    def intercept_service(self, continuation, handler_call_details):
-        handler = continuation(handler_call_details)
-        if handler is None:
-            return None
+class ErrorInterceptor(grpc.aio.ServerInterceptor):
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None or not handler_call_details.method.startswith("/specwire."):
+            return handler
         if handler.unary_unary:
             return handler._replace(unary_unary=_wrap_unary(handler.unary_unary))
         if handler.unary_stream:

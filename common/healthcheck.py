@@ -4,7 +4,8 @@
 
 Calls `grpc.health.v1.Health/Check` and exits 0 iff the status is SERVING; otherwise it prints
 one line to stderr and exits 1 (2 for bad arguments). Docker health checks and tests use it, so
-neither needs `grpc_health_probe` or `grpcurl` installed.
+neither needs `grpc_health_probe` or `grpcurl` installed. Against a TLS server give --tls-ca
+(and --tls-cert/--tls-key for mutual TLS); health checks need no token.
 """
 
 from __future__ import annotations
@@ -15,13 +16,19 @@ import sys
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from common.errors import UserError
+from common.security import ClientSecurity, add_client_flags, client_security_from_args
+from common.transport import make_channel
 
-def check(target: str, service: str = "", timeout: float = 3.0) -> str:
+
+def check(
+    target: str, service: str = "", timeout: float = 3.0, security: ClientSecurity | None = None
+) -> str:
     """Return the serving status name of `service` ("" = the whole server) at `target`.
 
     Raises grpc.RpcError when the server cannot be reached or does not know the service.
     """
-    with grpc.insecure_channel(target) as channel:
+    with make_channel(target, security) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
     return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
@@ -35,9 +42,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("target", help="HOST:PORT of a gRPC server")
     parser.add_argument("--service", default="", help="service name (default: the whole server)")
     parser.add_argument("--timeout", type=float, default=3.0, help="seconds (default 3)")
+    add_client_flags(parser, env="SPECWIRE_HEALTHCHECK")
     args = parser.parse_args(argv)
     try:
-        status = check(args.target, args.service, args.timeout)
+        security = client_security_from_args(args, token_env="SPECWIRE_HEALTHCHECK_TOKEN")
+    except UserError as exc:
+        print(f"healthcheck: {exc}", file=sys.stderr)
+        return 2
+    try:
+        status = check(args.target, args.service, args.timeout, security)
     except grpc.RpcError as exc:
         code = exc.code().name if exc.code() else "UNKNOWN"
         detail = (exc.details() or "").splitlines()[0] if exc.details() else ""

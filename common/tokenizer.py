@@ -91,15 +91,36 @@ class Tokenizer:
     ) -> list[int]:
         """Render `messages` with the model's own chat template and tokenize the result.
 
-        The template writes any BOS it wants itself, so no BOS is added on top (as transformers
-        does it).
+        Message content is tokenized as plain text: special-token text a user types (e.g.
+        `<|im_start|>`) stays text and never becomes a control token. Only the template's own
+        text may produce special tokens. (The template is rendered with a marker in place of
+        each content; the pieces between markers are the template's.) The template writes any
+        BOS it wants itself, so no BOS is added on top (as transformers does it).
         """
         if not self.chat_template:
             raise ValueError("this tokenizer has no chat template")
+        markers = [f"\ue000{i}\ue001" for i in range(len(messages))]
+        placeholders = [{**m, "content": mark} for m, mark in zip(messages, markers, strict=True)]
         text = self._hf.apply_chat_template(
-            messages, add_generation_prompt=add_generation_prompt, tokenize=False
+            placeholders, add_generation_prompt=add_generation_prompt, tokenize=False
         )
-        return self.core.encode(text, add_special_tokens=False).ids
+        ids: list[int] = []
+        for m, mark in zip(messages, markers, strict=True):
+            head, found, text = text.partition(mark)
+            if not found:
+                raise ValueError("the chat template does not render message content verbatim")
+            ids += self.core.encode(head, add_special_tokens=False).ids if head else []
+            ids += self._plain.encode(str(m["content"]), add_special_tokens=False).ids
+        if text:
+            ids += self.core.encode(text, add_special_tokens=False).ids
+        return ids
+
+    @cached_property
+    def _plain(self) -> CoreTokenizer:
+        """A copy of the tokenizer that treats special-token text as ordinary text."""
+        plain = CoreTokenizer.from_str(self.core.to_str())
+        plain.encode_special_tokens = True
+        return plain
 
     @cached_property
     def fingerprint(self) -> str:

@@ -11,6 +11,7 @@ import signal
 import threading
 
 from common.cli_env import env_default
+from common.security import add_server_flags, server_security_from_args
 from drafter_service.config import DRAFTER_KINDS, DrafterServiceConfig
 
 _DEFAULTS = DrafterServiceConfig()
@@ -73,6 +74,21 @@ _FLAGS: tuple[tuple[str, str, type, str, str], ...] = (
         "delay_ms",
         "injected delay per draft call, for tests and benchmarks",
     ),
+    ("--max-sessions", "SPECWIRE_MAX_SESSIONS", int, "max_sessions", "sessions held at once"),
+    (
+        "--max-session-tokens",
+        "SPECWIRE_MAX_SESSION_TOKENS",
+        int,
+        "max_session_tokens",
+        "tokens one session may hold",
+    ),
+    (
+        "--max-streams-per-peer",
+        "SPECWIRE_MAX_STREAMS_PER_PEER",
+        int,
+        "max_streams_per_peer",
+        "concurrent DraftStreams per caller (token, client certificate or IP address)",
+    ),
 )
 
 
@@ -91,22 +107,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             dest=fieldname,
             help=f"{text} [env {env}; default %(default)s]",
         )
+    add_server_flags(p, prefix="SPECWIRE_DRAFTER")
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=env_default("SPECWIRE_DRAIN_TIMEOUT", 30.0, float),
+        help="on SIGTERM, seconds open calls get to finish [env SPECWIRE_DRAIN_TIMEOUT]",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from drafter_service.server import serve
 
-    config = DrafterServiceConfig(**{f[3]: getattr(args, f[3]) for f in _FLAGS})
+    config = DrafterServiceConfig(
+        **{f[3]: getattr(args, f[3]) for f in _FLAGS}, security=server_security_from_args(args)
+    )
     running = serve(config)
     print(
         f"specwire drafter listening on {config.host}:{running.port} "
-        f"(drafter={running.engine.drafter.name})",
+        f"(drafter={running.engine.drafter.name} security={config.security.describe()})",
         flush=True,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
-    running.stop(grace=2.0)
+    running.drain(args.drain_timeout)
     return 0

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from common.errors import UserError
+from common.security import ServerSecurity
 
 DRAFTER_KINDS = "ngram, model:NAME or module:Class"
 
@@ -15,7 +16,7 @@ class DrafterServiceConfig:
 
     drafter: str = "ngram"  # ngram | model:NAME | module:Class
     max_draft_len: int = 4
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"  # loopback unless told otherwise (compose sets 0.0.0.0)
     port: int = 50152  # 0 = pick a free port (tests)
     max_ngram: int = 3
     prefer: str = "latest"  # n-gram match preference: latest | oldest
@@ -26,7 +27,11 @@ class DrafterServiceConfig:
     seed: int = 0
     session_ttl_s: float = 300.0
     delay_ms: float = 0.0  # injected latency per Draft call / stream message (tests, benchmarks)
-    max_workers: int = 8
+    max_workers: int = 8  # threads running draft steps (calls wait as coroutines, not threads)
+    max_sessions: int = 4096  # sessions held at once; more -> RESOURCE_EXHAUSTED
+    max_session_tokens: int = 1 << 17  # tokens one session may hold
+    max_streams_per_peer: int = 16  # concurrent DraftStreams per caller (token/cert/IP)
+    security: ServerSecurity = field(default_factory=ServerSecurity)
 
     def __post_init__(self) -> None:
         kind, _, arg = self.drafter.partition(":")
@@ -41,6 +46,9 @@ class DrafterServiceConfig:
             "--draft-probs-top-n": (self.draft_probs_top_n, 0),
             "--delay-ms": (self.delay_ms, 0),
             "max_workers": (self.max_workers, 1),
+            "--max-sessions": (self.max_sessions, 1),
+            "--max-session-tokens": (self.max_session_tokens, 1),
+            "--max-streams-per-peer": (self.max_streams_per_peer, 1),
         }
         for flag, (value, low) in checks.items():
             if value < low:

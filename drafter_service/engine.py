@@ -72,8 +72,11 @@ class DraftEngine:
         self.max_draft_len = max_draft_len
         self.delay_s = delay_ms / 1000.0
 
-    def draft(self, updates: list[SeqUpdate], want_probs: bool = False) -> list[SeqDraft]:
-        """One draft (maybe empty, maybe resync) per non-finished update."""
+    def draft(
+        self, updates: list[SeqUpdate], want_probs: bool = False, owner: str = ""
+    ) -> list[SeqDraft]:
+        """One draft (maybe empty, maybe resync) per non-finished update. Sessions are the
+        `owner`'s own (see sessions.py)."""
         validate(updates)
         if self.delay_s:
             time.sleep(self.delay_s)  # injected latency, outside the lock like a slow network
@@ -83,12 +86,12 @@ class DraftEngine:
             todo: list[tuple[SeqDraft, object, int]] = []
             for u in updates:
                 if u.finished:
-                    self.store.finish(u.request_id)
+                    self.store.finish(u.request_id, owner)
                     continue
                 answer = SeqDraft(u.request_id, u.base_len + len(u.new_tokens))
                 out.append(answer)
                 try:
-                    session = self.store.apply(u.request_id, u.base_len, u.new_tokens)
+                    session = self.store.apply(u.request_id, u.base_len, u.new_tokens, owner)
                 except ValueError as exc:
                     log.warning("request %s: no draft: %s", u.request_id, exc)
                     continue

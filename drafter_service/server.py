@@ -2,21 +2,29 @@
 
 `serve(config)` starts listening at once with health NOT_SERVING, builds the drafter (a model
 drafter loads weights), then flips health to SERVING. Calls before that get UNAVAILABLE.
+
+The server is a `grpc.aio` server (common/transport.py): an idle DraftStream is a waiting
+coroutine, not a pinned thread, so idle streams cannot starve GetInfo or health. Draft steps run
+on a pool of `max_workers` threads. Each caller (token, certificate or IP address) may hold at
+most `max_streams_per_peer` DraftStreams; sessions are the caller's own (sessions.py).
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import logging
 from concurrent import futures
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-import grpc
+from grpc_health.v1 import _async as aio_health
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from common.errors import UserError
-from common.grpc_errors import ErrorInterceptor
 from common.protogen import drafter_pb2, drafter_pb2_grpc
+from common.security import peer_identity
+from common.transport import LoopThread, build_server
 from drafter_service.config import DrafterServiceConfig
 from drafter_service.drafters import SessionDrafter, build_drafter
 from drafter_service.engine import PROTOCOL_VERSION, DraftEngine, SeqDraft, SeqUpdate
@@ -29,6 +37,18 @@ SERVICE_NAME = drafter_pb2.DESCRIPTOR.services_by_name["Drafter"].full_name
 
 class NotReady(UserError):
     code = "UNAVAILABLE"
+
+
+class TooManyStreams(UserError):
+    code = "RESOURCE_EXHAUSTED"
+
+
+def stream_group(identity: str) -> str:
+    """Whom a stream limit counts against: a token or certificate as is, a plain connection by
+    its IP address (so opening more connections does not raise the limit)."""
+    if identity.startswith("peer:"):
+        return identity.rsplit(":", 1)[0]
+    return identity
 
 
 def updates_from_proto(request: drafter_pb2.DraftRequest) -> list[SeqUpdate]:
@@ -50,16 +70,21 @@ def response_to_proto(step: int, drafts: list[SeqDraft]) -> drafter_pb2.DraftRes
 
 
 class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
-    """protobuf -> SeqUpdates -> engine.draft -> protobuf. `engine` is None until ready.
+    """protobuf -> SeqUpdates -> engine.draft (on the worker pool) -> protobuf. `engine` is None
+    until ready.
 
-    Errors are raised, not handled: `ErrorInterceptor` maps UserError to INVALID_ARGUMENT.
+    Errors are raised, not handled: `ErrorInterceptor` maps UserError to its status code.
     """
 
-    def __init__(self, max_draft_len: int) -> None:
-        self.max_draft_len = max_draft_len
+    def __init__(self, config: DrafterServiceConfig) -> None:
+        self.max_draft_len = config.max_draft_len
+        self.max_streams_per_peer = config.max_streams_per_peer
         self.engine: DraftEngine | None = None
+        self.draining = False
+        self.pool = futures.ThreadPoolExecutor(config.max_workers, "specwire-draft")
+        self.streams: collections.Counter[str] = collections.Counter()
 
-    def GetInfo(self, request, context):
+    async def GetInfo(self, request, context):
         engine = self._ready()
         d = engine.drafter
         caps = ["stream", *(c for c in d.capabilities if c != "stream")]
@@ -72,20 +97,42 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
             capabilities=caps,
         )
 
-    def Draft(self, request, context):
-        return self._draft(request, context)
+    async def Draft(self, request, context):
+        self._ready()
+        return await self._draft(request, peer_identity(context))
 
-    def DraftStream(self, request_iterator, context):
-        for request in request_iterator:
-            yield self._draft(request, context)
+    async def DraftStream(self, request_iterator, context):
+        self._ready()
+        owner = peer_identity(context)
+        group = stream_group(owner)
+        if self.streams[group] >= self.max_streams_per_peer:
+            raise TooManyStreams(
+                f"{self.streams[group]} DraftStreams already open for this caller "
+                f"(--max-streams-per-peer {self.max_streams_per_peer})"
+            )
+        self.streams[group] += 1
+        try:
+            async for request in request_iterator:
+                yield await self._draft(request, owner)
+        finally:
+            self.streams[group] -= 1
+            if not self.streams[group]:
+                del self.streams[group]
 
-    def _draft(self, request, context) -> drafter_pb2.DraftResponse:
-        drafts = self._ready().draft(updates_from_proto(request), request.want_probs)
+    async def _draft(self, request, owner: str) -> drafter_pb2.DraftResponse:
+        engine = self._ready(new_call=False)  # an open stream keeps drafting while draining
+        updates = updates_from_proto(request)
+        loop = asyncio.get_running_loop()
+        drafts = await loop.run_in_executor(
+            self.pool, engine.draft, updates, request.want_probs, owner
+        )
         return response_to_proto(request.step, drafts)
 
-    def _ready(self) -> DraftEngine:
+    def _ready(self, new_call: bool = True) -> DraftEngine:
         if self.engine is None:
             raise NotReady("drafter is still starting")
+        if new_call and self.draining:
+            raise NotReady("drafter is shutting down")
         return self.engine
 
 
@@ -93,11 +140,13 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
 class DrafterServer:
     """A running drafter service. `port` is the bound port (useful when asked for port 0)."""
 
-    server: grpc.Server
+    server: object  # grpc.aio.Server, run on `loop`
     servicer: DrafterServicer
-    health: health.HealthServicer
+    health: aio_health.HealthServicer
     port: int
     config: DrafterServiceConfig
+    loop: LoopThread
+    _stopped: bool = field(default=False, repr=False)
 
     @property
     def engine(self) -> DraftEngine:
@@ -109,12 +158,22 @@ class DrafterServer:
         return f"127.0.0.1:{self.port}"
 
     def wait(self) -> None:
-        self.server.wait_for_termination()
+        self.loop.run(self.server.wait_for_termination())
+
+    def drain(self, timeout: float) -> None:
+        """SIGTERM: NOT_SERVING and UNAVAILABLE for new calls, open calls get `timeout` s."""
+        self.servicer.draining = True
+        self.stop(grace=timeout)
 
     def stop(self, grace: float | None = 1.0) -> None:
         """Stop accepting calls, let in-flight ones finish for `grace` seconds, free sessions."""
-        self.health.enter_graceful_shutdown()
-        self.server.stop(grace).wait()
+        if self._stopped:
+            return
+        self._stopped = True
+        self.loop.run(self.health.enter_graceful_shutdown())
+        self.loop.run(self.server.stop(grace))
+        self.loop.close()
+        self.servicer.pool.shutdown(wait=True, cancel_futures=True)
         engine = self.servicer.engine
         if engine is not None:
             engine.store.clear()
@@ -123,35 +182,45 @@ class DrafterServer:
 
 def serve(config: DrafterServiceConfig, drafter: SessionDrafter | None = None) -> DrafterServer:
     """Start the service; `drafter` overrides `config.drafter` (tests inject their own)."""
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=config.max_workers),
-        interceptors=[ErrorInterceptor()],
-        options=[("grpc.so_reuseport", 0)],  # a second service on the same port must fail
-    )
-    servicer = DrafterServicer(config.max_draft_len)
-    drafter_pb2_grpc.add_DrafterServicer_to_server(servicer, server)
-    health_servicer = health.HealthServicer(experimental_non_blocking=True)
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-    )
-    for name in ("", SERVICE_NAME):
-        health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    loop = LoopThread("specwire-drafter-grpc")
+    servicer = DrafterServicer(config)
+
+    async def start():
+        server, port = build_server(config.host, config.port, config.security)
+        drafter_pb2_grpc.add_DrafterServicer_to_server(servicer, server)
+        health_servicer = aio_health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        )
+        for name in ("", SERVICE_NAME):
+            await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await server.start()
+        return server, port, health_servicer
+
     try:
-        port = server.add_insecure_port(f"{config.host}:{config.port}")
-    except RuntimeError as exc:
-        raise UserError(f"cannot listen on {config.host}:{config.port}: {exc}") from exc
-    if port == 0:
-        raise UserError(f"cannot listen on {config.host}:{config.port} (in use?)")
-    server.start()
+        server, port, health_servicer = loop.run(start())
+    except BaseException:
+        loop.close()
+        raise
+    running = DrafterServer(server, servicer, health_servicer, port, config, loop)
     try:
         drafter = drafter or build_drafter(config)
     except BaseException:
-        server.stop(None)
+        running.stop(None)
         raise
-    store = SessionStore(drafter, config.session_ttl_s)
+    store = SessionStore(
+        drafter,
+        config.session_ttl_s,
+        max_sessions=config.max_sessions,
+        max_tokens=config.max_session_tokens,
+    )
     servicer.engine = DraftEngine(drafter, store, config.max_draft_len, config.delay_ms)
-    for name in ("", SERVICE_NAME):
-        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    async def ready():
+        for name in ("", SERVICE_NAME):
+            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    loop.run(ready())
     log.info("drafter %s serving on %s:%d", drafter.name, config.host, port)
-    return DrafterServer(server, servicer, health_servicer, port, config)
+    return running

@@ -9,6 +9,12 @@ import threading
 from typing import TYPE_CHECKING
 
 from common.cli_env import env_default as env
+from common.security import (
+    add_client_flags,
+    add_server_flags,
+    client_security_from_args,
+    server_security_from_args,
+)
 
 if TYPE_CHECKING:  # torch is imported only when a command runs, so --help is instant
     from target_service.config import TargetConfig
@@ -69,6 +75,17 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         default=env("SPECWIRE_DRAFTER_DEADLINE_MS", 50.0, float),
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    # The target -> drafter link (grpc:// drafters): --drafter-tls-ca, --drafter-tls-cert,
+    # --drafter-tls-key, --drafter-token-file (or env SPECWIRE_DRAFTER_TOKEN).
+    add_client_flags(p, flag="drafter-", env="SPECWIRE_DRAFTER_CLIENT")
+    limits = (
+        ("--max-prompt-bytes", "SPECWIRE_MAX_PROMPT_BYTES", 1 << 20, "UTF-8 bytes of a prompt"),
+        ("--max-stop-strings", "SPECWIRE_MAX_STOP_STRINGS", 16, "stop strings per request"),
+        ("--max-stop-len", "SPECWIRE_MAX_STOP_LEN", 256, "characters per stop string"),
+        ("--max-queue", "SPECWIRE_MAX_QUEUE", 256, "requests queued beyond --max-batch-size"),
+    )
+    for flag, var, default, text in limits:
+        p.add_argument(flag, type=int, default=env(var, default, int), help=f"most {text}")
 
 
 def config_from_args(args: argparse.Namespace) -> TargetConfig:
@@ -93,6 +110,13 @@ def config_from_args(args: argparse.Namespace) -> TargetConfig:
         drafter_mode=args.drafter_mode,
         drafter_deadline_ms=args.drafter_deadline_ms,
         progress=not args.no_progress,
+        drafter_security=client_security_from_args(
+            args, flag="drafter-", token_env="SPECWIRE_DRAFTER_TOKEN"
+        ),
+        max_prompt_bytes=args.max_prompt_bytes,
+        max_stop_strings=args.max_stop_strings,
+        max_stop_len=args.max_stop_len,
+        max_queue=args.max_queue,
     )
 
 
@@ -108,6 +132,13 @@ def register(sub) -> None:
         default=env("SPECWIRE_METRICS_PORT", 0, int),
         help="serve Prometheus metrics on this port (0 = off)",
     )
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=env("SPECWIRE_DRAIN_TIMEOUT", 30.0, float),
+        help="on SIGTERM, seconds in-flight requests get to finish before they are cancelled",
+    )
+    add_server_flags(p)
     add_engine_flags(p)
     p.set_defaults(func=run)
 
@@ -117,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     from target_service.server import TargetServer
 
     cfg = config_from_args(args)
-    server = TargetServer(args.host, args.port)
+    server = TargetServer(args.host, args.port, server_security_from_args(args))
     server.start()
     print(
         f"specwire target starting on {args.host}:{server.port} (loading {cfg.model})",
@@ -135,7 +166,8 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"specwire target listening on {args.host}:{server.port} "
         f"(model={cfg.model} drafter={cfg.drafter} K={engine.executor.max_draft_len} "
-        f"device={cfg.device} graphs={engine.runner.graphs is not None})",
+        f"device={cfg.device} graphs={engine.runner.graphs is not None} "
+        f"security={server.security.describe()})",
         flush=True,
     )
     stopped = threading.Event()
@@ -152,8 +184,10 @@ def run(args: argparse.Namespace) -> int:
         stopped.set()
     stopped.wait()
     death = engine.executor.death
-    server.stop(0 if death is not None else 2.0)
     if death is not None:
+        server.stop(0)
         print(f"specwire: error: the executor stopped: {death!r}", file=sys.stderr, flush=True)
         return 1
+    print(f"specwire target draining (up to {args.drain_timeout:g}s)", file=sys.stderr, flush=True)
+    server.drain(args.drain_timeout)
     return 0

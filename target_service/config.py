@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from common.errors import UserError
 from common.model.paged import blocks_for
+from common.security import ClientSecurity
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -32,6 +33,12 @@ class TargetConfig:
     drafter_mode: str = "stream"  # stream | unary (remote drafters)
     drafter_deadline_ms: float = 50.0
     progress: bool = True
+    drafter_security: ClientSecurity = field(default_factory=ClientSecurity)  # grpc:// drafters
+    # Admission limits (checked by the servicer before any work; see docs/security.md).
+    max_prompt_bytes: int = 1 << 20  # UTF-8 bytes of a prompt or of all chat contents
+    max_stop_strings: int = 16
+    max_stop_len: int = 256  # characters per stop string
+    max_queue: int = 256  # requests admitted beyond max_batch_size; more -> RESOURCE_EXHAUSTED
 
     def __post_init__(self) -> None:
         if self.max_draft_len < 0:
@@ -56,6 +63,19 @@ class TargetConfig:
             raise UserError(f"--drafter-mode must be stream or unary, got {self.drafter_mode!r}")
         if self.drafter_deadline_ms <= 0:
             raise UserError("--drafter-deadline-ms must be > 0")
+        for flag, value in (
+            ("--max-prompt-bytes", self.max_prompt_bytes),
+            ("--max-stop-len", self.max_stop_len),
+        ):
+            if value < 1:
+                raise UserError(f"{flag} must be >= 1, got {value}")
+        if self.max_stop_strings < 0 or self.max_queue < 0:
+            raise UserError("--max-stop-strings and --max-queue must be >= 0")
+
+    @property
+    def max_in_flight(self) -> int:
+        """Generate calls admitted at once: running plus queued."""
+        return self.max_batch_size + self.max_queue
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -49,6 +49,7 @@ def make_drafter(cfg: TargetConfig, loaded: LoadedModel) -> Drafter | None:
             tokenizer_fingerprint=loaded.tokenizer.fingerprint,
             mode=cfg.drafter_mode,
             deadline_ms=cfg.drafter_deadline_ms,
+            security=cfg.drafter_security,
         )
     if ":" in spec:
         return load_plugin_drafter(spec, cfg.max_draft_len)
@@ -107,6 +108,14 @@ class Engine:
             if max_draft_len < 0:
                 raise UserError(f"max_draft_len must be >= 0, got {max_draft_len}")
             k = min(k, max_draft_len)
+        # A request that could never hold its KV blocks would wait forever at the queue's head.
+        kv = self.kv
+        need = -(-(len(prompt_ids) + max_new_tokens + k) // kv.block_size)
+        if need > kv.num_blocks - 1:  # block 0 is the dummy block
+            raise UserError(
+                f"prompt {len(prompt_ids)} + max_new_tokens {max_new_tokens} tokens need {need} "
+                f"KV blocks; the pool holds {kv.num_blocks - 1}"
+            )
         sampling = sampling or SamplingConfig()  # validated where it was built
         return Request(
             request_id=uuid.uuid4().hex,  # internal key: unique whatever the client sends

@@ -7,6 +7,7 @@ might be the start of a stop string is held back until it is known not to be).
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
 import queue
@@ -50,12 +51,54 @@ class Failed:
 Event = Chunk | Complete | Failed
 
 
+class EventQueue:
+    """A request's events: put by the executor thread, read with `get` (threads) or `aget`
+    (the aio servicer; waiting costs no thread)."""
+
+    def __init__(self) -> None:
+        self._q: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future] | None = None
+
+    def put(self, event: Event) -> None:
+        self._q.put(event)
+        with self._lock:
+            waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            loop, fut = waiter
+            loop.call_soon_threadsafe(_wake, fut)
+
+    def get(self, timeout: float | None = None) -> Event:
+        return self._q.get(timeout=timeout)
+
+    def empty(self) -> bool:
+        return self._q.empty()
+
+    async def aget(self) -> Event:
+        while True:
+            try:
+                return self._q.get_nowait()
+            except queue.Empty:
+                pass
+            loop = asyncio.get_running_loop()
+            fut = loop.create_future()
+            with self._lock:
+                self._waiter = (loop, fut)
+            if self._q.empty():  # an event put before the waiter was set is not missed
+                await fut
+
+
+def _wake(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
 class OutputStream:
     """Per-request output state, owned by the executor; events go to `events` (thread-safe)."""
 
     def __init__(self, request: Request, tokenizer: Tokenizer, eos_ids: set[int], max_context: int):
         self.request = request
-        self.events: queue.Queue[Event] = queue.Queue()
+        self.events = EventQueue()
         self.decoder = IncrementalDecoder(tokenizer)
         self.eos_ids = eos_ids
         self.max_context = max_context
@@ -63,6 +106,8 @@ class OutputStream:
         self.sent = 0  # characters of `text` already streamed
         self.num_rendered = 0  # output tokens rendered (the executor may be a step ahead)
         self.done = False  # a Complete or Failed event was sent: nothing more goes out
+        self.scanned = 0  # `text[:scanned]` holds no stop string (matching is incremental)
+        self.longest_stop = max((len(s) for s in request.stop), default=0)
 
     def commit(self, new_tokens: list[int], drafted: int, accepted: int, step: int) -> bool:
         """Both halves at once (tests and single-threaded use): True when finished."""
@@ -118,7 +163,11 @@ class OutputStream:
         return False
 
     def _find_stop(self) -> int | None:
-        hits = [i for s in self.request.stop if s and (i := self.text.find(s, 0)) >= 0]
+        """Earliest stop-string match; only the new text (plus a stop's length of the old tail,
+        for matches that straddle) is scanned, so a step costs O(new text x stops)."""
+        start = max(0, self.scanned - self.longest_stop + 1)
+        hits = [i for s in self.request.stop if s and (i := self.text.find(s, start)) >= 0]
+        self.scanned = len(self.text)
         return min(hits) if hits else None
 
     def _held_back(self) -> int:

@@ -7,20 +7,24 @@ up; Generate answers UNAVAILABLE until then.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import threading
 from concurrent import futures
 
-import grpc
+from grpc_health.v1 import _async as aio_health
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from common.errors import UserError
-from common.grpc_errors import ErrorInterceptor
 from common.protogen import generation_pb2 as pb
 from common.protogen import generation_pb2_grpc as pb_grpc
+from common.security import ServerSecurity
+from common.transport import LoopThread, build_server
+from target_service.config import TargetConfig
 from target_service.engine import Engine
-from target_service.output import Chunk, Complete, Failed
+from target_service.output import Chunk, Complete, Failed, OutputStream
 from target_service.request import SamplingConfig, SpecStats
 
 log = logging.getLogger(__name__)
@@ -52,9 +56,51 @@ def stats_to_proto(s: SpecStats) -> pb.SpeculationStats:
     )
 
 
+class QueueFull(UserError):
+    code = "RESOURCE_EXHAUSTED"
+
+
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+def check_admission(msg: pb.GenerateRequest, cfg: TargetConfig) -> None:
+    """Cheap checks before any tokenising: prompt bytes, stop strings, chat roles."""
+    which = msg.WhichOneof("input")
+    if which == "prompt":
+        size = len(msg.prompt.encode("utf-8", "surrogatepass"))
+    elif which == "chat":
+        size = sum(len(m.content.encode("utf-8", "surrogatepass")) for m in msg.chat.messages)
+        for i, m in enumerate(msg.chat.messages):
+            if m.role not in CHAT_ROLES:
+                raise UserError(
+                    f"chat.messages[{i}].role {m.role!r} is not one of {', '.join(CHAT_ROLES)}"
+                )
+    else:
+        size = 0
+    if size > cfg.max_prompt_bytes:
+        raise UserError(f"prompt is {size} bytes; this server accepts {cfg.max_prompt_bytes}")
+    if len(msg.stop) > cfg.max_stop_strings:
+        raise UserError(f"{len(msg.stop)} stop strings; this server accepts {cfg.max_stop_strings}")
+    for i, stop in enumerate(msg.stop):
+        if len(stop) > cfg.max_stop_len:
+            raise UserError(
+                f"stop[{i}] is {len(stop)} characters; this server accepts {cfg.max_stop_len}"
+            )
+
+
 class GenerationServicer(pb_grpc.GenerationServicer):
-    def __init__(self) -> None:
+    """Async handlers: a waiting call holds a coroutine, never a thread. Tokenising runs on a
+    small thread pool (`tokenize_pool`), off the event loop and off the executor's thread."""
+
+    def __init__(self, tokenize_workers: int = 4) -> None:
         self.engine: Engine | None = None
+        self.draining = False  # no new calls (health is NOT_SERVING)
+        self.closed = False  # the executor is stopped
+        self.tokenize_pool = futures.ThreadPoolExecutor(tokenize_workers, "specwire-tokenize")
+        self.admitted = 0  # Generate calls past admission and not yet ended
+        self.streams: set[OutputStream] = set()  # submitted to the executor, not yet ended
+        self.idle = asyncio.Event()  # set while admitted == 0
+        self.idle.set()
 
     def _engine(self) -> Engine:
         if self.engine is None:
@@ -105,15 +151,40 @@ class GenerationServicer(pb_grpc.GenerationServicer):
             request_id=msg.request_id,
         )
 
-    def Generate(self, request, context):
+    async def Generate(self, request, context):
         engine = self._engine()
-        req = self._to_request(request, engine)
-        stream = engine.executor.submit(req)
-        # Fires when the RPC ends for any reason; a client that went away frees its blocks.
-        context.add_callback(lambda: engine.executor.cancel(req.request_id))
-        rid = req.client_id or req.request_id  # echo the client's id, or our key
+        if self.draining:
+            raise NotReady("the target is shutting down; retry on another replica")
+        if self.admitted >= engine.config.max_in_flight:
+            raise QueueFull(
+                f"queue full: {self.admitted} requests in flight (limit "
+                f"{engine.config.max_in_flight}); retry later"
+            )
+        check_admission(request, engine.config)
+        self.admitted += 1
+        self.idle.clear()
+        stream = None
+        try:
+            loop = asyncio.get_running_loop()
+            req = await loop.run_in_executor(self.tokenize_pool, self._to_request, request, engine)
+            if self.closed:
+                raise NotReady("the target is shutting down; retry on another replica")
+            stream = engine.executor.submit(req)
+            self.streams.add(stream)
+            async for response in self._responses(stream, req.client_id or req.request_id):
+                yield response
+        finally:
+            if stream is not None:
+                self.streams.discard(stream)
+                if stream.request.finish_reason is None:  # the client went away: free blocks
+                    engine.executor.cancel(stream.request.request_id)
+            self.admitted -= 1
+            if self.admitted == 0:
+                self.idle.set()
+
+    async def _responses(self, stream: OutputStream, rid: str):
         while True:
-            ev = stream.events.get()
+            ev = await stream.events.aget()
             if isinstance(ev, Chunk):
                 yield pb.GenerateResponse(
                     request_id=rid,
@@ -146,7 +217,10 @@ class GenerationServicer(pb_grpc.GenerationServicer):
                 )
                 return
 
-    def GetModelInfo(self, request, context):
+    async def GetModelInfo(self, request, context):
+        return self.model_info()
+
+    def model_info(self) -> pb.ModelInfo:
         e = self._engine()
         cfg, loaded = e.config, e.loaded
         counters = e.drafter.counters() if hasattr(e.drafter, "counters") else {}
@@ -177,33 +251,48 @@ class GenerationServicer(pb_grpc.GenerationServicer):
 
 
 class TargetServer:
-    """A gRPC server that is up (health NOT_SERVING) before the engine is ready."""
+    """A gRPC (aio) server that is up (health NOT_SERVING) before the engine is ready.
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, max_workers: int = 64) -> None:
-        self.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=max_workers),
-            interceptors=[ErrorInterceptor()],
-            options=[("grpc.so_reuseport", 0)],
-        )
-        self.servicer = GenerationServicer()
-        pb_grpc.add_GenerationServicer_to_server(self.servicer, self.server)
-        self.health = health.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        names = (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME)
-        reflection.enable_server_reflection(names, self.server)
-        self.port = self.server.add_insecure_port(f"{host}:{port}")
-        if self.port == 0:
-            raise UserError(f"cannot listen on {host}:{port} (address in use?)")
+    Its event loop runs in a background thread; these methods are called from ordinary threads.
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        security: ServerSecurity | None = None,
+    ) -> None:
         self.host = host
+        self.security = security or ServerSecurity()
+        self.port_arg = port
+        self._loop = LoopThread("specwire-target-grpc")
+        self.servicer = GenerationServicer()
+        try:
+            self.server, self.port = self._loop.run(self._build())
+        except BaseException:
+            self._loop.close()
+            raise
         self._set(health_pb2.HealthCheckResponse.NOT_SERVING)
-        self._done = threading.Event()
+        self._stopped = threading.Event()
+
+    async def _build(self):
+        server, port = build_server(self.host, self.port_arg, self.security)
+        self.health = aio_health.HealthServicer()
+        pb_grpc.add_GenerationServicer_to_server(self.servicer, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        names = (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME)
+        reflection.enable_server_reflection(names, server)
+        return server, port
 
     def _set(self, status) -> None:
-        for name in ("", SERVICE_NAME):
-            self.health.set(name, status)
+        async def go():
+            for name in ("", SERVICE_NAME):
+                await self.health.set(name, status)
+
+        self._loop.run(go())
 
     def start(self) -> None:
-        self.server.start()
+        self._loop.run(self.server.start())
 
     def attach(self, engine: Engine) -> None:
         """The engine is warm: serve it."""
@@ -216,12 +305,51 @@ class TargetServer:
         log.critical("target is NOT_SERVING: the executor stopped (%r)", exc)
         self._set(health_pb2.HealthCheckResponse.NOT_SERVING)
 
+    def drain(self, timeout: float) -> None:
+        """Graceful shutdown: NOT_SERVING and UNAVAILABLE for new calls at once; in-flight
+        requests get `timeout` seconds to finish, the rest a CANCELLED completion; then stop."""
+        self.servicer.draining = True
+        self._loop.run(self.health.enter_graceful_shutdown())
+        self._loop.run(self._wait_idle(timeout))
+        self._shutdown_engine()
+        self._loop.run(self._wait_idle(5.0))  # let the CANCELLED completions reach the clients
+        self._stop_server(1.0)
+
+    async def _wait_idle(self, timeout: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.servicer.idle.wait(), timeout)
+
+    def _shutdown_engine(self) -> None:
+        engine = self.servicer.engine
+        if engine is None:
+            return
+        self.servicer.closed = True
+        engine.shutdown()  # the executor stops and cancels the requests it holds
+        self._loop.run(self._cancel_leftovers())
+
+    async def _cancel_leftovers(self) -> None:
+        """Requests the executor had not taken in yet get their CANCELLED completion too."""
+        for stream in list(self.servicer.streams):
+            if stream.request.finish_reason is None:
+                stream.finish("cancelled")
+
+    def _stop_server(self, grace: float | None) -> None:
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        self._loop.run(self.server.stop(grace))
+        self._loop.close()
+        self.servicer.tokenize_pool.shutdown(wait=False, cancel_futures=True)
+
     def stop(self, grace: float = 2.0) -> None:
-        self._set(health_pb2.HealthCheckResponse.NOT_SERVING)
-        self.server.stop(grace).wait()
-        if self.servicer.engine is not None:
-            self.servicer.engine.shutdown()
-        self._done.set()
+        """Stop now: NOT_SERVING, in-flight requests cancelled, the server stopped."""
+        if self._stopped.is_set():
+            return
+        self.servicer.draining = True
+        self._loop.run(self.health.enter_graceful_shutdown())
+        self._shutdown_engine()
+        self._loop.run(self._wait_idle(min(grace, 2.0)))
+        self._stop_server(grace)
 
     def wait(self) -> None:
-        self.server.wait_for_termination()
+        self._stopped.wait()

@@ -302,7 +302,9 @@ SPECWIRE = [sys.executable, "-m", "common.cli"]
 def test_cli_serves_getinfo_and_health():
     env = {"SPECWIRE_DRAFTER_PORT": "0", "SPECWIRE_MAX_DRAFT_LEN": "9", "SPECWIRE_DRAFTER": None}
     cmd = SPECWIRE + ["drafter", "--host", "127.0.0.1", "--max-draft-len", "3"]
-    pattern = r"^specwire drafter listening on 127\.0\.0\.1:(\d+) \(drafter=ngram\)$"
+    pattern = (
+        r"^specwire drafter listening on 127\.0\.0\.1:(\d+) \(drafter=ngram security=plaintext\)$"
+    )
     with running_service(cmd, env, pattern, timeout=60) as (proc, match):
         target = f"127.0.0.1:{match.group(1)}"
         with grpc.insecure_channel(target) as channel:

@@ -19,11 +19,11 @@ from lossless_prompts import lossless_prompts
 from procs import free_port, wait_until
 
 from common.client import GenerationClient
-from common.protogen import drafter_pb2_grpc
+from common.protogen import drafter_pb2, drafter_pb2_grpc
 from drafter_service.config import DrafterServiceConfig
 from drafter_service.drafters import NGramDrafter
-from drafter_service.engine import DraftEngine
-from drafter_service.server import DrafterServicer, serve
+from drafter_service.engine import PROTOCOL_VERSION, DraftEngine
+from drafter_service.server import response_to_proto, serve, updates_from_proto
 from drafter_service.sessions import SessionStore
 from target_service.config import TargetConfig
 from target_service.engine import build_engine
@@ -256,12 +256,29 @@ def test_slow_drafter_is_late_and_output_unchanged(baseline, drafters, served, m
 # -- malformed drafter replies ---------------------------------------------------------------------
 
 
-class CorruptingServicer(DrafterServicer):
-    """The real drafter, with its replies corrupted in rotation: a wrong request id, a stale
-    base_len, ids outside the vocabulary; every fourth reply is left intact."""
+class CorruptingServicer(drafter_pb2_grpc.DrafterServicer):
+    """The real drafter engine, with its replies corrupted in rotation: a wrong request id, a
+    stale base_len, ids outside the vocabulary; every fourth reply is left intact."""
 
-    def _draft(self, request, context):
-        reply = super()._draft(request, context)
+    def __init__(self, engine: DraftEngine) -> None:
+        self.engine = engine
+
+    def GetInfo(self, request, context):
+        return drafter_pb2.DrafterInfo(
+            protocol_version=PROTOCOL_VERSION, name="corrupting", max_draft_len=4,
+            capabilities=["stream"],
+        )  # fmt: skip
+
+    def Draft(self, request, context):
+        return self._draft(request)
+
+    def DraftStream(self, request_iterator, context):
+        for request in request_iterator:
+            yield self._draft(request)
+
+    def _draft(self, request):
+        drafts = self.engine.draft(updates_from_proto(request), request.want_probs)
+        reply = response_to_proto(request.step, drafts)
         for i, d in enumerate(reply.drafts):
             kind = (request.step + i) % 4
             if kind == 0:
@@ -277,9 +294,8 @@ class CorruptingServicer(DrafterServicer):
 
 @pytest.fixture
 def corrupting_drafter():
-    servicer = CorruptingServicer(max_draft_len=4)
     ngram = NGramDrafter()
-    servicer.engine = DraftEngine(ngram, SessionStore(ngram, 300.0), 4)
+    servicer = CorruptingServicer(DraftEngine(ngram, SessionStore(ngram, 300.0), 4))
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     drafter_pb2_grpc.add_DrafterServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")

@@ -32,6 +32,8 @@ import grpc
 
 from common.errors import UserError
 from common.protogen import drafter_pb2, drafter_pb2_grpc
+from common.security import ClientSecurity
+from common.transport import make_channel
 from target_service.drafters.base import Drafter
 from target_service.drafters.remote_channel import (
     CHANNEL_OPTIONS,
@@ -71,9 +73,11 @@ class RemoteDrafter(Drafter):
         mode: str = "stream",
         deadline_ms: float = DEFAULT_DEADLINE_MS,
         connect_timeout_s: float = 5.0,
+        security: ClientSecurity | None = None,
     ) -> None:
         super().__init__(max_draft_len)
         self.config = RemoteDrafterConfig(address, mode, deadline_ms, connect_timeout_s)
+        self.security = security or ClientSecurity()
         self.name = f"grpc://{self.config.target}"
         self.vocab_size = vocab_size
         self.tokenizer_fingerprint = tokenizer_fingerprint
@@ -89,7 +93,7 @@ class RemoteDrafter(Drafter):
         self._lost_sync = False  # set on failure: every sequence restarts from base_len 0
         self._reconnecting = False
         self._closed = threading.Event()
-        self._channel = grpc.insecure_channel(self.config.target, options=CHANNEL_OPTIONS)
+        self._channel = make_channel(self.config.target, self.security, CHANNEL_OPTIONS)
         self._stub = drafter_pb2_grpc.DrafterStub(self._channel)
         try:
             self.info = self._handshake(self.config.connect_timeout_s)

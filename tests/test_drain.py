@@ -1,0 +1,79 @@
+"""Graceful drain: SIGTERM -> NOT_SERVING and UNAVAILABLE for new calls; in-flight streams
+finish or end with a CANCELLED completion (never a transport error); exit code 0."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from procs import running_service, wait_until
+
+from common.client import FINISH_NAMES, GenerationClient, build_request
+
+SPECWIRE = [sys.executable, "-m", "common.cli"]
+ENV = {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+
+
+def _consume(client: GenerationClient, out: list, started: threading.Event) -> None:
+    req = build_request(token_ids=[5, 6, 7, 8], max_new_tokens=500, ignore_eos=True)
+    try:
+        for resp in client.stream(req):
+            started.set()
+            if resp.WhichOneof("response") == "complete":
+                out.append(FINISH_NAMES[resp.complete.finish_reason])
+            elif resp.WhichOneof("response") == "error":
+                out.append(f"error {resp.error.code}")
+    except grpc.RpcError as exc:
+        out.append(f"rpc {exc.code().name}")
+
+
+def test_sigterm_drains_then_cancels_with_a_completion_and_exits_zero():
+    cmd = SPECWIRE + [
+        "target", "--model", "tiny-random", "--port", "0", "--no-progress", "--drafter", "none",
+        "--max-context-len", "512", "--max-batch-size", "2", "--drain-timeout", "1",
+    ]  # fmt: skip
+    with running_service(cmd, ENV, r"listening on 127\.0\.0\.1:(\d+)", timeout=120) as (p, m):
+        address = f"127.0.0.1:{m.group(1)}"
+        with GenerationClient(address, timeout=60) as client:
+            outcomes: list[str] = []
+            started = [threading.Event() for _ in range(6)]
+            threads = [
+                threading.Thread(target=_consume, args=(client, outcomes, ev)) for ev in started
+            ]
+            for t in threads:
+                t.start()
+            started[0].wait(30)  # generation is under way (the rest wait for a batch slot)
+            os.kill(p.pid, signal.SIGTERM)
+            with grpc.insecure_channel(address) as ch:
+                health = health_pb2_grpc.HealthStub(ch)
+                wait_until(
+                    lambda: _status(health) != health_pb2.HealthCheckResponse.SERVING,
+                    10,
+                    0.05,
+                    what="health to leave SERVING",
+                )
+            late = client.stream(build_request("hi", max_new_tokens=2))
+            try:
+                list(late)
+                late_code = "OK"
+            except grpc.RpcError as exc:
+                late_code = exc.code().name
+            for t in threads:
+                t.join(60)
+            assert p.wait(30) == 0
+    assert late_code == "UNAVAILABLE"
+    assert len(outcomes) == 6
+    assert set(outcomes) <= {"length", "cancelled"}, outcomes
+    assert "cancelled" in outcomes  # 6 x 500 tokens, 2 at a time, cannot finish in 1 s
+
+
+def _status(health) -> int:
+    try:
+        return health.Check(health_pb2.HealthCheckRequest(), timeout=2).status
+    except grpc.RpcError:
+        return -1  # already gone
