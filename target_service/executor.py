@@ -32,7 +32,7 @@ from target_service.resources.base import ResourceRegistry
 from target_service.resources.kv_cache import KVCacheManager
 from target_service.runner.model_runner import ModelRunner
 from target_service.scheduler import Row, ScheduledBatch, Scheduler
-from target_service.verifier import Verifier
+from target_service.verifier import TokenLogprob, Verifier
 
 log = logging.getLogger(__name__)
 
@@ -163,11 +163,11 @@ class Executor:
         self.resources.prepare(batch.requests)
         self.prepare_drafts(decode)
         logits = self.runner.forward(batch.rows, [self.kv.block_table(r) for r in batch.requests])
-        new_tokens = self.verifier.verify(decode, logits)
+        new_tokens, logprobs = self.verifier.verify(decode, logits)
         accepted = {r.request_id: len(t) - 1 for r, t in zip(decode, new_tokens, strict=False)}
         self._advance(batch.rows, accepted)
         self.resources.update(batch.requests, accepted)
-        self.emit(decode, new_tokens)
+        self.emit(decode, new_tokens, logprobs)
 
     # -- phases ----------------------------------------------------------------------------------
     def prepare_drafts(self, requests: Sequence[Request]) -> None:
@@ -216,15 +216,20 @@ class Executor:
             if row.decode:
                 req.state = RequestState.DECODE
 
-    def emit(self, requests: Sequence[Request], new_tokens: list[list[int]]) -> None:
-        for req, toks in zip(requests, new_tokens, strict=False):
+    def emit(
+        self,
+        requests: Sequence[Request],
+        new_tokens: list[list[int]],
+        logprobs: Sequence[list[TokenLogprob] | None],
+    ) -> None:
+        for req, toks, lps in zip(requests, new_tokens, logprobs, strict=False):
             drafted, acc = req.num_real_drafts, len(toks) - 1
             req.stats.record(drafted, acc)
             self.stats.record(drafted, acc)
             self.metrics.tokens.inc(len(toks))
             self.metrics.drafted.inc(drafted)
             self.metrics.accepted.inc(acc)
-            if self.streams[req.request_id].commit(toks, drafted, acc, self.step_no):
+            if self.streams[req.request_id].commit(toks, drafted, acc, self.step_no, lps):
                 self._release(req)
 
     def _finish(self, req: Request, reason: str) -> None:

@@ -3,16 +3,38 @@
 A request finishes at EOS (unless ignored), at max_new_tokens, when the context is full, or
 when its text contains a stop string (the stop string itself is not returned, and text that
 might be the start of a stop string is held back until it is known not to be).
+
+A request's n completions (n > 1) are n Requests whose streams share one event queue; every
+event carries its completion's `index`. `StreamFactory` builds the streams and routes them.
 """
 
 from __future__ import annotations
 
 import queue
+import threading
 import time
 from dataclasses import dataclass, field
 
 from common.tokenizer import IncrementalDecoder, Tokenizer
 from target_service.request import Request, SpecStats
+from target_service.verifier import TokenLogprob
+
+
+@dataclass(frozen=True)
+class Logprob:
+    """A token's logprob as the client sees it: id, the token decoded on its own, logprob."""
+
+    token_id: int
+    token: str
+    logprob: float
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """A generated token's Logprob and the most likely alternatives at its position."""
+
+    token: Logprob
+    top: list[Logprob]
 
 
 @dataclass
@@ -22,6 +44,8 @@ class Chunk:
     draft_tokens: int
     accepted_tokens: int
     step: int
+    logprobs: list[TokenLogprobs] | None = None  # one per token id, when the request asked
+    index: int = 0  # which of the request's n completions
 
 
 @dataclass
@@ -34,12 +58,14 @@ class Complete:
     time_to_first_token_s: float
     total_time_s: float
     token_ids: list[int] = field(default_factory=list)
+    index: int = 0
 
 
 @dataclass
 class Failed:
     code: str  # gRPC status code name
     message: str
+    index: int = 0
 
 
 Event = Chunk | Complete | Failed
@@ -48,17 +74,35 @@ Event = Chunk | Complete | Failed
 class OutputStream:
     """Per-request output state, owned by the executor; events go to `events` (thread-safe)."""
 
-    def __init__(self, request: Request, tokenizer: Tokenizer, eos_ids: set[int], max_context: int):
+    def __init__(
+        self,
+        request: Request,
+        tokenizer: Tokenizer,
+        eos_ids: set[int],
+        max_context: int,
+        events: queue.Queue[Event] | None = None,
+        index: int = 0,
+    ):
         self.request = request
-        self.events: queue.Queue[Event] = queue.Queue()
+        self.events: queue.Queue[Event] = queue.Queue() if events is None else events
+        self.index = index
+        self.tokenizer = tokenizer
         self.decoder = IncrementalDecoder(tokenizer)
         self.eos_ids = eos_ids
         self.max_context = max_context
         self.text = ""  # everything decoded so far (stop strings cut it)
         self.sent = 0  # characters of `text` already streamed
 
-    def commit(self, new_tokens: list[int], drafted: int, accepted: int, step: int) -> bool:
-        """Append verified tokens, stream a chunk; True when the request finished."""
+    def commit(
+        self,
+        new_tokens: list[int],
+        drafted: int,
+        accepted: int,
+        step: int,
+        logprobs: list[TokenLogprob] | None = None,
+    ) -> bool:
+        """Append verified tokens (and their logprobs, when asked for), stream a chunk; True
+        when the request finished."""
         req = self.request
         if req.first_token_time is None:
             req.first_token_time = time.monotonic()
@@ -86,11 +130,25 @@ class OutputStream:
         visible = len(self.text) if reason else len(self.text) - self._held_back()
         delta = self.text[self.sent : max(self.sent, visible)]
         self.sent = max(self.sent, visible)
-        self.events.put(Chunk(kept, delta, drafted, min(accepted, len(kept)), step))
+        lps = self._with_text(logprobs[: len(kept)]) if logprobs is not None else None
+        self.events.put(
+            Chunk(kept, delta, drafted, min(accepted, len(kept)), step, lps, self.index)
+        )
         if reason:
             self.finish(reason)
             return True
         return False
+
+    def _with_text(self, logprobs: list[TokenLogprob]) -> list[TokenLogprobs]:
+        ids = sorted({t for lp in logprobs for t in (lp.token_id, *(i for i, _ in lp.top))})
+        text = dict(zip(ids, self.tokenizer.core.decode_batch([[i] for i in ids]), strict=True))
+        return [
+            TokenLogprobs(
+                Logprob(lp.token_id, text[lp.token_id], lp.logprob),
+                [Logprob(i, text[i], v) for i, v in lp.top],
+            )
+            for lp in logprobs
+        ]
 
     def _find_stop(self) -> int | None:
         hits = [i for s in self.request.stop if s and (i := self.text.find(s, 0)) >= 0]
@@ -121,8 +179,34 @@ class OutputStream:
                 time_to_first_token_s=ttft,
                 total_time_s=now - req.arrival_time,
                 token_ids=list(req.output_ids),
+                index=self.index,
             )
         )
 
     def fail(self, code: str, message: str) -> None:
-        self.events.put(Failed(code, message))
+        self.events.put(Failed(code, message, self.index))
+
+
+class StreamFactory:
+    """Builds each request's OutputStream (the executor calls it in `submit`).
+
+    `route` first (same thread, before `executor.submit`) to send a request's events to a shared
+    queue under an index: that is how a request's n completions become one stream."""
+
+    def __init__(self, tokenizer: Tokenizer, eos_ids: set[int], max_context: int) -> None:
+        self.tokenizer = tokenizer
+        self.eos_ids = eos_ids
+        self.max_context = max_context
+        self._routes: dict[str, tuple[queue.Queue[Event], int]] = {}
+        self._lock = threading.Lock()
+
+    def route(self, request_id: str, events: queue.Queue[Event], index: int) -> None:
+        with self._lock:
+            self._routes[request_id] = (events, index)
+
+    def __call__(self, request: Request) -> OutputStream:
+        with self._lock:
+            events, index = self._routes.pop(request.request_id, (None, 0))
+        return OutputStream(
+            request, self.tokenizer, self.eos_ids, self.max_context, events=events, index=index
+        )
