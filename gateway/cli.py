@@ -52,11 +52,12 @@ def run(args: argparse.Namespace) -> int:
         api_key_file=args.api_key_file,
     )
     app = create_app(cfg)
-    # Bind first, so that port 0 works and the printed address is the real one.
+    # Listen first, so that port 0 works and the printed address is the real one.
     sock = socket.socket(socket.AF_INET6 if ":" in cfg.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((cfg.host, cfg.port))
+        sock.listen(2048)  # connections made as soon as the line below is printed wait here
     except OSError as exc:
         raise UserError(f"cannot listen on {cfg.host}:{cfg.port}: {exc.strerror}") from exc
     port = sock.getsockname()[1]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from procs import free_port, start_service, stop_service
+from procs import free_port, start_service, stop_service, wait_until
 
 from common.client import GenerationClient, build_request
 
@@ -286,6 +286,14 @@ def test_bad_streaming_request_is_400_before_any_event(client):
 
 def test_models_health_metrics(stack, client):
     assert [m.id for m in client.models.list()] == ["tiny-random"]
+    client.completions.create(model="x", prompt=PROMPT, max_tokens=2)
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="x", prompt=PROMPT, max_tokens=2, temperature=-1)
+    list(
+        client.chat.completions.create(
+            model="x", messages=[{"role": "user", "content": "hi"}], max_tokens=2, stream=True
+        )
+    )
     assert get(stack[0] + "/health") == (200, '{"status":"ok"}')
     status, text = get(stack[0] + "/metrics")
     assert status == 200
@@ -328,3 +336,26 @@ def test_api_key_and_unreachable_target(tmp_path):
         assert get(url + "/health")[0] == 503
     finally:
         stop_service(proc)
+
+
+def test_client_going_away_mid_stream_frees_the_targets_blocks(stack, client):
+    with GenerationClient(stack[1], timeout=10) as grpc_client:
+        idle = grpc_client.model_info()
+        assert idle.kv_blocks_free == idle.kv_blocks_total - 1  # block 0 is the dummy block
+        stream = client.completions.create(
+            model="x",
+            prompt=PROMPT,
+            max_tokens=480,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        next(iter(stream))  # generation is running
+        busy = grpc_client.model_info().kv_blocks_free
+        stream.close()
+        wait_until(
+            lambda: grpc_client.model_info().kv_blocks_free == idle.kv_blocks_free,
+            timeout=30,
+            what="the target to free the abandoned request's blocks",
+        )
+    assert busy < idle.kv_blocks_free
