@@ -94,7 +94,7 @@ def token_logprobs(
 ) -> list[list[TokenLogprob]]:
     """Logprobs of each row's committed tokens: token j was chosen at logits[offset + j].
 
-    One log_softmax over the rows' positions only and one device-to-host copy for the step."""
+    One log_softmax (and one top-k) over just these rows' positions, batched for the step."""
     index = [off + j for off, toks, _k in rows for j in range(len(toks))]
     if not index:
         return [[] for _ in rows]
