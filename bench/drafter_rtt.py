@@ -89,34 +89,18 @@ def load_prompts(n: int) -> tuple[list[str], str]:
 
 
 def start_drafter(k: int) -> tuple[Any, str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "common.cli",
-        "drafter",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--max-draft-len",
-        str(k),
-    ]
+    cmd = [sys.executable, "-m", "common.cli", "drafter", "--host", "127.0.0.1", "--port", "0",
+           "--max-draft-len", str(k)]
     proc, match = start_service(cmd, None, r"listening on (\S+):(\d+)", timeout=120)
     return proc, f"127.0.0.1:{match.group(2)}"
 
 
 def make_engine(loaded: LoadedModel, args, drafter: str, max_context_len: int) -> Engine:
     cfg = TargetConfig(
-        model=args.model,
-        drafter=drafter,
-        max_draft_len=args.max_draft_len,
-        device=args.device,
-        dtype=args.dtype,
-        max_batch_size=max(args.batches),
+        model=args.model, drafter=drafter, max_draft_len=args.max_draft_len,
+        device=args.device, dtype=args.dtype, max_batch_size=max(args.batches),
         max_num_tokens=max(1024, max(args.batches) * (1 + args.max_draft_len)),
-        max_context_len=max_context_len,
-        block_size=BLOCK_SIZE,
-        progress=False,
+        max_context_len=max_context_len, block_size=BLOCK_SIZE, progress=False,
     )
     return build_engine(cfg, loaded=loaded)
 
@@ -192,11 +176,8 @@ def markdown(result: dict) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
-        share = (
-            f"{r['drafter_share']:.1%}" + (" ⚠" if r["drafter_share"] > GOAL_SHARE else "")
-            if r["drafter_calls"]
-            else "-"
-        )
+        share = (f"{r['drafter_share']:.1%}" + (" ⚠" if r["drafter_share"] > GOAL_SHARE else "")
+                 if r["drafter_calls"] else "-")
         dms = f"{r['drafter_ms_mean']:.2f} / {r['drafter_ms_p90']:.2f}"
         dms = dms if r["drafter_calls"] else "-"
         lines.append(
@@ -231,13 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     prompts, source = load_prompts(args.num_prompts)
     log(f"loading {args.model} on {args.device} ({args.dtype})")
-    loaded = load_model(
-        args.model,
-        device=args.device,
-        dtype=getattr(torch, args.dtype),
-        block_size=BLOCK_SIZE,
-        progress=False,
-    )
+    loaded = load_model(args.model, device=args.device, dtype=getattr(torch, args.dtype),
+                        block_size=BLOCK_SIZE, progress=False)
     tok = loaded.tokenizer
     ids = [tok.encode(p) for p in prompts]
     longest = max(len(x) for x in ids)
@@ -253,10 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name, spec, *mode in configs:
             TimedRemoteDrafter.settings = dict(
-                address=address,
-                vocab_size=loaded.config.vocab_size,
-                tokenizer_fingerprint=tok.fingerprint,
-                mode=mode[0] if mode else "stream",
+                address=address, vocab_size=loaded.config.vocab_size,
+                tokenizer_fingerprint=tok.fingerprint, mode=mode[0] if mode else "stream",
                 deadline_ms=args.deadline_ms,
             )
             eng = make_engine(loaded, args, spec, max_context_len)
@@ -266,30 +240,22 @@ def main(argv: list[str] | None = None) -> int:
                 r = run_batch(eng, batch_ids, args.max_new_tokens)
                 out = r.pop("token_ids")
                 baseline.setdefault(b, out)
-                r.update(
-                    batch=b,
-                    drafter=name,
-                    identical=sum(x == y for x, y in zip(out, baseline[b], strict=True)),
-                )
+                r.update(batch=b, drafter=name,
+                         identical=sum(x == y for x, y in zip(out, baseline[b], strict=True)))
                 if isinstance(eng.drafter, TimedRemoteDrafter):
                     r["counters"] = eng.drafter.counters()
                 none = next(x for x in rows + [r] if x["batch"] == b and x["drafter"] == "none")
                 r["speedup"] = r["tok_per_s"] / none["tok_per_s"]
                 rows.append(r)
-                log(
-                    f"B={b:3d} {name:22s} {r['tok_per_s']:8.1f} tok/s  step "
+                log(f"B={b:3d} {name:22s} {r['tok_per_s']:8.1f} tok/s  step "
                     f"{r['step_ms_mean']:.2f} ms  drafter {r['drafter_ms_mean']:.2f} ms "
-                    f"({r['drafter_share']:.1%})"
-                )
+                    f"({r['drafter_share']:.1%})")
             eng.shutdown()
     finally:
         stop_service(proc)
-    device_name = (
-        torch.cuda.get_device_name()
-        if args.device.startswith("cuda")
-        else f"CPU ({platform.processor() or platform.machine()}, "
-        f"{torch.get_num_threads()} threads)"
-    )
+    device_name = (torch.cuda.get_device_name() if args.device.startswith("cuda")
+                   else f"CPU ({platform.processor() or platform.machine()}, "
+                        f"{torch.get_num_threads()} threads)")
     result = {
         "command": " ".join(["python", "bench/drafter_rtt.py", *(argv or sys.argv[1:])]),
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},

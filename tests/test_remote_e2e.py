@@ -62,24 +62,16 @@ def drafters():
 
 
 def engine(loaded, drafter: str, model: str = "tiny-random", **kw):
-    cfg = TargetConfig(
-        model=model,
-        drafter=drafter,
-        max_draft_len=4,
-        progress=False,
-        max_context_len=512,
-        drafter_deadline_ms=kw.pop("deadline_ms", 2000),
-        **kw,
-    )
+    cfg = TargetConfig(model=model, drafter=drafter, max_draft_len=4, progress=False,
+                       max_context_len=512, drafter_deadline_ms=kw.pop("deadline_ms", 2000),
+                       **kw)
     return build_engine(cfg, loaded=loaded)
 
 
 def submit_all(eng, prompts, max_new_tokens):
     tok = eng.loaded.tokenizer
-    return [
-        eng.executor.submit(eng.new_request(tok.encode(p), max_new_tokens=max_new_tokens))
-        for p in prompts
-    ]
+    return [eng.executor.submit(eng.new_request(tok.encode(p), max_new_tokens=max_new_tokens))
+            for p in prompts]
 
 
 def completions(streams) -> list[Complete]:
@@ -201,12 +193,8 @@ def test_drafter_killed_mid_generation_then_restarted(tiny, baseline, drafters, 
     assert ex.scheduler.has_work, "generations should still be in flight"
 
     restarted = drafters(port=port)
-    wait_until(
-        lambda: eng.drafter.counters()["reconnects"] >= 2,  # no steps needed: background
-        timeout=20,
-        interval=0.05,
-        what="the drafter client to reconnect",
-    )
+    wait_until(lambda: eng.drafter.counters()["reconnects"] >= 2,  # no steps needed: background
+               timeout=20, interval=0.05, what="the drafter client to reconnect")
     before = ex.stats.accepted_tokens
     step_until(ex, lambda: ex.stats.accepted_tokens > before, "speculation to resume")
     # Every sequence was re-sent from base_len 0: the new drafter holds each live request's
@@ -314,19 +302,8 @@ class SmolVocabNGram(NGramDrafter):
 
 def test_target_cli_refuses_mismatched_drafter_in_one_line(drafters):
     server = drafters(instance=SmolVocabNGram())
-    cmd = [
-        sys.executable,
-        "-m",
-        "common.cli",
-        "target",
-        "--model",
-        "tiny-random",
-        "--port",
-        "0",
-        "--no-progress",
-        "--drafter",
-        f"grpc://{server.address}",
-    ]
+    cmd = [sys.executable, "-m", "common.cli", "target", "--model", "tiny-random", "--port", "0",
+           "--no-progress", "--drafter", f"grpc://{server.address}"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("specwire: error:")]
