@@ -41,7 +41,7 @@ from common.model.loader import LoadedModel, load_model  # noqa: E402
 from target_service.engine import Engine  # noqa: E402
 from target_service.request import Request  # noqa: E402
 from target_service.runner.model_runner import StepLogits  # noqa: E402
-from target_service.verifier import Verifier  # noqa: E402
+from target_service.verifier import Verified, Verifier  # noqa: E402
 
 BLOCK_SIZE = 16
 # (top1 - top2, top1 id, top2 id)
@@ -59,11 +59,11 @@ class GapRecorder(Verifier):
         super().__init__(vocab_size)
         self.gaps: dict[str, dict[int, Gap]] = defaultdict(dict)  # request id -> pos -> gap
 
-    def verify(self, requests: list[Request], step: StepLogits) -> list[list[int]]:
+    def verify(self, requests: list[Request], step: StepLogits) -> Verified:
         results = super().verify(requests, step)
         top = torch.topk(step.logits, 2, dim=-1)  # values/indices: [N, 2]
         vals, ids = top.values.tolist(), top.indices.tolist()
-        for req, (off, _n), toks in zip(requests, step.spans, results, strict=True):
+        for req, (off, _n), toks in zip(requests, step.spans, results.tokens, strict=True):
             first = len(req.output_ids)  # output position of toks[0] (not committed yet)
             for j in range(len(toks)):
                 v, i = vals[off + j], ids[off + j]

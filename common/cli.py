@@ -4,6 +4,7 @@
     specwire drafter   ...   drafter service (drafter_service/cli.py)
     specwire generate  ...   a client call to a running target (common/client_cli.py)
     specwire demo      ...   start a target, generate, print text and speculation stats
+    specwire gateway   ...   OpenAI-compatible HTTP API in front of a target (gateway/)
 
 Errors a user can fix (bad model name, bad flag, unreachable server) print one line to stderr
 and exit non-zero; no traceback wall.
@@ -24,6 +25,7 @@ _SUBCOMMAND_MODULES = (
     "target_service.cli",
     "drafter_service.cli",
     "common.client_cli",
+    "gateway.cli",
 )
 
 

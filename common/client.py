@@ -62,8 +62,17 @@ def build_request(
     max_draft_len: int | None = None,
     ignore_eos: bool = False,
     request_id: str = "",
+    logprobs: bool = False,
+    top_logprobs: int | None = None,
+    n: int | None = None,
 ) -> pb.GenerateRequest:
-    req = pb.GenerateRequest(request_id=request_id, stop=stop or [], ignore_eos=ignore_eos)
+    req = pb.GenerateRequest(
+        request_id=request_id, stop=stop or [], ignore_eos=ignore_eos, logprobs=logprobs
+    )
+    if top_logprobs is not None:
+        req.top_logprobs = top_logprobs
+    if n is not None:
+        req.n = n
     if chat is not None:
         req.chat.messages.extend(pb.ChatMessage(**m) for m in chat)
     elif token_ids is not None:

@@ -9,6 +9,7 @@ A drafter may use a resource manager, so managers exist first; a user drafter's 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from dataclasses import dataclass
@@ -22,7 +23,8 @@ from target_service.drafters.base import Drafter
 from target_service.drafters.ngram import NGramDrafter
 from target_service.drafters.plugin import load_plugin_drafter
 from target_service.executor import Executor
-from target_service.output import OutputStream
+from target_service.output import EventQueue, OutputStream, StreamFactory
+from target_service.params import MAX_N, GenerationParams
 from target_service.request import Request, SamplingConfig
 from target_service.resources.base import ResourceRegistry
 from target_service.resources.kv_cache import KVCacheManager
@@ -129,6 +131,68 @@ class Engine:
             max_draft_len=k,
         )
 
+    def normalize(self, params: GenerationParams) -> list[Request]:
+        """Tokenise (or render the chat template), build the sampling config, check limits and
+        fan out the n completions (seeds seed + i); raises UserError naming the problem."""
+        tok = self.loaded.tokenizer
+        given = [x is not None for x in (params.prompt, params.prompt_token_ids, params.chat)]
+        if sum(given) != 1:
+            raise UserError("set exactly one input: prompt, prompt_token_ids or chat")
+        if params.prompt is not None:
+            if not params.prompt:
+                raise UserError("prompt is empty")
+            ids = tok.encode(params.prompt)
+        elif params.prompt_token_ids is not None:
+            ids = list(params.prompt_token_ids)
+        else:
+            if not params.chat:
+                raise UserError("chat has no messages")
+            try:
+                ids = tok.apply_chat_template(list(params.chat), params.add_generation_prompt)
+            except ValueError as exc:
+                raise UserError(str(exc)) from exc
+        if not 1 <= params.n <= MAX_N:
+            raise UserError(f"n must be in 1..{MAX_N}, got {params.n}")
+        if not params.logprobs and params.top_logprobs:
+            raise UserError("top_logprobs needs logprobs")
+        try:
+            sampling = SamplingConfig(
+                temperature=params.temperature,
+                top_k=params.top_k,
+                top_p=params.top_p,
+                seed=params.seed,
+                logprobs=params.top_logprobs if params.logprobs else None,
+            )
+        except ValueError as exc:
+            raise UserError(str(exc)) from exc
+        rid = params.request_id or uuid.uuid4().hex
+        return [
+            self.new_request(
+                ids,
+                max_new_tokens=params.max_new_tokens,
+                sampling=sampling
+                if sampling.seed is None
+                else dataclasses.replace(sampling, seed=(sampling.seed + i) % 2**64),
+                stop=params.stop,
+                ignore_eos=params.ignore_eos,
+                speculate=params.speculate,
+                max_draft_len=params.max_draft_len,
+                request_id=rid if params.n == 1 else f"{rid}/{i}",
+            )
+            for i in range(params.n)
+        ]
+
+    def submit(self, requests: list[Request]) -> tuple[EventQueue, list[OutputStream]]:
+        """Start a request's completions; their events (tagged with `index`) share one queue.
+        Returns the queue and each completion's stream."""
+        events = EventQueue()
+        factory = self.executor.make_stream
+        streams = []
+        for i, req in enumerate(requests):
+            factory.route(req.request_id, events, i)
+            streams.append(self.executor.submit(req))
+        return events, streams
+
     def shutdown(self) -> None:
         self.executor.shutdown()
 
@@ -189,7 +253,7 @@ def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine
         drafter=drafter,
         runner=runner,
         verifier=Verifier(loaded.config.vocab_size),
-        make_stream=lambda req: OutputStream(req, loaded.tokenizer, eos_ids, cfg.max_context_len),
+        make_stream=StreamFactory(loaded.tokenizer, eos_ids, cfg.max_context_len),
         max_draft_len=k,
         vocab_size=loaded.config.vocab_size,
     )

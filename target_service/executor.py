@@ -34,7 +34,7 @@ from target_service.resources.base import ResourceRegistry
 from target_service.resources.kv_cache import KVCacheManager
 from target_service.runner.model_runner import ModelRunner
 from target_service.scheduler import Row, ScheduledBatch, Scheduler
-from target_service.verifier import Verifier
+from target_service.verifier import TokenLogprob, Verifier
 
 log = logging.getLogger(__name__)
 
@@ -214,8 +214,9 @@ class Executor:
             self.metrics.eager_steps.inc()
         return self.verifier.verify(decode, logits)
 
-    def _commit(self, batch: ScheduledBatch, new_tokens: list[list[int]]) -> None:
+    def _commit(self, batch: ScheduledBatch, verified) -> None:
         decode = batch.decode_requests
+        new_tokens, logprobs = verified
         accepted = {r.request_id: len(t) - 1 for r, t in zip(decode, new_tokens, strict=True)}
         self._advance(batch.rows, accepted)
         try:
@@ -225,7 +226,7 @@ class Executor:
             for req in batch.requests:
                 self._fail(req, f"resource update failed: {exc}")
             return
-        self.emit(decode, new_tokens)
+        self.emit(decode, new_tokens, logprobs)
 
     # -- phases ----------------------------------------------------------------------------------
     def prepare_drafts(self, requests: Sequence[Request], ask_drafter: bool = True) -> None:
@@ -303,8 +304,13 @@ class Executor:
             if row.decode:
                 req.state = RequestState.DECODE
 
-    def emit(self, requests: Sequence[Request], new_tokens: list[list[int]]) -> None:
-        for req, toks in zip(requests, new_tokens, strict=True):
+    def emit(
+        self,
+        requests: Sequence[Request],
+        new_tokens: list[list[int]],
+        logprobs: Sequence[list[TokenLogprob] | None],
+    ) -> None:
+        for req, toks, lps in zip(requests, new_tokens, logprobs, strict=True):
             drafted, acc = req.num_real_drafts, len(toks) - 1
             req.stats.record(drafted, acc)
             self.stats.record(drafted, acc)
@@ -314,7 +320,7 @@ class Executor:
             self.metrics.accepted.inc(acc)
             stream = self.streams[req.request_id]
             kept, reason = stream.append(toks)
-            self.output.render(stream, kept, reason, drafted, acc, self.step_no)
+            self.output.render(stream, kept, reason, drafted, acc, self.step_no, lps)
             if reason is not None:
                 self._release(req)
 

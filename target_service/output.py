@@ -3,6 +3,9 @@
 A request finishes at EOS (unless ignored), at max_new_tokens, when the context is full, or
 when its text contains a stop string (the stop string itself is not returned, and text that
 might be the start of a stop string is held back until it is known not to be).
+
+A request's n completions (n > 1) are n Requests whose streams share one event queue; every
+event carries its completion's `index`. `StreamFactory` builds the streams and routes them.
 """
 
 from __future__ import annotations
@@ -17,6 +20,24 @@ from dataclasses import dataclass, field
 
 from common.tokenizer import IncrementalDecoder, Tokenizer
 from target_service.request import Request, SpecStats
+from target_service.verifier import TokenLogprob
+
+
+@dataclass(frozen=True)
+class Logprob:
+    """A token's logprob as the client sees it: id, the token decoded on its own, logprob."""
+
+    token_id: int
+    token: str
+    logprob: float
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """A generated token's Logprob and the most likely alternatives at its position."""
+
+    token: Logprob
+    top: list[Logprob]
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +49,8 @@ class Chunk:
     draft_tokens: int
     accepted_tokens: int
     step: int
+    logprobs: list[TokenLogprobs] | None = None  # one per token id, when the request asked
+    index: int = 0  # which of the request's n completions
 
 
 @dataclass
@@ -40,12 +63,14 @@ class Complete:
     time_to_first_token_s: float
     total_time_s: float
     token_ids: list[int] = field(default_factory=list)
+    index: int = 0
 
 
 @dataclass
 class Failed:
     code: str  # gRPC status code name
     message: str
+    index: int = 0
 
 
 Event = Chunk | Complete | Failed
@@ -96,9 +121,19 @@ def _wake(fut: asyncio.Future) -> None:
 class OutputStream:
     """Per-request output state, owned by the executor; events go to `events` (thread-safe)."""
 
-    def __init__(self, request: Request, tokenizer: Tokenizer, eos_ids: set[int], max_context: int):
+    def __init__(
+        self,
+        request: Request,
+        tokenizer: Tokenizer,
+        eos_ids: set[int],
+        max_context: int,
+        events: EventQueue | None = None,
+        index: int = 0,
+    ):
         self.request = request
-        self.events = EventQueue()
+        self.events = EventQueue() if events is None else events
+        self.index = index
+        self.tokenizer = tokenizer
         self.decoder = IncrementalDecoder(tokenizer)
         self.eos_ids = eos_ids
         self.max_context = max_context
@@ -109,10 +144,17 @@ class OutputStream:
         self.scanned = 0  # `text[:scanned]` holds no stop string (matching is incremental)
         self.longest_stop = max((len(s) for s in request.stop), default=0)
 
-    def commit(self, new_tokens: list[int], drafted: int, accepted: int, step: int) -> bool:
+    def commit(
+        self,
+        new_tokens: list[int],
+        drafted: int,
+        accepted: int,
+        step: int,
+        logprobs: list[TokenLogprob] | None = None,
+    ) -> bool:
         """Both halves at once (tests and single-threaded use): True when finished."""
         kept, reason = self.append(new_tokens)
-        return self.render(kept, reason, drafted, accepted, step)
+        return self.render(kept, reason, drafted, accepted, step, logprobs)
 
     def append(self, new_tokens: list[int]) -> tuple[list[int], str | None]:
         """The executor's half: append verified tokens and apply the token-level finish rules
@@ -137,7 +179,13 @@ class OutputStream:
         return kept, reason
 
     def render(
-        self, kept: list[int], reason: str | None, drafted: int, accepted: int, step: int
+        self,
+        kept: list[int],
+        reason: str | None,
+        drafted: int,
+        accepted: int,
+        step: int,
+        logprobs: list[TokenLogprob] | None = None,
     ) -> bool:
         """The output half (the output thread): detokenise, apply stop strings, stream a chunk
         and, when finished, the completion. True when the request finished here or before;
@@ -156,11 +204,25 @@ class OutputStream:
         visible = len(self.text) if reason else len(self.text) - self._held_back()
         delta = self.text[self.sent : max(self.sent, visible)]
         self.sent = max(self.sent, visible)
-        self.events.put(Chunk(kept, delta, drafted, min(accepted, len(kept)), step))
+        lps = self._with_text(logprobs[: len(kept)]) if logprobs is not None else None
+        self.events.put(
+            Chunk(kept, delta, drafted, min(accepted, len(kept)), step, lps, self.index)
+        )
         if reason:
             self.finish(reason)
             return True
         return False
+
+    def _with_text(self, logprobs: list[TokenLogprob]) -> list[TokenLogprobs]:
+        ids = sorted({t for lp in logprobs for t in (lp.token_id, *(i for i, _ in lp.top))})
+        text = dict(zip(ids, self.tokenizer.core.decode_batch([[i] for i in ids]), strict=True))
+        return [
+            TokenLogprobs(
+                Logprob(lp.token_id, text[lp.token_id], lp.logprob),
+                [Logprob(i, text[i], v) for i, v in lp.top],
+            )
+            for lp in logprobs
+        ]
 
     def _find_stop(self) -> int | None:
         """Earliest stop-string match; only the new text (plus a stop's length of the old tail,
@@ -198,6 +260,7 @@ class OutputStream:
                 time_to_first_token_s=ttft,
                 total_time_s=now - req.arrival_time,
                 token_ids=list(req.output_ids[: self.num_rendered]),
+                index=self.index,
             )
         )
 
@@ -205,7 +268,7 @@ class OutputStream:
         if self.done:
             return
         self.done = True
-        self.events.put(Failed(code, message))
+        self.events.put(Failed(code, message, self.index))
 
 
 class OutputWorker:
@@ -222,11 +285,11 @@ class OutputWorker:
     def submit(self, fn, *args) -> None:
         self._queue.put((fn, args))
 
-    def render(self, stream: OutputStream, kept, reason, drafted, accepted, step) -> None:
-        self.submit(self._render, stream, kept, reason, drafted, accepted, step)
+    def render(self, stream: OutputStream, kept, reason, drafted, accepted, step, lps) -> None:
+        self.submit(self._render, stream, kept, reason, drafted, accepted, step, lps)
 
-    def _render(self, stream: OutputStream, kept, reason, drafted, accepted, step) -> None:
-        if stream.render(kept, reason, drafted, accepted, step) and reason is None:
+    def _render(self, stream: OutputStream, kept, reason, drafted, accepted, step, lps) -> None:
+        if stream.render(kept, reason, drafted, accepted, step, lps) and reason is None:
             self._on_stopped(stream.request.request_id)
 
     def flush(self) -> None:
@@ -254,3 +317,28 @@ class OutputWorker:
                         self._on_stopped(stream.request.request_id)
             finally:
                 self._queue.task_done()
+
+
+class StreamFactory:
+    """Builds each request's OutputStream (the executor calls it in `submit`).
+
+    `route` first (same thread, before `executor.submit`) to send a request's events to a shared
+    queue under an index: that is how a request's n completions become one stream."""
+
+    def __init__(self, tokenizer: Tokenizer, eos_ids: set[int], max_context: int) -> None:
+        self.tokenizer = tokenizer
+        self.eos_ids = eos_ids
+        self.max_context = max_context
+        self._routes: dict[str, tuple[EventQueue, int]] = {}
+        self._lock = threading.Lock()
+
+    def route(self, request_id: str, events: EventQueue, index: int) -> None:
+        with self._lock:
+            self._routes[request_id] = (events, index)
+
+    def __call__(self, request: Request) -> OutputStream:
+        with self._lock:
+            events, index = self._routes.pop(request.request_id, (None, 0))
+        return OutputStream(
+            request, self.tokenizer, self.eos_ids, self.max_context, events=events, index=index
+        )

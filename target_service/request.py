@@ -27,6 +27,8 @@ class SamplingConfig:
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
+    # None: no logprobs; k >= 0: each token's logprob plus the k most likely alternatives.
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         # NaN fails every comparison, so each check is written to reject it.
@@ -38,6 +40,8 @@ class SamplingConfig:
             raise ValueError(f"top_k must be an integer >= 0, got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise ValueError(f"top_logprobs must be in 0..20, got {self.logprobs}")
 
     @property
     def greedy(self) -> bool:

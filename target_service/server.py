@@ -1,8 +1,8 @@
 """The thin `specwire.v1.Generation` servicer, plus health and reflection.
 
-Per RPC: protobuf -> domain request (validated by the engine), one call into the executor,
-events -> protobuf. The server listens (health NOT_SERVING) while the engine loads and warms
-up; Generate answers UNAVAILABLE until then.
+Per RPC: protobuf -> GenerationParams, `Engine.normalize` (tokenise, template, validate, fan
+out n) and `Engine.submit`, events -> protobuf. The server listens (health NOT_SERVING) while
+the engine loads and warms up; Generate answers UNAVAILABLE until then.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import uuid
 from concurrent import futures
 
 from grpc_health.v1 import _async as aio_health
@@ -24,8 +25,16 @@ from common.security import ServerSecurity
 from common.transport import LoopThread, build_server
 from target_service.config import TargetConfig
 from target_service.engine import Engine
-from target_service.output import Chunk, Complete, Failed, OutputStream
-from target_service.request import SamplingConfig, SpecStats
+from target_service.output import (
+    Chunk,
+    Complete,
+    EventQueue,
+    Failed,
+    OutputStream,
+    TokenLogprobs,
+)
+from target_service.params import GenerationParams
+from target_service.request import SpecStats
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +97,70 @@ def check_admission(msg: pb.GenerateRequest, cfg: TargetConfig) -> None:
             )
 
 
+def to_params(msg: pb.GenerateRequest) -> GenerationParams:
+    which = msg.WhichOneof("input")
+    s, spec = msg.sampling, msg.speculation
+    return GenerationParams(
+        prompt=msg.prompt if which == "prompt" else None,
+        prompt_token_ids=tuple(msg.prompt_token_ids.ids) if which == "prompt_token_ids" else None,
+        chat=tuple({"role": m.role, "content": m.content} for m in msg.chat.messages)
+        if which == "chat"
+        else None,
+        add_generation_prompt=msg.chat.add_generation_prompt
+        if msg.chat.HasField("add_generation_prompt")
+        else True,
+        max_new_tokens=msg.max_new_tokens if msg.HasField("max_new_tokens") else None,
+        temperature=s.temperature if s.HasField("temperature") else 0.0,
+        top_k=s.top_k if s.HasField("top_k") else 0,
+        top_p=s.top_p if s.HasField("top_p") else 1.0,
+        seed=s.seed if s.HasField("seed") else None,
+        stop=tuple(msg.stop),
+        ignore_eos=msg.ignore_eos,
+        speculate=not spec.disable,
+        max_draft_len=spec.max_draft_len if spec.HasField("max_draft_len") else None,
+        logprobs=msg.logprobs,
+        top_logprobs=msg.top_logprobs,
+        n=msg.n if msg.HasField("n") else 1,
+        request_id=msg.request_id or uuid.uuid4().hex,
+    )
+
+
+def _logprob_to_proto(lp: TokenLogprobs) -> pb.TokenLogprob:
+    t = lp.token
+    return pb.TokenLogprob(
+        token_id=t.token_id,
+        token=t.token,
+        logprob=t.logprob,
+        top_logprobs=[
+            pb.TopLogprob(token_id=a.token_id, token=a.token, logprob=a.logprob) for a in lp.top
+        ],
+    )
+
+
+def chunk_to_proto(ev: Chunk) -> pb.GenerateChunk:
+    return pb.GenerateChunk(
+        token_ids=ev.token_ids,
+        text=ev.text,
+        draft_tokens=ev.draft_tokens,
+        accepted_tokens=ev.accepted_tokens,
+        step=ev.step,
+        logprobs=[_logprob_to_proto(lp) for lp in ev.logprobs or ()],
+        index=ev.index,
+    )
+
+
+def complete_to_proto(ev: Complete) -> pb.GenerateComplete:
+    return pb.GenerateComplete(
+        finish_reason=FINISH[ev.finish_reason],
+        usage=pb.Usage(prompt_tokens=ev.prompt_tokens, completion_tokens=ev.completion_tokens),
+        speculation=stats_to_proto(ev.stats),
+        text=ev.text,
+        time_to_first_token_s=ev.time_to_first_token_s,
+        total_time_s=ev.total_time_s,
+        index=ev.index,
+    )
+
+
 class GenerationServicer(pb_grpc.GenerationServicer):
     """Async handlers: a waiting call holds a coroutine, never a thread. Tokenising runs on a
     small thread pool (`tokenize_pool`), off the event loop and off the executor's thread."""
@@ -107,50 +180,6 @@ class GenerationServicer(pb_grpc.GenerationServicer):
             raise NotReady("the target is still loading and warming up; retry shortly")
         return self.engine
 
-    def _to_request(self, msg: pb.GenerateRequest, engine: Engine):
-        tok = engine.loaded.tokenizer
-        which = msg.WhichOneof("input")
-        if which == "prompt":
-            if not msg.prompt:
-                raise UserError("prompt is empty")
-            ids = tok.encode(msg.prompt)
-        elif which == "prompt_token_ids":
-            ids = list(msg.prompt_token_ids.ids)
-        elif which == "chat":
-            if not msg.chat.messages:
-                raise UserError("chat has no messages")
-            gen = (
-                msg.chat.add_generation_prompt
-                if msg.chat.HasField("add_generation_prompt")
-                else True
-            )
-            ids = tok.apply_chat_template(
-                [{"role": m.role, "content": m.content} for m in msg.chat.messages], gen
-            )
-        else:
-            raise UserError("request has no input: set prompt, prompt_token_ids or chat")
-        s = msg.sampling
-        try:
-            sampling = SamplingConfig(
-                temperature=s.temperature if s.HasField("temperature") else 0.0,
-                top_k=s.top_k if s.HasField("top_k") else 0,
-                top_p=s.top_p if s.HasField("top_p") else 1.0,
-                seed=s.seed if s.HasField("seed") else None,
-            )
-        except ValueError as exc:
-            raise UserError(str(exc)) from exc
-        spec = msg.speculation
-        return engine.new_request(
-            ids,
-            max_new_tokens=msg.max_new_tokens if msg.HasField("max_new_tokens") else None,
-            sampling=sampling,
-            stop=tuple(msg.stop),
-            ignore_eos=msg.ignore_eos,
-            speculate=not spec.disable,
-            max_draft_len=spec.max_draft_len if spec.HasField("max_draft_len") else None,
-            request_id=msg.request_id,
-        )
-
     async def Generate(self, request, context):
         engine = self._engine()
         if self.draining:
@@ -163,18 +192,20 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         check_admission(request, engine.config)
         self.admitted += 1
         self.idle.clear()
-        stream = None
+        streams: list[OutputStream] = []
         try:
+            params = to_params(request)
             loop = asyncio.get_running_loop()
-            req = await loop.run_in_executor(self.tokenize_pool, self._to_request, request, engine)
+            # Tokenising runs on a small pool: off the event loop and off the executor.
+            requests = await loop.run_in_executor(self.tokenize_pool, engine.normalize, params)
             if self.closed:
                 raise NotReady("the target is shutting down; retry on another replica")
-            stream = engine.executor.submit(req)
-            self.streams.add(stream)
-            async for response in self._responses(stream, req.client_id or req.request_id):
+            events, streams = engine.submit(requests)
+            self.streams.update(streams)
+            async for response in self._responses(events, len(streams), params.request_id):
                 yield response
         finally:
-            if stream is not None:
+            for stream in streams:
                 self.streams.discard(stream)
                 if stream.request.finish_reason is None:  # the client went away: free blocks
                     engine.executor.cancel(stream.request.request_id)
@@ -182,35 +213,16 @@ class GenerationServicer(pb_grpc.GenerationServicer):
             if self.admitted == 0:
                 self.idle.set()
 
-    async def _responses(self, stream: OutputStream, rid: str):
-        while True:
-            ev = await stream.events.aget()
+    async def _responses(self, events: EventQueue, running: int, rid: str):
+        """The n completions' events, multiplexed (each carries its `index`), until every
+        completion is done; a failure ends the whole stream (the rest are cancelled)."""
+        while running:
+            ev = await events.aget()
             if isinstance(ev, Chunk):
-                yield pb.GenerateResponse(
-                    request_id=rid,
-                    chunk=pb.GenerateChunk(
-                        token_ids=ev.token_ids,
-                        text=ev.text,
-                        draft_tokens=ev.draft_tokens,
-                        accepted_tokens=ev.accepted_tokens,
-                        step=ev.step,
-                    ),
-                )
+                yield pb.GenerateResponse(request_id=rid, chunk=chunk_to_proto(ev))
             elif isinstance(ev, Complete):
-                yield pb.GenerateResponse(
-                    request_id=rid,
-                    complete=pb.GenerateComplete(
-                        finish_reason=FINISH[ev.finish_reason],
-                        usage=pb.Usage(
-                            prompt_tokens=ev.prompt_tokens, completion_tokens=ev.completion_tokens
-                        ),
-                        speculation=stats_to_proto(ev.stats),
-                        text=ev.text,
-                        time_to_first_token_s=ev.time_to_first_token_s,
-                        total_time_s=ev.total_time_s,
-                    ),
-                )
-                return
+                running -= 1
+                yield pb.GenerateResponse(request_id=rid, complete=complete_to_proto(ev))
             elif isinstance(ev, Failed):
                 yield pb.GenerateResponse(
                     request_id=rid, error=pb.GenerateError(code=ev.code, message=ev.message)

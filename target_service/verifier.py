@@ -7,9 +7,16 @@ the target distribution exactly: a draft without probabilities is a point mass (
 probability p(x), on rejection sample from p with x removed); with draft distribution q, accept
 with min(1, p(x)/q(x)) and resample from max(0, p - q). Only real drafts are looked at; the
 executor's padding never is. Random numbers come from each request's own generator.
+
+For requests that ask (`SamplingConfig.logprobs`), the verifier also reports each committed
+token's log-probability under the target's raw distribution (log_softmax of the logits at the
+position that produced it, before temperature/top-k/top-p), plus the top alternatives.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -72,12 +79,62 @@ def rejection_sample(
     return out
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A committed token's log-probability and the `top` most likely (id, logprob) there."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+def token_logprobs(
+    logits: torch.Tensor,  # [N, V] the step's logits
+    rows: list[tuple[int, list[int], int]],  # per row: (logit offset, committed tokens, top-k)
+) -> list[list[TokenLogprob]]:
+    """Logprobs of each row's committed tokens: token j was chosen at logits[offset + j].
+
+    One log_softmax (and one top-k) over just these rows' positions, batched for the step."""
+    index = [off + j for off, toks, _k in rows for j in range(len(toks))]
+    if not index:
+        return [[] for _ in rows]
+    at = torch.tensor(index, device=logits.device)
+    logp = torch.log_softmax(logits[at].float(), dim=-1)  # [P, V]
+    chosen = torch.tensor([t for _o, toks, _k in rows for t in toks], device=logits.device)
+    picked = logp.gather(1, chosen[:, None])[:, 0].tolist()  # [P]
+    k_max = max(k for _o, _t, k in rows)
+    top_lp: list[list[float]] = [[] for _ in index]
+    top_id: list[list[int]] = [[] for _ in index]
+    if k_max:
+        top = torch.topk(logp, k_max, dim=-1)
+        top_lp, top_id = top.values.tolist(), top.indices.tolist()
+    out: list[list[TokenLogprob]] = []
+    p = 0
+    for _off, toks, k in rows:
+        row = []
+        for t in toks:
+            row.append(
+                TokenLogprob(t, picked[p], list(zip(top_id[p][:k], top_lp[p][:k], strict=True)))
+            )
+            p += 1
+        out.append(row)
+    return out
+
+
+class Verified(NamedTuple):
+    """verify()'s result, per decode row: committed tokens, and logprobs when asked for."""
+
+    tokens: list[list[int]]
+    logprobs: list[list[TokenLogprob] | None]
+
+
 class Verifier:
     def __init__(self, vocab_size: int) -> None:
         self.vocab_size = vocab_size
 
-    def verify(self, requests: list[Request], step: StepLogits) -> list[list[int]]:
-        """New committed tokens for each decode request (same order as `step.spans`)."""
+    def verify(self, requests: list[Request], step: StepLogits) -> Verified:
+        """New committed tokens for each decode request (same order as `step.spans`), and their
+        logprobs for the requests that asked (None for the others)."""
         greedy = [r.sampling.greedy for r in requests]
         argmax: list[int] = []
         if any(greedy):
@@ -95,4 +152,16 @@ class Verifier:
                 rows = step.logits[off : off + len(drafts) + 1]
                 probs = sampling_probs(rows, req.sampling).cpu()
                 results.append(rejection_sample(probs, drafts, req.draft_probs, req.generator))
-        return results
+        return Verified(results, self._logprobs(requests, step, results))
+
+    def _logprobs(
+        self, requests: list[Request], step: StepLogits, tokens: list[list[int]]
+    ) -> list[list[TokenLogprob] | None]:
+        asked = [i for i, r in enumerate(requests) if r.sampling.logprobs is not None]
+        out: list[list[TokenLogprob] | None] = [None] * len(requests)
+        if not asked:
+            return out
+        rows = [(step.spans[i][0], tokens[i], requests[i].sampling.logprobs or 0) for i in asked]
+        for i, lps in zip(asked, token_logprobs(step.logits, rows), strict=True):
+            out[i] = lps
+        return out

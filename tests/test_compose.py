@@ -7,7 +7,8 @@ There is no Docker engine in CI, so the file is checked three ways:
   healthy drafter, published ports, a `gpu` profile reserving an NVIDIA GPU;
 - each (non-profile) service's command runs as a local process with the service's environment,
   the hostname `drafter` mapped to 127.0.0.1 and each port to a free one, until its own health
-  check passes; then a speculative generation through the target equals the plain one.
+  check passes (the gateway's is HTTP GET /health); then a speculative generation through the
+  target equals the plain one, and so does a greedy completion through the gateway.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -35,8 +38,9 @@ COMPOSE_FILE = ROOT / "docker-compose.yml"
 LOCAL_OVERRIDES = {"SPECWIRE_MODEL": "tiny-random"}
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n"
 MAX_NEW_TOKENS = 32
-_PORT_VARS = ("SPECWIRE_PORT", "SPECWIRE_DRAFTER_PORT")
-_HOST_VARS = ("SPECWIRE_HOST", "SPECWIRE_DRAFTER_HOST")
+_PORT_VARS = ("SPECWIRE_PORT", "SPECWIRE_DRAFTER_PORT", "SPECWIRE_GATEWAY_PORT")
+_HOST_VARS = ("SPECWIRE_HOST", "SPECWIRE_DRAFTER_HOST", "SPECWIRE_GATEWAY_HOST")
+HTTP_SERVICES = {"gateway"}  # health is GET /health, not the gRPC probe
 
 
 @pytest.fixture(scope="module")
@@ -80,10 +84,15 @@ def test_compose_config_validates(profile: str | None) -> None:
 
 def test_services_and_images(compose: dict) -> None:
     services = compose["services"]
-    assert {"drafter", "target", "target-gpu"} <= set(services)
+    assert {"drafter", "target", "target-gpu", "gateway"} <= set(services)
     assert services["drafter"]["command"][:2] == ["specwire", "drafter"]
     assert services["target"]["command"][:2] == ["specwire", "target"]
+    assert services["gateway"]["command"][:2] == ["specwire", "gateway"]
+    built = {svc["image"] for svc in services.values() if "build" in svc}
     for name, svc in services.items():
+        if "build" not in svc:  # reuses an image another service builds
+            assert svc["image"] in built, f"{name}: nothing builds {svc['image']}"
+            continue
         dockerfile = ROOT / svc["build"].get("context", ".") / svc["build"]["dockerfile"]
         assert dockerfile.is_file(), f"{name}: {dockerfile} missing"
 
@@ -96,6 +105,17 @@ def test_health_checks_use_the_grpc_probe_on_the_service_port(compose: dict, nam
     test = svc["healthcheck"]["test"]
     assert test[:4] == ["CMD", "python", "-m", "common.healthcheck"]
     assert test[4] == f"127.0.0.1:{port}"
+    assert f"{port}:{port}" in [str(p) for p in svc["ports"]]
+
+
+def test_gateway_fronts_the_target_and_probes_its_http_health(compose: dict) -> None:
+    svc = compose["services"]["gateway"]
+    env = _environment(svc)
+    target_port = _environment(compose["services"]["target"])["SPECWIRE_PORT"]
+    assert env["SPECWIRE_TARGET"] == f"target:{target_port}"
+    assert svc["depends_on"]["target"]["condition"] == "service_healthy"
+    port = env["SPECWIRE_GATEWAY_PORT"]
+    assert f"http://127.0.0.1:{port}/health" in " ".join(svc["healthcheck"]["test"])
     assert f"{port}:{port}" in [str(p) for p in svc["ports"]]
 
 
@@ -136,7 +156,7 @@ def test_compose_services_run_locally_and_speculation_is_lossless(compose: dict)
             proc, _ = start_service(cmd, env, None, timeout=0, cwd=ROOT)  # ready = healthy
             stack.callback(stop_service, proc)
             address = f"127.0.0.1:{ports[name][_service_port(svc)]}"
-            _wait_healthy(proc, address, name, timeout=300)
+            _wait_healthy(proc, address, name, timeout=300, http=name in HTTP_SERVICES)
             # The service's own health check command passes too.
             probe = _localize(svc["healthcheck"]["test"][1:], ports)
             if probe[0] in ("python", "python3"):  # the image's python is this venv's here
@@ -146,7 +166,10 @@ def test_compose_services_run_locally_and_speculation_is_lossless(compose: dict)
         target = f"127.0.0.1:{ports['target'][_service_port(services['target'])]}"
         speculative = _generate(target)
         plain = _generate(target, "--no-speculation")
+        gateway = f"127.0.0.1:{ports['gateway'][_service_port(services['gateway'])]}"
+        via_gateway = _complete(gateway)
 
+    assert via_gateway == plain["text"]
     assert speculative["text"] == plain["text"]
     assert speculative["token_ids"] == plain["token_ids"]
     assert plain["speculation"]["draft_tokens"] == 0
@@ -240,14 +263,24 @@ def _start_order(services: dict) -> Iterator[str]:
     return iter(done)
 
 
-def _wait_healthy(proc: subprocess.Popen, address: str, name: str, timeout: float) -> None:
+def _http_health(address: str) -> str:
+    try:
+        with urllib.request.urlopen(f"http://{address}/health", timeout=2) as reply:
+            return "SERVING" if reply.status == 200 else str(reply.status)
+    except urllib.error.HTTPError as exc:
+        return str(exc.code)
+
+
+def _wait_healthy(
+    proc: subprocess.Popen, address: str, name: str, timeout: float, http: bool = False
+) -> None:
     deadline = time.monotonic() + timeout
     status = "unreachable"
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             pytest.fail(f"{name} exited with {proc.returncode}:\n{output_tail(proc)}")
         try:
-            status = healthcheck.check(address, timeout=2)
+            status = _http_health(address) if http else healthcheck.check(address, timeout=2)
         except Exception as exc:  # noqa: BLE001 - not up yet
             status = type(exc).__name__
         if status == "SERVING":
@@ -255,6 +288,18 @@ def _wait_healthy(proc: subprocess.Popen, address: str, name: str, timeout: floa
         time.sleep(0.3)
     tail = output_tail(proc)
     pytest.fail(f"{name} at {address} not SERVING after {timeout}s ({status}):\n{tail}")
+
+
+def _complete(gateway: str) -> str:
+    """Greedy text of PROMPT through the gateway's /v1/completions."""
+    body = {"prompt": PROMPT, "max_tokens": MAX_NEW_TOKENS, "temperature": 0}
+    req = urllib.request.Request(
+        f"http://{gateway}/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=300) as reply:
+        return json.loads(reply.read())["choices"][0]["text"]
 
 
 def _generate(target: str, *extra: str) -> dict:
