@@ -1,6 +1,8 @@
 """One server interceptor that maps errors to gRPC status codes.
 
 `UserError` (bad input) -> its `code` (INVALID_ARGUMENT by default) with the error's message;
+`NotImplementedError` -> UNIMPLEMENTED (what generated servicer bases raise for a method the
+library does not implement, e.g. `grpc.health.v1.Health/List` in grpcio-health-checking 1.85);
 anything else -> INTERNAL, logged with its traceback. Servicers just raise.
 """
 
@@ -18,6 +20,8 @@ log = logging.getLogger(__name__)
 def _status(exc: Exception) -> tuple[grpc.StatusCode, str]:
     if isinstance(exc, UserError):
         return getattr(grpc.StatusCode, exc.code, grpc.StatusCode.INVALID_ARGUMENT), str(exc)
+    if isinstance(exc, NotImplementedError):
+        return grpc.StatusCode.UNIMPLEMENTED, str(exc) or "method not implemented"
     log.exception("internal error in a gRPC handler")
     return grpc.StatusCode.INTERNAL, f"internal error: {exc}"
 
@@ -26,7 +30,7 @@ def _wrap_unary(behavior):
     def handler(request, context):
         try:
             return behavior(request, context)
-        except (UserError, Exception) as exc:
+        except Exception as exc:
             if isinstance(exc, grpc.RpcError):
                 raise
             code, msg = _status(exc)

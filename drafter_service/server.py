@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from common.errors import UserError
 from common.grpc_errors import ErrorInterceptor
+from common.reflection import enable_reflection
 from common.protogen import drafter_pb2, drafter_pb2_grpc
 from drafter_service.config import DrafterServiceConfig
 from drafter_service.drafters import SessionDrafter, build_drafter
@@ -132,9 +132,7 @@ def serve(config: DrafterServiceConfig, drafter: SessionDrafter | None = None) -
     drafter_pb2_grpc.add_DrafterServicer_to_server(servicer, server)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-    )
+    enable_reflection((SERVICE_NAME, health.SERVICE_NAME), server)
     for name in ("", SERVICE_NAME):
         health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     try:

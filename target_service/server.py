@@ -13,10 +13,10 @@ from concurrent import futures
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from common.errors import UserError
 from common.grpc_errors import ErrorInterceptor
+from common.reflection import enable_reflection
 from common.protogen import generation_pb2 as pb
 from common.protogen import generation_pb2_grpc as pb_grpc
 from target_service.engine import Engine
@@ -189,8 +189,7 @@ class TargetServer:
         pb_grpc.add_GenerationServicer_to_server(self.servicer, self.server)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        names = (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME)
-        reflection.enable_server_reflection(names, self.server)
+        enable_reflection((SERVICE_NAME, health.SERVICE_NAME), self.server)
         self.port = self.server.add_insecure_port(f"{host}:{port}")
         if self.port == 0:
             raise UserError(f"cannot listen on {host}:{port} (address in use?)")
