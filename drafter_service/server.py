@@ -15,8 +15,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from common.errors import UserError
 from common.grpc_errors import ErrorInterceptor
-from common.reflection import enable_reflection
 from common.protogen import drafter_pb2, drafter_pb2_grpc
+from common.reflection import enable_reflection
 from drafter_service.config import DrafterServiceConfig
 from drafter_service.drafters import SessionDrafter, build_drafter
 from drafter_service.engine import PROTOCOL_VERSION, DraftEngine, SeqDraft, SeqUpdate

@@ -30,6 +30,9 @@ from target_service.verifier import Verifier
 
 log = logging.getLogger(__name__)
 
+# max_new_tokens of a request that sets none (generation.proto says so too).
+DEFAULT_MAX_NEW_TOKENS = 256
+
 
 def make_drafter(cfg: TargetConfig, loaded: LoadedModel) -> Drafter | None:
     spec = cfg.drafter
@@ -91,8 +94,8 @@ class Engine:
             raise UserError(
                 f"prompt has {len(prompt_ids)} tokens; the context holds {self.max_context_len}"
             )
-        if max_new_tokens is None:
-            max_new_tokens = room
+        if max_new_tokens is None:  # unset: a bounded answer, not "fill the context"
+            max_new_tokens = min(DEFAULT_MAX_NEW_TOKENS, room)
         if max_new_tokens < 1:
             raise UserError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if max_new_tokens > room:

@@ -16,9 +16,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from common.errors import UserError
 from common.grpc_errors import ErrorInterceptor
-from common.reflection import enable_reflection
 from common.protogen import generation_pb2 as pb
 from common.protogen import generation_pb2_grpc as pb_grpc
+from common.reflection import enable_reflection
 from target_service.engine import Engine
 from target_service.output import Chunk, Complete, Failed
 from target_service.request import SamplingConfig, SpecStats

@@ -62,7 +62,8 @@ def test_reflection_lists_and_describes_services(server, version: str) -> None:
 
     # Every listed service can be described: its file holds the service.
     for name in sorted(names):
-        reply = _reflect(address, version, alpha.ServerReflectionRequest(file_containing_symbol=name))
+        ask = alpha.ServerReflectionRequest(file_containing_symbol=name)
+        reply = _reflect(address, version, ask)
         assert reply.WhichOneof("message_response") == "file_descriptor_response", (name, reply)
         files = [
             descriptor_pb2.FileDescriptorProto.FromString(raw)
