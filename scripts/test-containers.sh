@@ -86,7 +86,7 @@ step "base image $BASE_IMAGE ready"
 
 export SPECWIRE_CONTAINERS=1 PYTHON_IMAGE=$BASE_IMAGE CONTAINER_CA_BUNDLE=$CA
 set +e
-"$PY" -m pytest -q -ra -p no:cacheprovider tests/test_containers.py
+"$PY" -m pytest -q -ra -p no:cacheprovider --timeout 1500 tests/test_containers.py
 rc=$?
 set -e
 step "done (pytest exit $rc)"
