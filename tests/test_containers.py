@@ -2,8 +2,9 @@
 SPECWIRE_CONTAINERS=1 and prepares podman and a Python base image; skipped otherwise).
 
 Both images are built from docker/*.Dockerfile, started as docker-compose.yml says (its
-environment and commands; one pod on the host network where the hostname `drafter` is
-loopback, since the compose network needs a bridge this sandbox may not have), probed with
+environment and commands; containers on the host network where the hostname `drafter` is
+loopback, since the compose network needs a bridge this sandbox may not have; no pod,
+which would need the catatonit pause binary), probed with
 their own HEALTHCHECK, and a generation through the containers must return the same tokens as
 the same request to the repo's processes.
 """
@@ -67,23 +68,24 @@ def _generate(target: str) -> dict:
 def test_compose_stack_in_containers_matches_the_repo(images: dict[str, str]) -> None:
     compose = yaml.safe_load(COMPOSE_FILE.read_text())
     services = compose["services"]
-    pod = "specwire-test"
-    podman("pod", "rm", "-f", pod, check=False)
-    podman("pod", "create", "--name", pod, "--network", "host", "--add-host", "drafter:127.0.0.1")
+    pod = "specwire-test"  # container name prefix
+    names = [f"{pod}-{s}" for s in ("drafter", "target")]
+    podman("rm", "-f", *names, check=False)
     try:
         for service in ("drafter", "target"):  # compose's depends_on order
             env = _environment(services[service])
             if "SPECWIRE_MODEL" in env:
                 env["SPECWIRE_MODEL"] = MODEL
             args = [f"--env={k}={v}" for k, v in env.items()]
-            podman("run", "-d", "--pod", pod, "--name", f"{pod}-{service}", *args,
+            podman("run", "-d", "--network", "host", "--add-host", "drafter:127.0.0.1",
+                   "--name", f"{pod}-{service}", *args,
                    images[service], *services[service]["command"])  # fmt: skip
             port = env.get("SPECWIRE_PORT") or env["SPECWIRE_DRAFTER_PORT"]
             _wait_container_healthy(f"{pod}-{service}", f"127.0.0.1:{port}", timeout=300)
         in_containers = _generate("127.0.0.1:50051")
     finally:
-        logs = podman("pod", "logs", pod, check=False).stdout[-3000:]
-        podman("pod", "rm", "-f", pod, check=False)
+        logs = "".join(podman("logs", n, check=False).stderr[-1500:] for n in names)
+        podman("rm", "-f", *names, check=False)
 
     # The same request to the repo's own processes (drafter, then target drafting through it).
     with ExitStack() as stack:
