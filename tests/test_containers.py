@@ -49,7 +49,8 @@ def images() -> dict[str, str]:
     for service in ("drafter", "target"):
         image = f"localhost/specwire-{service}:{TAG}"
         start = time.monotonic()
-        podman("build", "--network", "host", "--volume", f"{ca}:{ca}:ro",
+        # docker format: the OCI image format has no HEALTHCHECK, which the test runs.
+        podman("build", "--format", "docker", "--network", "host", "--volume", f"{ca}:{ca}:ro",
                "--build-arg", f"PYTHON_IMAGE={os.environ['PYTHON_IMAGE']}",
                "-f", f"docker/{service}.Dockerfile", "-t", image, ".")  # fmt: skip
         print(f"built {image} in {time.monotonic() - start:.0f}s", file=sys.stderr)
