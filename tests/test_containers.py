@@ -71,7 +71,7 @@ def test_compose_stack_in_containers_matches_the_repo(images: dict[str, str]) ->
     services = compose["services"]
     pod = "specwire-test"  # container name prefix
     names = [f"{pod}-{s}" for s in ("drafter", "target")]
-    podman("rm", "-f", *names, check=False)
+    podman("rm", "-f", "--ignore", *names, check=False)
     try:
         for service in ("drafter", "target"):  # compose's depends_on order
             env = _environment(services[service])
@@ -86,7 +86,7 @@ def test_compose_stack_in_containers_matches_the_repo(images: dict[str, str]) ->
         in_containers = _generate("127.0.0.1:50051")
     finally:
         logs = "".join(podman("logs", n, check=False).stderr[-1500:] for n in names)
-        podman("rm", "-f", *names, check=False)
+        podman("rm", "-f", "--ignore", *names, check=False)
 
     # The same request to the repo's own processes (drafter, then target drafting through it).
     with ExitStack() as stack:
