@@ -7,7 +7,7 @@ PIP    := $(PY) -m pip
 # CPU machines get the local CPU build of torch; a CUDA build would be several GB.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup protos test demo lint clean
+.PHONY: setup protos test test-containers lock demo lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,17 @@ protos: $(STUB_STAMP)
 
 test: setup
 	$(VENV)/bin/pytest -q -ra
+
+# Build both images with podman and compare a generation through them with the repo's
+# processes; prints SKIP with the reason (exit 0) where podman cannot run.
+test-containers: setup
+	PY=$(PY) bash scripts/test-containers.sh
+
+# requirements.lock pins every dependency of the images (torch is pinned by TORCH_VERSION).
+lock: $(VENV)/.installed
+	$(VENV)/bin/pip-compile --quiet --strip-extras --no-emit-index-url --no-emit-find-links \
+	  --unsafe-package torch --annotation-style line -o requirements.lock \
+	  pyproject.toml docker/build-requirements.in
 
 demo: setup
 	$(VENV)/bin/specwire demo

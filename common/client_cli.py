@@ -5,16 +5,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import grpc
 
+from common.cli_env import add_env_flag
 from common.errors import UserError
 from common.security import ClientSecurity, add_client_flags, client_security_from_args
 
 
 def register(sub) -> None:
     g = sub.add_parser("generate", help="generate from a running target")
-    g.add_argument("--target", default="127.0.0.1:50051", help="HOST:PORT of the target")
+    add_env_flag(g, "--target", "SPECWIRE_TARGET", "127.0.0.1:50051", "HOST:PORT of the target")
     # --tls-ca, --tls-cert, --tls-key, --token-file (or env SPECWIRE_TOKEN)
     add_client_flags(g, env="SPECWIRE_CLIENT")
     _add_request_flags(g)
@@ -47,7 +49,18 @@ DEMO_PROMPT = (
 
 
 def _add_request_flags(p: argparse.ArgumentParser, default_prompt: str | None = None) -> None:
-    p.add_argument("--prompt", required=default_prompt is None, default=default_prompt)
+    source = p.add_mutually_exclusive_group(required=default_prompt is None)
+    source.add_argument(
+        "--prompt",
+        default=default_prompt,
+        help="the prompt, sent exactly as given (no escape processing: use $'...' in the "
+        "shell or --prompt-file for real newlines)",
+    )
+    source.add_argument(
+        "--prompt-file",
+        metavar="PATH",
+        help="read the prompt from this UTF-8 file, byte for byte ('-' = standard input)",
+    )
     p.add_argument("--chat", action="store_true", help="send the prompt as a chat user message")
     p.add_argument("--max-new-tokens", type=int, default=None)
     p.add_argument("--temperature", type=float, default=None)
@@ -59,8 +72,19 @@ def _add_request_flags(p: argparse.ArgumentParser, default_prompt: str | None = 
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")
 
 
+def read_prompt_file(path: str) -> str:
+    """The file's (or stdin's, for '-') UTF-8 text exactly: no newline translation."""
+    try:
+        raw = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
+        return raw.decode("utf-8")
+    except OSError as exc:
+        raise UserError(f"--prompt-file {path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise UserError(f"--prompt-file {path}: not UTF-8 text ({exc.reason})") from exc
+
+
 def _request_kwargs(args) -> dict:
-    prompt = args.prompt.encode().decode("unicode_escape") if "\\n" in args.prompt else args.prompt
+    prompt = args.prompt if args.prompt_file is None else read_prompt_file(args.prompt_file)
     kw = dict(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,

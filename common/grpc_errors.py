@@ -1,8 +1,9 @@
 """One server interceptor (grpc.aio) that maps errors to gRPC status codes.
 
 `UserError` (bad input) -> its `code` (INVALID_ARGUMENT by default) with the error's message;
-anything else -> INTERNAL, logged with its traceback. Servicers just raise. Only specwire's own
-services are wrapped (health and reflection handle their own errors).
+`NotImplementedError` -> UNIMPLEMENTED (what generated servicer bases raise for a method that
+is not implemented); anything else -> INTERNAL, logged with its traceback. Servicers just raise.
+Only specwire's own services are wrapped (health and reflection handle their own errors).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ log = logging.getLogger(__name__)
 def _status(exc: Exception) -> tuple[grpc.StatusCode, str]:
     if isinstance(exc, UserError):
         return getattr(grpc.StatusCode, exc.code, grpc.StatusCode.INVALID_ARGUMENT), str(exc)
+    if isinstance(exc, NotImplementedError):
+        return grpc.StatusCode.UNIMPLEMENTED, str(exc) or "method not implemented"
     log.exception("internal error in a gRPC handler")
     return grpc.StatusCode.INTERNAL, f"internal error: {exc}"
 

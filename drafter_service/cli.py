@@ -10,86 +10,47 @@ import argparse
 import signal
 import threading
 
-from common.cli_env import env_default
+from common.cli_env import Flag, add_config_flags, add_env_flag, config_kwargs
 from common.security import add_server_flags, server_security_from_args
 from drafter_service.config import DRAFTER_KINDS, DrafterServiceConfig
 
-_DEFAULTS = DrafterServiceConfig()
-
-# (flag, environment variable, type, config field, help)
-_FLAGS: tuple[tuple[str, str, type, str, str], ...] = (
-    ("--host", "SPECWIRE_DRAFTER_HOST", str, "host", "address to listen on"),
-    ("--port", "SPECWIRE_DRAFTER_PORT", int, "port", "port to listen on (0 = any free port)"),
-    ("--drafter", "SPECWIRE_DRAFTER", str, "drafter", DRAFTER_KINDS),
-    (
-        "--max-draft-len",
-        "SPECWIRE_MAX_DRAFT_LEN",
-        int,
-        "max_draft_len",
-        "most draft tokens per sequence per step",
+# The DrafterServiceConfig fields a user sets; type and default come from the field. The
+# service's own host/port/device/... variables carry DRAFTER so one environment can hold both
+# services' settings.
+FLAGS = {
+    "host": Flag("address to listen on", env="SPECWIRE_DRAFTER_HOST"),
+    "port": Flag("port to listen on (0 = any free port)", env="SPECWIRE_DRAFTER_PORT"),
+    "drafter": Flag(DRAFTER_KINDS),
+    "max_draft_len": Flag("most draft tokens per sequence per step"),
+    "max_ngram": Flag("ngram: longest n-gram matched"),
+    "prefer": Flag(
+        "ngram: which earlier match wins", env="SPECWIRE_NGRAM_PREFER", choices=("latest", "oldest")
     ),
-    ("--max-ngram", "SPECWIRE_MAX_NGRAM", int, "max_ngram", "ngram: longest n-gram matched"),
-    (
-        "--prefer",
-        "SPECWIRE_NGRAM_PREFER",
-        str,
-        "prefer",
-        "ngram: which earlier match wins (latest | oldest)",
-    ),
-    ("--device", "SPECWIRE_DRAFTER_DEVICE", str, "device", "model drafters: cpu | cuda[:N]"),
-    (
-        "--dtype",
-        "SPECWIRE_DRAFTER_DTYPE",
-        str,
-        "dtype",
+    "device": Flag("model drafters: cpu | cuda[:N]", env="SPECWIRE_DRAFTER_DEVICE"),
+    "dtype": Flag(
         "model drafters: auto (float32 on CPU, bfloat16 on CUDA) | float32 | bfloat16 | ...",
+        env="SPECWIRE_DRAFTER_DTYPE",
     ),
-    (
-        "--kv-blocks",
-        "SPECWIRE_DRAFTER_KV_BLOCKS",
-        int,
-        "kv_blocks",
-        "model drafters: KV cache blocks shared by all sessions",
+    "kv_blocks": Flag(
+        "model drafters: KV cache blocks shared by all sessions", env="SPECWIRE_DRAFTER_KV_BLOCKS"
     ),
-    (
-        "--draft-probs-top-n",
-        "SPECWIRE_DRAFT_PROBS_TOP_N",
-        int,
-        "draft_probs_top_n",
-        "model drafters: 0 = greedy, no draft probabilities (default); N > 0 = sample each draft "
-        "token from the top-N softmax and send that distribution (for rejection sampling)",
+    "draft_probs_top_n": Flag(
+        "model drafters: 0 = greedy, no draft probabilities; N > 0 = sample each draft token "
+        "from the top-N softmax and send that distribution (for rejection sampling)"
     ),
-    ("--seed", "SPECWIRE_DRAFTER_SEED", int, "seed", "seed for sampling drafters"),
-    (
-        "--session-ttl",
-        "SPECWIRE_SESSION_TTL",
-        float,
-        "session_ttl_s",
-        "seconds an idle session is kept",
+    "seed": Flag("seed for sampling drafters", env="SPECWIRE_DRAFTER_SEED"),
+    "session_ttl_s": Flag(
+        "seconds an idle session is kept", flag="--session-ttl", env="SPECWIRE_SESSION_TTL"
     ),
-    (
-        "--delay-ms",
-        "SPECWIRE_DRAFTER_DELAY_MS",
-        float,
-        "delay_ms",
-        "injected delay per draft call, for tests and benchmarks",
+    "delay_ms": Flag(
+        "injected delay per draft call, for tests and benchmarks", env="SPECWIRE_DRAFTER_DELAY_MS"
     ),
-    ("--max-sessions", "SPECWIRE_MAX_SESSIONS", int, "max_sessions", "sessions held at once"),
-    (
-        "--max-session-tokens",
-        "SPECWIRE_MAX_SESSION_TOKENS",
-        int,
-        "max_session_tokens",
-        "tokens one session may hold",
+    "max_sessions": Flag("sessions held at once"),
+    "max_session_tokens": Flag("tokens one session may hold"),
+    "max_streams_per_peer": Flag(
+        "concurrent DraftStreams per caller (token, client certificate or IP address)"
     ),
-    (
-        "--max-streams-per-peer",
-        "SPECWIRE_MAX_STREAMS_PER_PEER",
-        int,
-        "max_streams_per_peer",
-        "concurrent DraftStreams per caller (token, client certificate or IP address)",
-    ),
-)
+}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -98,21 +59,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="run the drafter service",
         description="Serve draft tokens over gRPC (specwire.v1.Drafter).",
     )
-    for flag, env, typ, fieldname, text in _FLAGS:
-        default = env_default(env, getattr(_DEFAULTS, fieldname), typ)
-        p.add_argument(
-            flag,
-            type=typ,
-            default=default,
-            dest=fieldname,
-            help=f"{text} [env {env}; default %(default)s]",
-        )
+    add_config_flags(p, DrafterServiceConfig, FLAGS)
     add_server_flags(p, prefix="SPECWIRE_DRAFTER")
-    p.add_argument(
+    add_env_flag(
+        p,
         "--drain-timeout",
-        type=float,
-        default=env_default("SPECWIRE_DRAIN_TIMEOUT", 30.0, float),
-        help="on SIGTERM, seconds open calls get to finish [env SPECWIRE_DRAIN_TIMEOUT]",
+        "SPECWIRE_DRAIN_TIMEOUT",
+        30.0,
+        "on SIGTERM, seconds open calls get to finish",
+        float,
     )
     p.set_defaults(func=run)
 
@@ -121,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from drafter_service.server import serve
 
     config = DrafterServiceConfig(
-        **{f[3]: getattr(args, f[3]) for f in _FLAGS}, security=server_security_from_args(args)
+        **config_kwargs(args, FLAGS), security=server_security_from_args(args)
     )
     running = serve(config)
     print(

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 
 from grpc_health.v1 import _async as aio_health
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from common.errors import UserError
 from common.protogen import drafter_pb2, drafter_pb2_grpc
+from common.reflection import enable_reflection
 from common.security import peer_identity
 from common.transport import LoopThread, build_server
 from drafter_service.config import DrafterServiceConfig
@@ -190,9 +190,7 @@ def serve(config: DrafterServiceConfig, drafter: SessionDrafter | None = None) -
         drafter_pb2_grpc.add_DrafterServicer_to_server(servicer, server)
         health_servicer = aio_health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-        reflection.enable_server_reflection(
-            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-        )
+        enable_reflection((SERVICE_NAME, health.SERVICE_NAME), server)
         for name in ("", SERVICE_NAME):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         await server.start()

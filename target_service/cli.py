@@ -6,137 +6,84 @@ import argparse
 import signal
 import sys
 import threading
-from typing import TYPE_CHECKING
 
-from common.cli_env import env_default as env
+from common.cli_env import Flag, add_config_flags, add_env_flag, config_kwargs
 from common.security import (
     add_client_flags,
     add_server_flags,
     client_security_from_args,
     server_security_from_args,
 )
+from target_service.config import TargetConfig
 
-if TYPE_CHECKING:  # torch is imported only when a command runs, so --help is instant
-    from target_service.config import TargetConfig
+# The TargetConfig fields a user sets; flag, variable, type and default come from the field.
+ENGINE_FLAGS = {
+    "model": Flag("smollm2-135m, tiny-random, a HF folder or a .gguf file"),
+    "drafter": Flag("none | ngram | module:Class | grpc://HOST:PORT"),
+    "max_draft_len": Flag("most draft tokens per sequence per step"),
+    "max_ngram": Flag("ngram drafter: longest n-gram matched"),
+    "device": Flag("cpu | cuda[:N]"),
+    "dtype": Flag(
+        "float32 | bfloat16 | float16 (unset: float32 on CPU, bfloat16 on GPU)", default=None
+    ),
+    "cuda_graphs": Flag("run every step eagerly, without CUDA graphs"),
+    "attention": Flag(
+        "auto (triton on CUDA, sdpa on CPU) | triton | sdpa", choices=("auto", "triton", "sdpa")
+    ),
+    "exact": Flag("GPU: batch-invariant kernels, so bf16 output with speculation equals without"),
+    "draft_policy": Flag(
+        "adaptive (K per step from measured costs and acceptance; GPU) | static",
+        choices=("adaptive", "static"),
+    ),
+    "max_batch_size": Flag("most requests in one step"),
+    "max_num_tokens": Flag("most tokens (prompt chunks + drafts) in one step"),
+    "max_context_len": Flag("prompt + generated tokens per request"),
+    "num_kv_blocks": Flag("KV cache blocks (0 = enough for max-batch-size full contexts)"),
+    "drafter_mode": Flag("remote drafters: stream | unary", choices=("stream", "unary")),
+    "drafter_deadline_ms": Flag("remote drafters: wait this long for drafts, then go without"),
+    "progress": Flag("no progress bars while loading"),
+    "max_prompt_bytes": Flag("most UTF-8 bytes of a prompt (checked before tokenising)"),
+    "max_stop_strings": Flag("most stop strings per request"),
+    "max_stop_len": Flag("most characters per stop string"),
+    "max_queue": Flag("most requests queued beyond the batch size"),
+}
 
 
 def add_engine_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--model",
-        default=env("SPECWIRE_MODEL", "smollm2-135m"),
-        help="smollm2-135m (default), tiny-random, a HF folder or a .gguf file",
-    )
-    p.add_argument(
-        "--drafter",
-        default=env("SPECWIRE_DRAFTER", "ngram"),
-        help="none | ngram | module:Class | grpc://HOST:PORT",
-    )
-    p.add_argument("--max-draft-len", type=int, default=env("SPECWIRE_MAX_DRAFT_LEN", 4, int))
-    p.add_argument("--max-ngram", type=int, default=env("SPECWIRE_MAX_NGRAM", 3, int))
-    p.add_argument("--device", default=env("SPECWIRE_DEVICE", "cpu"), help="cpu | cuda[:N]")
-    p.add_argument(
-        "--dtype",
-        default=env("SPECWIRE_DTYPE", None),
-        help="float32 | bfloat16 | float16 (default float32 on CPU, bfloat16 on GPU)",
-    )
-    p.add_argument(
-        "--no-cuda-graphs", action="store_true", default=env("SPECWIRE_NO_CUDA_GRAPHS", False, bool)
-    )
-    p.add_argument(
-        "--attention",
-        default=env("SPECWIRE_ATTENTION", "auto"),
-        help="auto (triton on CUDA, sdpa on CPU) | triton | sdpa",
-    )
-    p.add_argument(
-        "--exact",
-        action="store_true",
-        default=env("SPECWIRE_EXACT", False, bool),
-        help="GPU: batch-invariant kernels, so bf16 output with speculation equals without it",
-    )
-    p.add_argument(
-        "--draft-policy",
-        default=env("SPECWIRE_DRAFT_POLICY", "adaptive"),
-        help="adaptive (K per step from measured costs and acceptance; GPU) | static",
-    )
-    p.add_argument("--max-batch-size", type=int, default=env("SPECWIRE_MAX_BATCH_SIZE", 16, int))
-    p.add_argument("--max-num-tokens", type=int, default=env("SPECWIRE_MAX_NUM_TOKENS", 1024, int))
-    p.add_argument(
-        "--max-context-len", type=int, default=env("SPECWIRE_MAX_CONTEXT_LEN", 2048, int)
-    )
-    p.add_argument("--num-kv-blocks", type=int, default=env("SPECWIRE_NUM_KV_BLOCKS", 0, int))
-    p.add_argument(
-        "--drafter-mode",
-        default=env("SPECWIRE_DRAFTER_MODE", "stream"),
-        help="remote drafters: stream (default) | unary",
-    )
-    p.add_argument(
-        "--drafter-deadline-ms",
-        type=float,
-        default=env("SPECWIRE_DRAFTER_DEADLINE_MS", 50.0, float),
-    )
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_config_flags(p, TargetConfig, ENGINE_FLAGS)
     # The target -> drafter link (grpc:// drafters): --drafter-tls-ca, --drafter-tls-cert,
     # --drafter-tls-key, --drafter-token-file (or env SPECWIRE_DRAFTER_TOKEN).
     add_client_flags(p, flag="drafter-", env="SPECWIRE_DRAFTER_CLIENT")
-    limits = (
-        ("--max-prompt-bytes", "SPECWIRE_MAX_PROMPT_BYTES", 1 << 20, "UTF-8 bytes of a prompt"),
-        ("--max-stop-strings", "SPECWIRE_MAX_STOP_STRINGS", 16, "stop strings per request"),
-        ("--max-stop-len", "SPECWIRE_MAX_STOP_LEN", 256, "characters per stop string"),
-        ("--max-queue", "SPECWIRE_MAX_QUEUE", 256, "requests queued beyond --max-batch-size"),
-    )
-    for flag, var, default, text in limits:
-        p.add_argument(flag, type=int, default=env(var, default, int), help=f"most {text}")
 
 
 def config_from_args(args: argparse.Namespace) -> TargetConfig:
-    from target_service.config import TargetConfig
-
-    dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
-    return TargetConfig(
-        model=args.model,
-        drafter=args.drafter,
-        max_draft_len=args.max_draft_len,
-        max_ngram=args.max_ngram,
-        device=args.device,
-        dtype=dtype,
-        cuda_graphs=not args.no_cuda_graphs,
-        attention=args.attention,
-        draft_policy=args.draft_policy,
-        exact=args.exact,
-        max_batch_size=args.max_batch_size,
-        max_num_tokens=args.max_num_tokens,
-        max_context_len=args.max_context_len,
-        num_kv_blocks=args.num_kv_blocks,
-        drafter_mode=args.drafter_mode,
-        drafter_deadline_ms=args.drafter_deadline_ms,
-        progress=not args.no_progress,
-        drafter_security=client_security_from_args(
-            args, flag="drafter-", token_env="SPECWIRE_DRAFTER_TOKEN"
-        ),
-        max_prompt_bytes=args.max_prompt_bytes,
-        max_stop_strings=args.max_stop_strings,
-        max_stop_len=args.max_stop_len,
-        max_queue=args.max_queue,
+    kwargs = config_kwargs(args, ENGINE_FLAGS)
+    kwargs["dtype"] = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
+    kwargs["drafter_security"] = client_security_from_args(
+        args, flag="drafter-", token_env="SPECWIRE_DRAFTER_TOKEN"
     )
+    return TargetConfig(**kwargs)
 
 
 def register(sub) -> None:
     p = sub.add_parser("target", help="serve the target model (specwire.v1.Generation)")
-    p.add_argument("--host", default=env("SPECWIRE_HOST", "127.0.0.1"))
-    p.add_argument(
-        "--port", type=int, default=env("SPECWIRE_PORT", 50051, int), help="0 picks a free port"
-    )
-    p.add_argument(
+    add_env_flag(p, "--host", "SPECWIRE_HOST", "127.0.0.1", "address to listen on")
+    add_env_flag(p, "--port", "SPECWIRE_PORT", 50051, "port to listen on (0 = any free port)", int)
+    add_env_flag(
+        p,
         "--metrics-port",
-        type=int,
-        default=env("SPECWIRE_METRICS_PORT", 0, int),
-        help="serve Prometheus metrics on this port (0 = off)",
+        "SPECWIRE_METRICS_PORT",
+        0,
+        "serve Prometheus metrics at /metrics on this port (0 = off)",
+        int,
     )
-    p.add_argument(
+    add_env_flag(
+        p,
         "--drain-timeout",
-        type=float,
-        default=env("SPECWIRE_DRAIN_TIMEOUT", 30.0, float),
-        help="on SIGTERM, seconds in-flight requests get to finish before they are cancelled",
+        "SPECWIRE_DRAIN_TIMEOUT",
+        30.0,
+        "on SIGTERM, seconds in-flight requests get to finish before they are cancelled",
+        float,
     )
     add_server_flags(p)
     add_engine_flags(p)

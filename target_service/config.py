@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from common.errors import UserError
 from common.model.paged import blocks_for
 from common.security import ClientSecurity
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+if TYPE_CHECKING:  # torch loads when a config is built, not when the CLI reads this class
+    import torch
+
+DTYPES = ("float32", "bfloat16", "float16")  # names of torch dtypes
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,8 @@ class TargetConfig:
             raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise UserError(f"--device must be cpu or cuda[:N], got {self.device!r}")
+        import torch
+
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise UserError("--device cuda was asked for but no CUDA GPU is available")
         if self.max_batch_size < 1:
@@ -79,7 +83,9 @@ class TargetConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+        import torch
+
+        return getattr(torch, self.dtype)
 
     @property
     def blocks_per_seq(self) -> int:

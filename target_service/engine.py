@@ -34,6 +34,9 @@ from target_service.verifier import Verifier
 
 log = logging.getLogger(__name__)
 
+# max_new_tokens of a request that sets none (generation.proto says so too).
+DEFAULT_MAX_NEW_TOKENS = 256
+
 
 def make_drafter(cfg: TargetConfig, loaded: LoadedModel) -> Drafter | None:
     spec = cfg.drafter
@@ -96,8 +99,8 @@ class Engine:
             raise UserError(
                 f"prompt has {len(prompt_ids)} tokens; the context holds {self.max_context_len}"
             )
-        if max_new_tokens is None:
-            max_new_tokens = room
+        if max_new_tokens is None:  # unset: a bounded answer, not "fill the context"
+            max_new_tokens = min(DEFAULT_MAX_NEW_TOKENS, room)
         if max_new_tokens < 1:
             raise UserError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if max_new_tokens > room:
@@ -258,8 +261,7 @@ def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine
         vocab_size=loaded.config.vocab_size,
     )
     log.info(
-        "engine ready: model=%s device=%s drafter=%s K=%d graphs=%s attention=%s ops=%s "
-        "policy=%s",
+        "engine ready: model=%s device=%s drafter=%s K=%d graphs=%s attention=%s ops=%s policy=%s",
         cfg.model,
         cfg.device,
         cfg.drafter,

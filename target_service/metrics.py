@@ -3,7 +3,13 @@ one process, e.g. in tests). `specwire target --metrics-port P` serves them over
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+import threading
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+
+METRICS_PATH = "/metrics"
 
 
 class TargetMetrics:
@@ -29,5 +35,34 @@ class TargetMetrics:
         self.waiting = Gauge("specwire_waiting_requests", "Requests queued", registry=r)
         self.kv_free = Gauge("specwire_kv_free_blocks", "Free KV cache blocks", registry=r)
 
-    def serve(self, port: int, host: str = "0.0.0.0") -> None:
-        start_http_server(port, addr=host, registry=self.registry)
+    def serve(self, port: int, host: str = "0.0.0.0") -> WSGIServer:
+        """Serve the registry at /metrics (any other path is 404) from a daemon thread.
+        `server.server_port` is the bound port (`port=0` picks a free one)."""
+        server = make_server(
+            host,
+            port,
+            _only_metrics_path(make_wsgi_app(self.registry)),
+            server_class=_ThreadingWSGIServer,
+            handler_class=_QuietHandler,
+        )
+        threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
+        return server
+
+
+def _only_metrics_path(app):
+    def wsgi(environ, start_response):
+        if environ.get("PATH_INFO") != METRICS_PATH:
+            start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+            return [f"not found; metrics are at {METRICS_PATH}\n".encode()]
+        return app(environ, start_response)
+
+    return wsgi
+
+
+class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002 - no access log on stderr per scrape
+        pass

@@ -39,6 +39,7 @@ class TokenLogprobs:
     token: Logprob
     top: list[Logprob]
 
+
 log = logging.getLogger(__name__)
 
 

@@ -16,11 +16,11 @@ from concurrent import futures
 
 from grpc_health.v1 import _async as aio_health
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from common.errors import UserError
 from common.protogen import generation_pb2 as pb
 from common.protogen import generation_pb2_grpc as pb_grpc
+from common.reflection import enable_reflection
 from common.security import ServerSecurity
 from common.transport import LoopThread, build_server
 from target_service.config import TargetConfig
@@ -292,8 +292,7 @@ class TargetServer:
         self.health = aio_health.HealthServicer()
         pb_grpc.add_GenerationServicer_to_server(self.servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        names = (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME)
-        reflection.enable_server_reflection(names, server)
+        enable_reflection((SERVICE_NAME, health.SERVICE_NAME), server)
         return server, port
 
     def _set(self, status) -> None:

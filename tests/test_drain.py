@@ -68,7 +68,11 @@ def test_sigterm_drains_then_cancels_with_a_completion_and_exits_zero():
             assert p.wait(30) == 0
     assert late_code == "UNAVAILABLE"
     assert len(outcomes) == 6
-    assert set(outcomes) <= {"length", "cancelled"}, outcomes
+    # A request still on its way in when SIGTERM lands is refused like any late one; every
+    # request the server had admitted finishes or gets its CANCELLED completion.
+    refused = outcomes.count("rpc UNAVAILABLE")
+    assert refused <= sum(not ev.is_set() for ev in started), outcomes
+    assert set(outcomes) <= {"length", "cancelled", "rpc UNAVAILABLE"}, outcomes
     assert "cancelled" in outcomes  # 6 x 500 tokens, 2 at a time, cannot finish in 1 s
 
 

@@ -1,0 +1,182 @@
+"""The `specwire` command line: prompts reach the model exactly as given, flags and their
+SPECWIRE_* variables come from the config dataclasses, logs, --version, the default length.
+
+Services run as real processes (`python -m common.cli`) with the tiny-random model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from procs import output_tail, running_service, wait_until
+
+from common.cli import build_parser
+from common.client import GenerationClient
+from common.errors import UserError
+from common.model.tiny_random import tiny_tokenizer
+from drafter_service.cli import FLAGS as DRAFTER_FLAGS
+from target_service.cli import ENGINE_FLAGS
+from target_service.engine import DEFAULT_MAX_NEW_TOKENS
+
+SPECWIRE = [sys.executable, "-m", "common.cli"]
+MAX_NEW = 8
+
+
+@pytest.fixture(scope="module")
+def target() -> str:
+    cmd = SPECWIRE + ["target", "--model", "tiny-random", "--port", "0", "--no-progress"]
+    cmd += ["--max-context-len", "512"]
+    with running_service(cmd, None, r"listening on ([\d.]+:\d+)", timeout=120) as (_, m):
+        yield m.group(1)
+
+
+def specwire(*args: str, env: dict | None = None, stdin: str | None = None):
+    return subprocess.run(
+        SPECWIRE + list(args),
+        input=stdin.encode() if stdin is not None else None,
+        capture_output=True,
+        timeout=120,
+        env=env,
+    )
+
+
+def cli_generate(target: str, *args: str, stdin: str | None = None) -> dict:
+    proc = specwire("generate", "--target", target, "--max-new-tokens", str(MAX_NEW), "--json",
+                    "--no-speculation", *args, stdin=stdin)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr.decode()
+    return json.loads(proc.stdout)
+
+
+def by_ids(target: str, text: str) -> tuple[int, list[int]]:
+    """(prompt tokens, generated ids) for `text` tokenized here and sent as token ids."""
+    ids = tiny_tokenizer().encode(text)
+    with GenerationClient(target) as client:
+        res = client.generate(token_ids=ids, max_new_tokens=MAX_NEW, speculate=False)
+    return len(ids), res.token_ids
+
+
+# Each prompt is checked against what the old CLI sent instead (`unicode_escape`, which also
+# turns UTF-8 into mojibake); the test first checks that the two really give different
+# requests, else it could not tell them apart.
+PROMPTS = ["Café\\n", "C:\\new\\table", "tab\\tand é ü 😀 \\\\ end\\n"]
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_prompt_reaches_the_model_byte_for_byte(target: str, prompt: str) -> None:
+    mangled = prompt.encode().decode("unicode_escape")
+    exact = by_ids(target, prompt)
+    assert exact != by_ids(target, mangled), "prompt and its mangled form are indistinguishable"
+    out = cli_generate(target, "--prompt", prompt)
+    assert (out["usage"]["prompt_tokens"], out["token_ids"]) == exact
+
+
+def test_prompt_file_and_stdin_keep_real_newlines(target: str, tmp_path) -> None:
+    text = "line one\r\nline two\n\tCafé\\n"
+    path = tmp_path / "prompt.txt"
+    path.write_bytes(text.encode())
+    exact = by_ids(target, text)
+    assert exact != by_ids(target, text.replace("\r\n", "\n"))
+    from_file = cli_generate(target, "--prompt-file", str(path))
+    from_stdin = cli_generate(target, "--prompt-file", "-", stdin=text)
+    for out in (from_file, from_stdin):
+        assert (out["usage"]["prompt_tokens"], out["token_ids"]) == exact
+
+
+def test_generate_reads_specwire_target(target: str) -> None:
+    env = {**os.environ, "SPECWIRE_TARGET": target}
+    proc = specwire("generate", "--prompt", "hi", "--max-new-tokens", "2", "--json", env=env)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert json.loads(proc.stdout)["usage"]["completion_tokens"] == 2
+
+
+def test_unset_max_new_tokens_is_bounded(target: str) -> None:
+    with GenerationClient(target) as client:
+        res = client.generate("a b c", ignore_eos=True, speculate=False)
+    # Not "fill the context" (512 here): the documented default.
+    assert res.usage["completion_tokens"] == DEFAULT_MAX_NEW_TOKENS == 256
+
+
+# --- flags and variables -----------------------------------------------------------------------
+
+
+def _help(command: str) -> str:
+    proc = specwire(command, "--help")
+    assert proc.returncode == 0
+    return proc.stdout.decode()
+
+
+@pytest.mark.parametrize(
+    ("command", "flags"), [("target", ENGINE_FLAGS), ("drafter", DRAFTER_FLAGS)]
+)
+def test_help_names_each_flags_variable(command: str, flags: dict) -> None:
+    text = re.sub(r"\s+", " ", _help(command))
+    options = re.findall(r" (--[a-z][a-z-]*)", text.split("options:")[1])
+    options = [o for o in dict.fromkeys(options) if o != "--help"]
+    assert len(options) >= len(flags)
+    for option in options:
+        after = text.split(f" {option}", 1)[1].split(" --", 1)[0]
+        assert "[env SPECWIRE_" in after, f"{command} {option}: {after}"
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "dest", "expected"),
+    [
+        (["drafter"], {}, "port", 50152),
+        (["drafter"], {"SPECWIRE_DRAFTER_PORT": "6000"}, "port", 6000),
+        (["drafter", "--port", "7000"], {"SPECWIRE_DRAFTER_PORT": "6000"}, "port", 7000),
+        (["drafter"], {"SPECWIRE_SESSION_TTL": "1.5"}, "session_ttl_s", 1.5),
+        (["target"], {"SPECWIRE_MAX_DRAFT_LEN": "6"}, "max_draft_len", 6),
+        (["target"], {}, "cuda_graphs", True),
+        (["target"], {"SPECWIRE_NO_CUDA_GRAPHS": "1"}, "cuda_graphs", False),
+        (["target", "--no-progress"], {}, "progress", False),
+        (["target"], {"SPECWIRE_NO_PROGRESS": "true"}, "progress", False),
+        (["generate", "--prompt", "x"], {"SPECWIRE_TARGET": "h:1"}, "target", "h:1"),
+        (["target"], {"SPECWIRE_LOG_LEVEL": "debug"}, "log_level", "DEBUG"),
+        (["target"], {"SPECWIRE_LOG_FORMAT": "json"}, "log_format", "json"),
+    ],
+)
+def test_flag_beats_variable_beats_default(monkeypatch, argv, env, dest, expected) -> None:
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert getattr(build_parser().parse_args(argv), dest) == expected
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"SPECWIRE_DRAFTER_PORT": "eighty"}, "SPECWIRE_DRAFTER_PORT='eighty' is not a valid int"),
+        ({"SPECWIRE_NO_PROGRESS": "maybe"}, "SPECWIRE_NO_PROGRESS='maybe' is not a boolean"),
+        ({"SPECWIRE_LOG_FORMAT": "xml"}, "SPECWIRE_LOG_FORMAT='xml': expected text | json"),
+    ],
+)
+def test_bad_variables_are_one_line_errors(monkeypatch, env, message) -> None:
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(UserError, match=re.escape(message)):
+        build_parser()
+
+
+def test_version() -> None:
+    proc = specwire("--version")
+    assert proc.returncode == 0
+    assert re.fullmatch(r"specwire \S+.*\n", proc.stdout.decode())
+
+
+def test_json_logs_are_one_object_per_line() -> None:
+    cmd = SPECWIRE + ["--log-format", "json", "--log-level", "INFO", "drafter", "--port", "0"]
+    cmd += ["--host", "127.0.0.1"]
+    with running_service(cmd, None, r"listening on", timeout=60) as (proc, _):
+        wait_until(lambda: "serving on" in output_tail(proc), 30, what="the serving log line")
+    lines = [ln.removeprefix("[stderr] ") for ln in output_tail(proc).splitlines()]
+    records = [json.loads(ln) for ln in lines if ln.startswith("{")]
+    serving = [r for r in records if "serving on" in r["message"]]
+    assert serving and serving[0]["level"] == "INFO"
+    assert {"time", "level", "logger", "message"} <= set(serving[0])
+    # Nothing else on stderr: every stderr line is a JSON record (gRPC core is quiet too).
+    stderr = [ln for ln in output_tail(proc).splitlines() if ln.startswith("[stderr] ")]
+    assert all(ln.removeprefix("[stderr] ").startswith("{") for ln in stderr), stderr
