@@ -148,3 +148,60 @@ def test_lossless_fp32_with_cuda_graphs(loaded):
     )
     assert not diff, f"prompts {diff} differ with speculation"
     assert eng.executor.stats.accepted_tokens > 0
+
+
+def _bf16_loaded():
+    from common.model.loader import load_model
+
+    return load_model(
+        GPU_MODEL, device="cuda", dtype=torch.bfloat16, progress=False, max_positions=2048
+    )
+
+
+def _differing(base, spec) -> list[int]:
+    pairs = enumerate(zip(base, spec, strict=True))
+    return [i for i, (a, b) in pairs if a.token_ids != b.token_ids]
+
+
+def _one_at_a_time(eng, prompts, max_new_tokens=48, speculate=True):
+    return [_run(eng, [p], max_new_tokens, speculate)[0] for p in prompts]
+
+
+def test_fused_ops_match_torch_ops_fp32(loaded):
+    """The fused Triton ops against the PyTorch formulas, same weights, fp32."""
+    from common.model.ops import TorchOps
+
+    eng = build_engine(_cfg(), loaded=loaded)
+    assert eng.runner.model.ops.name == "triton"
+    rows, tables = _mixed_rows(eng)
+    fused = eng.runner.forward(rows, tables, allow_graphs=False)
+    n = sum(m for _, m in fused.spans)
+    fused_logits = fused.logits[:n].clone()
+    eng.runner.model.set_ops(TorchOps())
+    plain = eng.runner.forward(rows, tables, allow_graphs=False)
+    torch.testing.assert_close(fused_logits, plain.logits[:n], rtol=1e-4, atol=2e-3)
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_bf16_speculation_equals_plain_decoding(exact):
+    """With --exact every row's logits are independent of the batch and of the verify width,
+    so greedy bf16 with n-gram speculation equals greedy bf16 without it, one request at a
+    time and 32 at once. Without --exact the divergence is only measured (printed)."""
+    loaded = _bf16_loaded()
+    prompts = lossless_prompts(50)
+    cfg = dict(dtype="bfloat16", exact=exact, max_batch_size=32)
+    base_eng = build_engine(_cfg(drafter="none", **cfg), loaded=loaded)
+    spec_eng = build_engine(_cfg(**cfg), loaded=loaded)
+    assert spec_eng.runner.model.ops.exact == exact
+    batched = _differing(_run(base_eng, prompts, 48), _run(spec_eng, prompts, 48))
+    single = _differing(
+        _one_at_a_time(base_eng, prompts[:20]), _one_at_a_time(spec_eng, prompts[:20])
+    )
+    stats = spec_eng.executor.stats
+    print(
+        f"bf16 exact={exact}: 50 at once {50 - len(batched)}/50 identical, one at a time "
+        f"{20 - len(single)}/20 identical; accepted {stats.accepted_tokens}/{stats.draft_tokens}"
+    )
+    assert stats.accepted_tokens > 0
+    if exact:
+        assert not batched and not single, (batched, single)
