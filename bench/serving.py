@@ -164,6 +164,13 @@ def _counter_delta(before: dict, after: dict, name: str) -> float | None:
     return after[name] - before.get(name, 0.0) if name in after else None
 
 
+def _mean_ms(before: dict, after: dict, histogram: str) -> float | None:
+    """Mean of a histogram's observations between two scrapes, in ms."""
+    total = _counter_delta(before, after, histogram + "_sum")
+    count = _counter_delta(before, after, histogram + "_count")
+    return total / count * 1e3 if total is not None and count else None
+
+
 async def run_server(server, plans: list[PassPlan], args) -> dict:
     """Run every pass on one server; the configuration's JSON record."""
     ledger = Ledger()
@@ -190,6 +197,8 @@ async def run_server(server, plans: list[PassPlan], args) -> dict:
                 },
                 eager_steps=_counter_delta(before, after, EAGER),
                 steps=_counter_delta(before, after, STEPS),
+                step_ms=_mean_ms(before, after, "specwire_step_seconds"),
+                host_ms=_mean_ms(before, after, "specwire_step_host_seconds"),
                 requests=[r.to_json() for r in records],
             )
             passes.append(rec)

@@ -71,6 +71,7 @@ class Executor:
         self._stop = False
         self._thread: threading.Thread | None = None
         self.death: BaseException | None = None  # why the executor thread stopped, if it did
+        self._gpu_wait = 0.0  # seconds this step waited for the device
         # Detokenising and streaming run on their own thread, off the step's critical path.
         self.output = OutputWorker(on_stopped=self._stopped)
         self.on_death = None  # called (from the executor thread) with that exception
@@ -169,6 +170,7 @@ class Executor:
             return
         self.step_no += 1
         t0 = time.perf_counter()
+        self._gpu_wait = 0.0
         self._run_isolated(batch.rows, draft=True)
         elapsed = time.perf_counter() - t0
         tokens = sum(
@@ -178,6 +180,7 @@ class Executor:
         m = self.metrics
         m.steps.inc()
         m.step_seconds.observe(elapsed)
+        m.step_host_seconds.observe(elapsed - self._gpu_wait)
         m.running.set(len(self.scheduler.running))
         m.waiting.set(len(self.scheduler.waiting))
         m.kv_free.set(self.kv.num_free_blocks)
@@ -212,6 +215,11 @@ class Executor:
         logits = self.runner.forward(batch.rows, [self.kv.block_table(r) for r in batch.requests])
         if logits.graph is None:
             self.metrics.eager_steps.inc()
+        # Waiting for the GPU is the step's only sync (verify would sync here anyway); timing
+        # it separates the GPU's share of a step from the host's.
+        t0 = time.perf_counter()
+        self.runner.synchronize()
+        self._gpu_wait += time.perf_counter() - t0
         return self.verifier.verify(decode, logits)
 
     def _commit(self, batch: ScheduledBatch, verified) -> None:

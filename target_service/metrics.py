@@ -31,6 +31,13 @@ class TargetMetrics:
             registry=r,
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2),
         )
+        self.step_host_seconds = Histogram(
+            "specwire_step_host_seconds",
+            "Host time on a step's critical path: the step's wall time minus the time it "
+            "waited for the device (scheduling, drafting, input preparation, verification)",
+            registry=r,
+            buckets=(0.0001, 0.0002, 0.0003, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05),
+        )
         self.running = Gauge("specwire_running_requests", "Requests in the batch", registry=r)
         self.waiting = Gauge("specwire_waiting_requests", "Requests queued", registry=r)
         self.kv_free = Gauge("specwire_kv_free_blocks", "Free KV cache blocks", registry=r)

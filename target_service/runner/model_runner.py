@@ -84,6 +84,11 @@ class ModelRunner:
         batches for the SDPA backend). Varlen backends take each row's real drafts."""
         return not self.varlen
 
+    def synchronize(self) -> None:
+        """Wait for the device to finish the work queued so far (no-op on the CPU)."""
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+
     def _forward_logits(self, ids, positions, meta: AttentionMetadata, index=None):
         hidden = self.model(ids, positions, self.kv_caches, meta)
         if index is not None:
