@@ -131,6 +131,15 @@ class Request:
         """Prompt + committed output (the prefix drafts continue)."""
         return self.prompt_ids + self.output_ids
 
+    def tokens_between(self, start: int, end: int) -> list[int]:
+        """`token_ids[start:end]` without building the whole list (hot path: every step)."""
+        p = len(self.prompt_ids)
+        if start >= p:
+            return self.output_ids[start - p : end - p]
+        if end <= p:
+            return self.prompt_ids[start:end]
+        return self.prompt_ids[start:] + self.output_ids[: end - p]
+
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)

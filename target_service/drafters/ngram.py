@@ -26,7 +26,7 @@ class NGramPool(ResourceManager):
         if idx is None:
             idx = self.pools[request.request_id] = NGramIndex(self.max_ngram, self.prefer)
         if len(idx) < request.num_tokens:
-            idx.extend(request.token_ids[len(idx) :])
+            idx.extend(request.tokens_between(len(idx), request.num_tokens))
         return idx
 
     def free(self, request: Request) -> None:

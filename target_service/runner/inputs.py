@@ -66,7 +66,7 @@ class InputPreparer:
         """Tokens a row feeds (uncached committed tokens, then padded drafts) and its start."""
         req = row.request
         start = req.num_computed
-        toks = req.token_ids[start : start + row.num_committed]
+        toks = req.tokens_between(start, start + row.num_committed)
         if row.decode:
             toks = toks + req.draft_tokens
         return toks, start
