@@ -1,38 +1,48 @@
-"""Paged attention and KV-cache writes as Triton kernels: one launch per layer for a mixed step.
+"""Paged attention and KV-cache writes as Triton kernels: one step's layer in three launches.
 
 A step's flat token list holds rows of any query length together: prefill chunks, 1-token
 decode rows, (1+K)-token verify rows, padding rows (length 0) and padding tokens at the end.
-Both kernels are CUDA-graph capturable: the launch grid is a function of tensor *shapes* only,
-every length is read on the device, and nothing syncs with the host.
+All kernels are CUDA-graph capturable: launch grids and the workspace are functions of tensor
+*shapes* only, every length is read on the device, and nothing syncs with the host.
 
-`paged_attention` ("unified" varlen design):
-- grid `(T // BLOCK_Q + B + 1, KVH)`: an upper bound on the number of query blocks. Row r's
-  query blocks are numbered from `cu[r] // BLOCK_Q + r` on; a program binary-searches
-  `cu_seqlens_q` for its row and exits when its block lies past the row's end. The extra
-  "row" B stands for the padding tokens `>= cu[B]`, whose output is written as zeros.
-- GQA packing: a program takes BLOCK_Q query positions × the query heads of one KV head
-  (the group padded to a power of two, GROUP_P), so the tile fed to `tl.dot` has
-  M = BLOCK_Q * GROUP_P = 32 rows (16 ≤ M ≤ 64 for every group size up to 64), and each
-  key/value tile is read once for the whole group.
-- It walks key tiles of KEY_TILE positions from position 0 up to the last position its queries
-  need, looking the block table up per key, with an online softmax in fp32 (exp2 domain).
+`paged_attention` (varlen, split-KV at fixed absolute key positions):
+- The keys of every row are cut into segments of SEGMENT positions, [0, SEGMENT),
+  [SEGMENT, 2 SEGMENT), ... One program takes (query block, segment, KV head); the segment axis
+  of the grid is `ceil(table width * block size / SEGMENT)`, an upper bound from the block
+  table's static width, and a program whose segment starts past its queries' last key exits.
+  So a 1-token decode at 1024 keys runs 8 segments × KVH programs in parallel instead of
+  walking 1024 keys in one.
+- Query blocks: grid axis 0 is `T // BLOCK_Q + B + 1`, an upper bound on their number. Row r's
+  blocks are numbered from `cu[r] // BLOCK_Q + r` on; a program finds its row by a FANOUT-ary
+  search of `cu_seqlens_q` (two dependent loads for up to 1023 rows) and exits when its block
+  lies past the row's end. The extra "row" B stands for the padding tokens `>= cu[B]`.
+- GQA packing: a program takes BLOCK_Q query positions × the query heads of one KV head (the
+  group padded to a power of two, GROUP_P), so the tile fed to `tl.dot` has
+  M = BLOCK_Q * GROUP_P = 32 rows, and each key/value tile is read once for the whole group.
+- Within its segment a program walks key tiles of KEY_TILE positions (the next tile's block
+  ids are loaded before the current tile's math), with an online softmax in fp32 (exp2 domain),
+  and writes its unnormalised partial (acc, running max m, sum l) to an fp32 workspace.
+- `_combine_kernel` then merges, per query and head, segments 0, 1, 2, ... in that order up to
+  the query's own last segment, and normalises. Segment-0 programs record that count per token.
 
-Numerics are a function of the row alone (the base of the bitwise "exact" mode): the launch
-configuration is fixed per model shape (never chosen by T, B or query length), key tiles
-always start at position 0 in the same order, and there is no split-KV. A key a query may not
-see gets score -inf, so its weight is exactly 0; in a tile where a query sees nothing the
-running max is unchanged, so the rescale factor is exp2(0) = 1 exactly and the tile adds
-exact zeros. Keys past the row's context are loaded as zeros (never the cache's stale or
+Numerics are a function of the row alone (the base of the bitwise "exact" mode). A query at
+position p gets segments 0..p // SEGMENT, each computed over the same absolute key range with
+the same tiles, and merged in the same order, whatever the query length, batch or token count:
+the launch configuration is fixed per model shape (never chosen by T, B, query length or
+context length), and there is no path without the split. Inside a segment, a key a query may
+not see gets score -inf, so its weight is exactly 0; in a tile where a query sees nothing the
+running max is unchanged, so the rescale factor is exp2(0) = 1 exactly and the tile adds exact
+zeros. Keys past the row's context are loaded as zeros (never the cache's stale or
 uninitialized contents, which could be NaN and would survive a 0 weight). So a query's output
-does not depend on how many extra tiles its program walks for its neighbours, i.e. on whether
-it is decoded alone, verified with K drafts or computed inside a prefill chunk, nor on the
-other rows of the batch.
+depends neither on how many extra tiles its program walks for its neighbours, nor on how many
+segments other queries need: it is the same decoded alone, verified with K drafts or computed
+inside a prefill chunk, next to any other rows.
 
-Precision: scores and the softmax are fp32. Both products run in the query's dtype with fp32
-accumulation; K/V are converted to the query's dtype after loading (as the SDPA reference
-does). For fp32 queries the products use `input_precision="ieee"` (true fp32, no TF32), so fp32
-stays close enough to SDPA for exact greedy equality; for bf16/fp16 the softmax weights are
-rounded to that dtype before the PV product, as flash attention does.
+Precision: scores, the softmax, the partials and their merge are fp32. Both products run in
+the query's dtype with fp32 accumulation; K/V are converted to the query's dtype after loading
+(as the SDPA reference does). For fp32 queries the products use `input_precision="ieee"` (true
+fp32, no TF32), so fp32 stays close enough to SDPA for exact greedy equality; for bf16/fp16 the
+softmax weights are rounded to that dtype before the PV product, as flash attention does.
 """
 
 from __future__ import annotations
@@ -41,10 +51,23 @@ import torch
 import triton
 import triton.language as tl
 
-KEY_TILE = 32  # key positions per inner-loop step; fixed, since it shapes the numerics
+# One fixed launch configuration: these shape the numerics (tile and segment edges, merge
+# order), so they are constants, never tuned per batch shape.
+# SEGMENT: keys per split. Small enough that a lone decode row spreads over many SMs (1024 keys
+# of SmolLM2's 3 KV heads: 8 x 3 = 24 programs, each one or two key tiles deep, so the step's
+# latency is a handful of dependent loads), large enough that the fp32 partials (D + 2 floats
+# per query, head and segment, written and read back) stay a small fraction of the K/V bytes
+# at large batch (D=128: 520 B per query head per 128 keys, against 512 B of K/V per key).
+SEGMENT = 128
+# KEY_TILE: keys per inner-loop step, two per segment: a 64-key K or V tile is 16 KB at D=128,
+# which 4 warps hold in registers next to the fp32 scores and accumulator without spilling,
+# while a 128-key tile would double that for Llama's heads. Must divide SEGMENT.
+KEY_TILE = 64
 TILE_ROWS = 32  # M of the packed query tile: BLOCK_Q query positions × GROUP_P heads
 NUM_WARPS = 4
 NUM_STAGES = 2
+SEARCH_FANOUT = 32  # cu_seqlens_q entries probed per dependent load when finding a row
+COMBINE_WARPS = 2
 # Pinned, not left to the Triton default (which flips to False in Triton 3.10): FMA contraction
 # changes the low bits, and the exact mode needs the same bits from every install.
 FP_FUSION = True
@@ -126,14 +149,16 @@ def _paged_attention_kernel(
     bt_ptr,
     cu_ptr,
     seq_ptr,
-    out_ptr,
+    part_acc_ptr,  # [S, T, H, D] fp32 workspace: unnormalised partial outputs
+    part_m_ptr,  # [S, T, H] fp32: running max (exp2 domain)
+    part_l_ptr,  # [S, T, H] fp32: sum of weights
+    nseg_ptr,  # [T] int32: segments each token's query merges (0: padding token)
     qk_scale,  # softmax scale * log2(e): scores live in the exp2 domain
     num_tokens,
     num_rows,
+    num_heads,
     stride_qt,
     stride_qh,
-    stride_ot,
-    stride_oh,
     stride_ckv,
     stride_cb,
     stride_cs,
@@ -146,31 +171,52 @@ def _paged_attention_kernel(
     GROUP_P: tl.constexpr,
     BLOCK_D: tl.constexpr,
     TILE: tl.constexpr,
+    SEGMENT: tl.constexpr,
+    FANOUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    kvh = tl.program_id(1)
+    seg = tl.program_id(1)
+    kvh = tl.program_id(2)
 
     # Row of this query block: the largest r in [0, B] with cu[r] // BLOCK_Q + r <= pid (strictly
     # increasing in r, so padding rows of length 0 are fine). r == B: the padding-token tail.
+    # FANOUT-ary search: each round probes FANOUT evenly spaced rows of [lo, hi] in one load.
     lo = tl.zeros([], tl.int32)
     hi = tl.zeros([], tl.int32) + num_rows
+    probes = tl.arange(0, FANOUT)
     while lo < hi:
-        mid = (lo + hi + 1) // 2
-        first_block = tl.load(cu_ptr + mid) // BLOCK_Q + mid
-        ok = first_block <= pid
-        lo = tl.where(ok, mid, lo)
-        hi = tl.where(ok, hi, mid - 1)
+        step = (hi - lo + FANOUT) // FANOUT  # ceil((hi - lo + 1) / FANOUT)
+        r = lo + probes * step
+        r_ok = r <= hi
+        first_block = tl.load(cu_ptr + r, mask=r_ok, other=0) // BLOCK_Q + r
+        below = tl.sum((r_ok & (first_block <= pid)).to(tl.int32), 0)  # >= 1: probe lo is
+        lo = lo + (below - 1) * step
+        hi = tl.minimum(lo + step - 1, hi)
     row = lo
     is_tail = row == num_rows
     row_start = tl.load(cu_ptr + row)
     row_end = tl.where(is_tail, num_tokens, tl.load(cu_ptr + tl.minimum(row + 1, num_rows)))
     qlen = row_end - row_start
-    # The tail has no context: its queries see no key and get zeros.
-    ctx = tl.where(is_tail, 0, tl.load(seq_ptr + tl.minimum(row, num_rows - 1)))
     q_start = (pid - (row_start // BLOCK_Q + row)) * BLOCK_Q
     if q_start >= qlen:
         return
+    if is_tail:  # padding tokens: no partials, 0 segments to merge, so the combine writes zeros
+        if (seg == 0) & (kvh == 0):
+            qv = q_start + tl.arange(0, BLOCK_Q)
+            tl.store(nseg_ptr + row_start + qv, tl.zeros([BLOCK_Q], tl.int32), mask=qv < qlen)
+        return
+    ctx = tl.load(seq_ptr + row)
+    num_keys = tl.maximum(ctx - qlen + tl.minimum(q_start + BLOCK_Q, qlen), 0)
+    seg_start = seg * SEGMENT
+    if (seg > 0) & (seg_start >= num_keys):
+        return
+    if (seg == 0) & (kvh == 0):
+        # Query i of the row sits at ctx - qlen + i and merges segments 0..its_position // SEGMENT.
+        qv = q_start + tl.arange(0, BLOCK_Q)
+        pos = ctx - qlen + qv
+        count = tl.where(pos >= 0, pos // SEGMENT + 1, 0)
+        tl.store(nseg_ptr + row_start + qv, count, mask=qv < qlen)
 
     # Packed tile row m = query (q_start + m // GROUP_P) × head (kvh * group + m % GROUP_P).
     offs_m = tl.arange(0, BLOCK_Q * GROUP_P)
@@ -187,21 +233,33 @@ def _paged_attention_kernel(
         mask=io_mask,
         other=0.0,
     )
-    q_pos = ctx - qlen + qi  # query i of the row sits at ctx - qlen + i, sees keys 0..q_pos
+    q_pos = ctx - qlen + qi  # sees keys 0..q_pos
 
-    num_keys = tl.maximum(ctx - qlen + tl.minimum(q_start + BLOCK_Q, qlen), 0)
     m_i = tl.full([BLOCK_Q * GROUP_P], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_Q * GROUP_P], tl.float32)
     acc = tl.zeros([BLOCK_Q * GROUP_P, BLOCK_D], tl.float32)
     offs_t = tl.arange(0, TILE)
     table = bt_ptr + row.to(tl.int64) * stride_bt
-    for j in range(0, tl.cdiv(num_keys, TILE)):
-        k_pos = j * TILE + offs_t
-        k_ok = k_pos < num_keys
-        blk = tl.load(table + k_pos // block_size, mask=k_ok, other=0).to(tl.int64)
-        slot = blk * stride_cb + (k_pos % block_size) * stride_cs + kvh * stride_ch
-        kv_mask = k_ok[None, :] & d_ok[:, None]  # [BLOCK_D, TILE]
-        k = tl.load(cache_ptr + slot[None, :] + offs_d[:, None], mask=kv_mask, other=0.0)
+    seg_stop = tl.minimum(seg_start + SEGMENT, num_keys)
+    k_pos = seg_start + offs_t
+    blk = tl.load(table + k_pos // block_size, mask=k_pos < seg_stop, other=0)
+    for tile_start in range(seg_start, seg_stop, TILE):
+        k_pos = tile_start + offs_t
+        k_ok = k_pos < seg_stop
+        slot = blk.to(tl.int64) * stride_cb + (k_pos % block_size) * stride_cs + kvh * stride_ch
+        k = tl.load(
+            cache_ptr + slot[None, :] + offs_d[:, None],
+            mask=k_ok[None, :] & d_ok[:, None],
+            other=0.0,
+        )  # [BLOCK_D, TILE]
+        v = tl.load(
+            cache_ptr + stride_ckv + slot[:, None] + offs_d[None, :],
+            mask=k_ok[:, None] & d_ok[None, :],
+            other=0.0,
+        )  # [TILE, BLOCK_D]
+        # The next tile's block ids now, so that their load overlaps this tile's math.
+        next_pos = k_pos + TILE
+        blk = tl.load(table + next_pos // block_size, mask=next_pos < seg_stop, other=0)
         s = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION) * qk_scale
         visible = row_ok[:, None] & (k_pos[None, :] <= q_pos[:, None])
         s = tl.where(visible, s, float("-inf"))
@@ -211,21 +269,95 @@ def _paged_attention_kernel(
         p = tl.exp2(s - m_ref[:, None])
         alpha = tl.exp2(m_i - m_ref)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(
-            cache_ptr + stride_ckv + slot[:, None] + offs_d[None, :],
-            mask=k_ok[:, None] & d_ok[None, :],
-            other=0.0,
-        )
         acc = acc * alpha[:, None] + tl.dot(
             p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION
         )
         m_i = m_new
 
-    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    part = (seg.to(tl.int64) * num_tokens + tok) * num_heads + head  # [M] workspace row
+    tl.store(part_acc_ptr + part[:, None] * head_dim + offs_d[None, :], acc, mask=io_mask)
+    tl.store(part_m_ptr + part, m_i, mask=row_ok)
+    tl.store(part_l_ptr + part, l_i, mask=row_ok)
+
+
+@triton.jit
+def _partial(acc_rows, max_rows, sum_rows, seg, nseg, seg_rows, head_dim, h_ok, d_ok):
+    """Segment `seg`'s partial (acc, max, sum) at the heads' workspace rows (pointers into
+    segment 0), or the merge's identity (0, -inf, 0) past the query's last segment."""
+    ok = tl.where(seg < nseg, h_ok, False)
+    acc = tl.load(acc_rows + seg * seg_rows * head_dim, mask=ok[:, None] & d_ok[None, :], other=0.0)
+    mx = tl.load(max_rows + seg * seg_rows, mask=ok, other=float("-inf"))
+    den = tl.load(sum_rows + seg * seg_rows, mask=ok, other=0.0)
+    return acc, mx, den
+
+
+@triton.jit
+def _merge(acc, mx, den, acc_s, mx_s, den_s):
+    """Fold one segment's partial into the running (acc, max, sum). The identity
+    (0, -inf, 0) leaves them bitwise unchanged: factors 1 and 0, products of exact zeros."""
+    mx_new = tl.maximum(mx, mx_s)
+    ref = tl.where(mx_new == float("-inf"), 0.0, mx_new)
+    alpha = tl.exp2(mx - ref)
+    beta = tl.exp2(mx_s - ref)
+    return acc * alpha[:, None] + acc_s * beta[:, None], mx_new, den * alpha + den_s * beta
+
+
+@triton.jit(do_not_specialize=["seg_rows"])
+def _combine_kernel(
+    part_acc_ptr,
+    part_m_ptr,
+    part_l_ptr,
+    nseg_ptr,
+    out_ptr,
+    seg_rows,  # T * H: workspace rows per segment
+    num_heads,
+    stride_ot,
+    stride_oh,
+    head_dim,
+    group,
+    GROUP_P: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Per (token, KV head): merge segments 0, 1, 2, ... in that order and normalise. Eight
+    segments' loads are issued together before their merges (one memory latency per eight)."""
+    t = tl.program_id(0)
+    kvh = tl.program_id(1)
+    nseg = tl.load(nseg_ptr + t)
+    hg = tl.arange(0, GROUP_P)
+    head = kvh * group + hg
+    h_ok = hg < group
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < head_dim
+    part = t.to(tl.int64) * num_heads + head  # the heads' workspace rows in segment 0
+    a_rows = part_acc_ptr + part[:, None] * head_dim + offs_d[None, :]
+    m_rows = part_m_ptr + part
+    l_rows = part_l_ptr + part
+    acc = tl.zeros([GROUP_P, BLOCK_D], tl.float32)
+    mx = tl.full([GROUP_P], float("-inf"), tl.float32)
+    den = tl.zeros([GROUP_P], tl.float32)
+    for start in range(0, nseg, 8):
+        s = tl.zeros([], tl.int64) + start  # 64-bit workspace offsets
+        a0, m0, l0 = _partial(a_rows, m_rows, l_rows, s, nseg, seg_rows, head_dim, h_ok, d_ok)
+        a1, m1, l1 = _partial(a_rows, m_rows, l_rows, s + 1, nseg, seg_rows, head_dim, h_ok, d_ok)
+        a2, m2, l2 = _partial(a_rows, m_rows, l_rows, s + 2, nseg, seg_rows, head_dim, h_ok, d_ok)
+        a3, m3, l3 = _partial(a_rows, m_rows, l_rows, s + 3, nseg, seg_rows, head_dim, h_ok, d_ok)
+        a4, m4, l4 = _partial(a_rows, m_rows, l_rows, s + 4, nseg, seg_rows, head_dim, h_ok, d_ok)
+        a5, m5, l5 = _partial(a_rows, m_rows, l_rows, s + 5, nseg, seg_rows, head_dim, h_ok, d_ok)
+        a6, m6, l6 = _partial(a_rows, m_rows, l_rows, s + 6, nseg, seg_rows, head_dim, h_ok, d_ok)
+        a7, m7, l7 = _partial(a_rows, m_rows, l_rows, s + 7, nseg, seg_rows, head_dim, h_ok, d_ok)
+        acc, mx, den = _merge(acc, mx, den, a0, m0, l0)
+        acc, mx, den = _merge(acc, mx, den, a1, m1, l1)
+        acc, mx, den = _merge(acc, mx, den, a2, m2, l2)
+        acc, mx, den = _merge(acc, mx, den, a3, m3, l3)
+        acc, mx, den = _merge(acc, mx, den, a4, m4, l4)
+        acc, mx, den = _merge(acc, mx, den, a5, m5, l5)
+        acc, mx, den = _merge(acc, mx, den, a6, m6, l6)
+        acc, mx, den = _merge(acc, mx, den, a7, m7, l7)
+    out = acc / tl.where(den == 0.0, 1.0, den)[:, None]
     tl.store(
-        out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
+        out_ptr + t.to(tl.int64) * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
         out.to(out_ptr.dtype.element_ty),
-        mask=io_mask,
+        mask=h_ok[:, None] & d_ok[None, :],
     )
 
 
@@ -238,54 +370,86 @@ def paged_attention(
     scale: float,
     out: torch.Tensor | None = None,  # [T, H, D]
 ) -> torch.Tensor:  # [T, H, D], q's dtype unless `out` says otherwise
-    """Causal attention of every row's queries over its paged context, in one launch.
+    """Causal attention of every row's queries over its paged context, in two launches.
 
     Query i of row r (qlen = cu[r+1] - cu[r], ctx = seq_lens[r]) sits at position
     ctx - qlen + i and attends keys 0..that position; query head h reads KV head
-    h // (H // KVH). Padding rows (qlen 0) cost one early-exiting program each; padding tokens
-    (>= cu[B]) get zeros. Graph-safe: the grid depends only on T, B and the model shape.
+    h // (H // KVH). Padding rows (qlen 0) cost early-exiting programs; padding tokens
+    (>= cu[B]) get zeros. Graph-safe: the grids and the fp32 workspace
+    (T * H * ceil(M * BS / SEGMENT) * (D + 2) floats) depend only on shapes.
     """
     t, h, d = q.shape
     kvh = kv_cache.shape[3]
     _check_cache(kv_cache, kvh, d)
-    b = block_tables.shape[0]
+    b, width = block_tables.shape
     assert b >= 1 and h % kvh == 0, (b, h, kvh)
     assert cu_seqlens_q.shape == (b + 1,) and seq_lens.shape == (b,)
     assert q.stride(-1) == 1 and block_tables.stride(-1) == 1
+    assert SEGMENT % KEY_TILE == 0, (SEGMENT, KEY_TILE)
     if out is None:
         out = torch.empty_like(q)
     assert out.shape == q.shape and out.stride(-1) == 1
+    if t == 0:
+        return out
+    block_size = kv_cache.shape[2]
     group = h // kvh
     group_p = triton.next_power_of_2(group)
     block_q = max(1, TILE_ROWS // group_p)
+    block_d = triton.next_power_of_2(d)
+    segments = triton.cdiv(width * block_size, SEGMENT)
+    assert segments <= 65535 and kvh <= 65535, (segments, kvh)  # grid axes 1 and 2
+    rows = segments * t * h
+    workspace = torch.empty(rows * (d + 2), dtype=torch.float32, device=q.device)
+    part_acc, part_m, part_l = workspace.split([rows * d, rows, rows])
+    nseg = torch.empty(t, dtype=torch.int32, device=q.device)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32: ignored for 16-bit
-    grid = (t // block_q + b + 1, kvh)
-    _paged_attention_kernel[grid](
+    _paged_attention_kernel[(t // block_q + b + 1, segments, kvh)](
         q,
         kv_cache,
         block_tables,
         cu_seqlens_q,
         seq_lens,
-        out,
+        part_acc,
+        part_m,
+        part_l,
+        nseg,
         scale * _LOG2E,
         t,
         b,
+        h,
         q.stride(0),
         q.stride(1),
-        out.stride(0),
-        out.stride(1),
         *kv_cache.stride()[:4],
         block_tables.stride(0),
-        kv_cache.shape[2],
+        block_size,
         d,
         group,
         BLOCK_Q=block_q,
         GROUP_P=group_p,
-        BLOCK_D=triton.next_power_of_2(d),
+        BLOCK_D=block_d,
         TILE=KEY_TILE,
+        SEGMENT=SEGMENT,
+        FANOUT=SEARCH_FANOUT,
         DOT_PRECISION=precision,
         num_warps=NUM_WARPS,
         num_stages=NUM_STAGES,
+        enable_fp_fusion=FP_FUSION,
+    )
+    _combine_kernel[(t, kvh)](
+        part_acc,
+        part_m,
+        part_l,
+        nseg,
+        out,
+        t * h,
+        h,
+        out.stride(0),
+        out.stride(1),
+        d,
+        group,
+        GROUP_P=group_p,
+        BLOCK_D=block_d,
+        num_warps=COMBINE_WARPS,
         enable_fp_fusion=FP_FUSION,
     )
     return out
