@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common.model.config import LLAMA3_8B, SMOLLM2_135M, TINY_RANDOM, ModelConfig  # noqa: E402
 from common.model.llama import LlamaModel  # noqa: E402
-from common.model.triton_backend import make_backend  # noqa: E402
+from common.model.triton_backend import make_backend, make_ops  # noqa: E402
 from target_service.request import Request  # noqa: E402
 from target_service.resources.kv_cache import KVCacheManager  # noqa: E402
 from target_service.runner.model_runner import ModelRunner, RunnerConfig  # noqa: E402
@@ -172,7 +172,8 @@ def bench_shape(
     kv_caches = model.allocate_kv_cache(kv.num_blocks)  # [L, 2, NB, BS, KVH, D]
     graphs = device.type == "cuda" and not args.no_cuda_graphs
     model.set_attention(make_backend(args.attention, model, device))
-    log(f"{name}: attention backend {model.attention.name}")
+    model.set_ops(make_ops(model.attention, exact=args.exact))
+    log(f"{name}: attention backend {model.attention.name}, ops {model.ops.name}")
     # One runner per distinct draft length > 0 (its logits buffer is sized for 1 + K rows).
     runners: dict[int, ModelRunner] = {}
     for k in sorted({k for k in args.ks if k > 0} or {0}):
@@ -263,6 +264,8 @@ def main() -> int:
     ap.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
     ap.add_argument("--no-cuda-graphs", action="store_true")
     ap.add_argument("--attention", default="auto", help="auto | triton | sdpa")
+    ap.add_argument("--exact", action="store_true", help="batch-invariant GEMMs (--exact)")
+    ap.add_argument("--tag", default="", help="suffix of the output file names")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -293,10 +296,10 @@ def main() -> int:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
         table = markdown(results)
-        (out / "verify_step.json").write_text(
+        (out / f"verify_step{args.tag}.json").write_text(
             json.dumps(dict(env=env, args=vars(args), results=results, failures=failures), indent=1)
         )
-        (out / "verify_step.md").write_text(table)
+        (out / f"verify_step{args.tag}.md").write_text(table)
     print(table, flush=True)
     return 1 if failures else 0
 
