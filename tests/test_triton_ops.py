@@ -104,10 +104,13 @@ def test_rope_matches_rotary_apply(dtype, inplace):
     ref = Rotary.apply(qk.clone(), cos[:, None], sin[:, None])
     v_before = qkv[:, (heads + kv_heads) * d :].clone()
     out = ops.rope(qk, cos, sin, inplace=inplace)
-    assert torch.equal(out, ref)
+    # On the H200 the kernel's x*cos + r*sin is contracted to an FMA, which PyTorch's two eager
+    # kernels round twice: the last bit may differ (measured: 4 of 4 cases). The model uses
+    # one implementation per run, so this does not touch losslessness.
+    _assert_within_ulp(out, ref)
     assert torch.equal(qkv[:, (heads + kv_heads) * d :], v_before)  # v untouched
     if inplace:
-        assert torch.equal(qk, ref)
+        assert torch.equal(qk, out)
 
 
 # --- linear: accuracy ----------------------------------------------------------------------------
