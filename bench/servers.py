@@ -39,7 +39,7 @@ class Server:
     """A running target (and its drafter service, if any)."""
 
     config: str
-    address: str  # host:port of specwire.v1.Generation
+    address: str  # host:port of specwire.v1.GenerationService
     pid: int  # the target process (its RSS is the target's)
     metrics_url: str | None  # http://127.0.0.1:P/metrics when --metrics
     commands: list[list[str]] = field(default_factory=list)
@@ -97,7 +97,8 @@ def wait_serving(address: str, timeout: float) -> None:
         while True:
             try:
                 status = stub.Check(
-                    health_pb2.HealthCheckRequest(service="specwire.v1.Generation"), timeout=5
+                    health_pb2.HealthCheckRequest(service="specwire.v1.GenerationService"),
+                    timeout=5,
                 ).status
                 if status == health_pb2.HealthCheckResponse.SERVING:
                     return

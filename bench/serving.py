@@ -177,7 +177,7 @@ async def run_server(server, plans: list[PassPlan], args) -> dict:
     passes: list[dict] = []
     first_sight: list[RequestRecord] = []  # requests of the timed passes, replay excluded
     async with grpc.aio.insecure_channel(server.address) as channel:
-        stub = pb_grpc.GenerationStub(channel)
+        stub = pb_grpc.GenerationServiceStub(channel)
         info = await stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=30)
         for plan in plans:
             ledger.admit(plan.prompts, plan.replay)  # before anything is sent

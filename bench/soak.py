@@ -166,7 +166,7 @@ def main() -> int:
     rows: list[dict] = []
     with running_config(args.config, args) as server:
         channel = grpc.insecure_channel(server.address)
-        stub = pb_grpc.GenerationStub(channel)
+        stub = pb_grpc.GenerationServiceStub(channel)
 
         def sample(when: str, t0: float) -> dict:
             info = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=30)

@@ -1,4 +1,4 @@
-"""A small Python client for specwire.v1.Generation (used by the CLI, tests and benchmarks)."""
+"""A small Python client for specwire.v1.GenerationService (for the CLI, tests, benchmarks)."""
 
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ class GenerationClient:
         self, address: str, timeout: float | None = None, security: ClientSecurity | None = None
     ) -> None:
         self.channel = make_channel(address, security)
-        self.stub = pb_grpc.GenerationStub(self.channel)
+        self.stub = pb_grpc.GenerationServiceStub(self.channel)
         self.timeout = timeout
 
     def close(self) -> None:
@@ -143,5 +143,5 @@ class GenerationClient:
                 )
         raise RuntimeError("the stream ended without a completion message")
 
-    def model_info(self) -> pb.ModelInfo:
+    def model_info(self) -> pb.GetModelInfoResponse:
         return self.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=self.timeout or 10)

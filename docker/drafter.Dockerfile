@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1
-# specwire drafter service: proposes draft tokens to a target over `specwire.v1.Drafter`.
+# specwire drafter service: proposes draft tokens to a target over `specwire.v1.DrafterService`.
 #
 #   docker build -f docker/drafter.Dockerfile -t specwire-drafter .
 #

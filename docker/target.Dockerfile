@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1
-# specwire target service: the target model, the verifier and the public Generation API.
+# specwire target service: the target model, the verifier and the public GenerationService API.
 #
 #   docker build -f docker/target.Dockerfile -t specwire-target .
 #

@@ -57,7 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "drafter",
         help="run the drafter service",
-        description="Serve draft tokens over gRPC (specwire.v1.Drafter).",
+        description="Serve draft tokens over gRPC (specwire.v1.DrafterService).",
     )
     add_config_flags(p, DrafterServiceConfig, FLAGS)
     add_server_flags(p, prefix="SPECWIRE_DRAFTER")

@@ -32,7 +32,7 @@ from drafter_service.sessions import SessionStore
 
 log = logging.getLogger(__name__)
 
-SERVICE_NAME = drafter_pb2.DESCRIPTOR.services_by_name["Drafter"].full_name
+SERVICE_NAME = drafter_pb2.DESCRIPTOR.services_by_name["DrafterService"].full_name
 
 
 class NotReady(UserError):
@@ -51,15 +51,21 @@ def stream_group(identity: str) -> str:
     return identity
 
 
-def updates_from_proto(request: drafter_pb2.DraftRequest) -> list[SeqUpdate]:
+DraftMessage = drafter_pb2.DraftRequest | drafter_pb2.DraftStreamRequest
+DraftReply = drafter_pb2.DraftResponse | drafter_pb2.DraftStreamResponse
+
+
+def updates_from_proto(request: DraftMessage) -> list[SeqUpdate]:
     return [
         SeqUpdate(s.request_id, s.base_len, list(s.new_tokens), s.max_draft_tokens, s.finished)
         for s in request.sequences
     ]
 
 
-def response_to_proto(step: int, drafts: list[SeqDraft]) -> drafter_pb2.DraftResponse:
-    out = drafter_pb2.DraftResponse(step=step)
+def response_to_proto(
+    step: int, drafts: list[SeqDraft], kind: type[DraftReply] = drafter_pb2.DraftResponse
+) -> DraftReply:
+    out = kind(step=step)
     for d in drafts:
         msg = out.drafts.add(
             request_id=d.request_id, base_len=d.base_len, tokens=d.tokens, resync=d.resync
@@ -69,7 +75,7 @@ def response_to_proto(step: int, drafts: list[SeqDraft]) -> drafter_pb2.DraftRes
     return out
 
 
-class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
+class DrafterServicer(drafter_pb2_grpc.DrafterServiceServicer):
     """protobuf -> SeqUpdates -> engine.draft (on the worker pool) -> protobuf. `engine` is None
     until ready.
 
@@ -88,7 +94,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         engine = self._ready()
         d = engine.drafter
         caps = ["stream", *(c for c in d.capabilities if c != "stream")]
-        return drafter_pb2.DrafterInfo(
+        return drafter_pb2.GetInfoResponse(
             protocol_version=PROTOCOL_VERSION,
             name=d.name,
             vocab_size=d.vocab_size,
@@ -99,7 +105,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
 
     async def Draft(self, request, context):
         self._ready()
-        return await self._draft(request, peer_identity(context))
+        return await self._draft(request, peer_identity(context), drafter_pb2.DraftResponse)
 
     async def DraftStream(self, request_iterator, context):
         self._ready()
@@ -113,20 +119,20 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         self.streams[group] += 1
         try:
             async for request in request_iterator:
-                yield await self._draft(request, owner)
+                yield await self._draft(request, owner, drafter_pb2.DraftStreamResponse)
         finally:
             self.streams[group] -= 1
             if not self.streams[group]:
                 del self.streams[group]
 
-    async def _draft(self, request, owner: str) -> drafter_pb2.DraftResponse:
+    async def _draft(self, request: DraftMessage, owner: str, kind: type[DraftReply]) -> DraftReply:
         engine = self._ready(new_call=False)  # an open stream keeps drafting while draining
         updates = updates_from_proto(request)
         loop = asyncio.get_running_loop()
         drafts = await loop.run_in_executor(
             self.pool, engine.draft, updates, request.want_probs, owner
         )
-        return response_to_proto(request.step, drafts)
+        return response_to_proto(request.step, drafts, kind)
 
     def _ready(self, new_call: bool = True) -> DraftEngine:
         if self.engine is None:
@@ -187,7 +193,7 @@ def serve(config: DrafterServiceConfig, drafter: SessionDrafter | None = None) -
 
     async def start():
         server, port = build_server(config.host, config.port, config.security)
-        drafter_pb2_grpc.add_DrafterServicer_to_server(servicer, server)
+        drafter_pb2_grpc.add_DrafterServiceServicer_to_server(servicer, server)
         health_servicer = aio_health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         enable_reflection((SERVICE_NAME, health.SERVICE_NAME), server)

@@ -23,7 +23,7 @@ class TargetClient:
 
     def __init__(self, target: str, timeout_s: float) -> None:
         self.channel = make_channel(target)
-        self.stub = pb_grpc.GenerationStub(self.channel)
+        self.stub = pb_grpc.GenerationServiceStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
         self.timeout_s = timeout_s
 
@@ -42,7 +42,7 @@ class TargetClient:
             request, timeout=self.timeout_s, metadata=self._metadata(authorization)
         )
 
-    async def model_info(self, authorization: str | None = None) -> pb.ModelInfo:
+    async def model_info(self, authorization: str | None = None) -> pb.GetModelInfoResponse:
         return await self.stub.GetModelInfo(
             pb.GetModelInfoRequest(), timeout=10, metadata=self._metadata(authorization)
         )

@@ -1,4 +1,4 @@
-"""`specwire target`: serve specwire.v1.Generation."""
+"""`specwire target`: serve specwire.v1.GenerationService."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def config_from_args(args: argparse.Namespace) -> TargetConfig:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("target", help="serve the target model (specwire.v1.Generation)")
+    p = sub.add_parser("target", help="serve the target model (specwire.v1.GenerationService)")
     add_env_flag(p, "--host", "SPECWIRE_HOST", "127.0.0.1", "address to listen on")
     add_env_flag(p, "--port", "SPECWIRE_PORT", 50051, "port to listen on (0 = any free port)", int)
     add_env_flag(

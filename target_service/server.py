@@ -1,4 +1,4 @@
-"""The thin `specwire.v1.Generation` servicer, plus health and reflection.
+"""The thin `specwire.v1.GenerationService` servicer, plus health and reflection.
 
 Per RPC: protobuf -> GenerationParams, `Engine.normalize` (tokenise, template, validate, fan
 out n) and `Engine.submit`, events -> protobuf. The server listens (health NOT_SERVING) while
@@ -45,7 +45,7 @@ FINISH = {
     "context": pb.FINISH_REASON_CONTEXT,
     "cancelled": pb.FINISH_REASON_CANCELLED,
 }
-SERVICE_NAME = "specwire.v1.Generation"
+SERVICE_NAME = "specwire.v1.GenerationService"
 
 
 class NotReady(UserError):
@@ -161,7 +161,7 @@ def complete_to_proto(ev: Complete) -> pb.GenerateComplete:
     )
 
 
-class GenerationServicer(pb_grpc.GenerationServicer):
+class GenerationServicer(pb_grpc.GenerationServiceServicer):
     """Async handlers: a waiting call holds a coroutine, never a thread. Tokenising runs on a
     small thread pool (`tokenize_pool`), off the event loop and off the executor's thread."""
 
@@ -232,11 +232,11 @@ class GenerationServicer(pb_grpc.GenerationServicer):
     async def GetModelInfo(self, request, context):
         return self.model_info()
 
-    def model_info(self) -> pb.ModelInfo:
+    def model_info(self) -> pb.GetModelInfoResponse:
         e = self._engine()
         cfg, loaded = e.config, e.loaded
         counters = e.drafter.counters() if hasattr(e.drafter, "counters") else {}
-        return pb.ModelInfo(
+        return pb.GetModelInfoResponse(
             model=cfg.model,
             architecture=loaded.config.architecture,
             vocab_size=loaded.config.vocab_size,
@@ -290,7 +290,7 @@ class TargetServer:
     async def _build(self):
         server, port = build_server(self.host, self.port_arg, self.security)
         self.health = aio_health.HealthServicer()
-        pb_grpc.add_GenerationServicer_to_server(self.servicer, server)
+        pb_grpc.add_GenerationServiceServicer_to_server(self.servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         enable_reflection((SERVICE_NAME, health.SERVICE_NAME), server)
         return server, port

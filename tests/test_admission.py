@@ -121,7 +121,8 @@ def test_streams_that_are_never_read_starve_nobody(server, client):
     ]
     req = build_request("the cat sat on the mat", max_new_tokens=48, ignore_eos=True)
     stalled = [
-        pb_grpc.GenerationStub(channels[i % 8]).Generate(req, timeout=120) for i in range(256)
+        pb_grpc.GenerationServiceStub(channels[i % 8]).Generate(req, timeout=120)
+        for i in range(256)
     ]
     try:
         with grpc.insecure_channel(address) as ch:
@@ -129,7 +130,9 @@ def test_streams_that_are_never_read_starve_nobody(server, client):
                 health_pb2.HealthCheckRequest(), timeout=5
             )
             assert status.status == health_pb2.HealthCheckResponse.SERVING
-            info = pb_grpc.GenerationStub(ch).GetModelInfo(pb.GetModelInfoRequest(), timeout=5)
+            info = pb_grpc.GenerationServiceStub(ch).GetModelInfo(
+                pb.GetModelInfoRequest(), timeout=5
+            )
             assert info.kv_blocks_total == 20
         res = client.generate("hello there", max_new_tokens=4)
         assert len(res.token_ids) == 4

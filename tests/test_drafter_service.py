@@ -36,7 +36,7 @@ def start():
         server = serve(cfg, instance)
         channel = grpc.insecure_channel(server.address)
         servers.append((server, channel))
-        return server, drafter_pb2_grpc.DrafterStub(channel)
+        return server, drafter_pb2_grpc.DrafterServiceStub(channel)
 
     yield _start
     for server, channel in servers:
@@ -52,6 +52,11 @@ def seq(rid, base, tokens, k=4, finished=False):
 
 def req(step, *sequences, want_probs=False):
     return drafter_pb2.DraftRequest(step=step, sequences=sequences, want_probs=want_probs)
+
+
+def streamed(m):
+    """The same message as a DraftStreamRequest (the two encode identically)."""
+    return drafter_pb2.DraftStreamRequest.FromString(m.SerializeToString())
 
 
 def by_id(response):
@@ -85,7 +90,7 @@ def test_session_store_deltas_resync_finish_and_ttl():
 
 def test_ngram_drafts_deltas_resync_and_finished(start):
     server, stub = start(max_draft_len=4)
-    info = stub.GetInfo(drafter_pb2.DrafterInfoRequest(protocol_version=1))
+    info = stub.GetInfo(drafter_pb2.GetInfoRequest(protocol_version=1))
     assert (info.name, info.vocab_size, info.tokenizer_fingerprint) == ("ngram", 0, "")
     assert info.max_draft_len == 4 and "stream" in info.capabilities
 
@@ -123,9 +128,9 @@ def test_unary_and_stream_give_the_same_drafts(start):
     for m in steps:  # same sessions again, from scratch
         for s in m.sequences:
             s.request_id += "-stream"
-    streamed = list(stub.DraftStream(iter(steps)))
-    assert [r.step for r in streamed] == [1, 2, 3, 4]  # one reply per request, in order
-    for u, s in zip(unary, streamed, strict=True):
+    streamed_replies = list(stub.DraftStream(map(streamed, steps)))
+    assert [r.step for r in streamed_replies] == [1, 2, 3, 4]  # one reply per request, in order
+    for u, s in zip(unary, streamed_replies, strict=True):
         assert {k: list(v.tokens) for k, v in by_id(u).items()} == {
             k.removesuffix("-stream"): list(v.tokens) for k, v in by_id(s).items()
         }
@@ -150,7 +155,7 @@ def test_idle_sessions_expire(start):
 )
 def test_bad_requests_are_invalid_argument(start, bad, message):
     _, stub = start()
-    for call in (stub.Draft, lambda m: next(stub.DraftStream(iter([m])))):
+    for call in (stub.Draft, lambda m: next(stub.DraftStream(iter([streamed(m)])))):
         with pytest.raises(grpc.RpcError) as info:
             call(req(1, seq("ok", 0, [1, 2]), bad))
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -196,7 +201,7 @@ def plugin_module(tmp_path, monkeypatch):
 def test_plugin_drafter_serves_and_bad_sequences_do_not_break_the_batch(start, plugin_module):
     drafter = build_drafter(DrafterServiceConfig(drafter=f"{plugin_module}:Repeat"))
     _, stub = start(drafter, max_draft_len=3)
-    info = stub.GetInfo(drafter_pb2.DrafterInfoRequest(protocol_version=1))
+    info = stub.GetInfo(drafter_pb2.GetInfoRequest(protocol_version=1))
     assert (info.name, info.vocab_size) == ("repeat", 50)
     d = by_id(stub.Draft(req(1, seq("a", 0, [4, 5], k=2), seq("bad", 0, [1, -2]))))
     assert list(d["a"].tokens) == [5, 5]
@@ -283,7 +288,7 @@ def test_model_drafter_refuses_out_of_vocab_ids_and_can_send_probs():
 def test_model_tiny_random_from_the_loader(start):
     pytest.importorskip("common.model.loader")
     server, stub = start(drafter="model:tiny-random", max_draft_len=3)
-    info = stub.GetInfo(drafter_pb2.DrafterInfoRequest(protocol_version=1))
+    info = stub.GetInfo(drafter_pb2.GetInfoRequest(protocol_version=1))
     assert info.name.startswith("model:") and info.vocab_size > 0
     d = by_id(stub.Draft(req(1, seq("a", 0, [1, 2, 3, 4, 5], k=3))))["a"]
     assert len(d.tokens) == 3 and all(0 <= t < info.vocab_size for t in d.tokens)
@@ -308,11 +313,11 @@ def test_cli_serves_getinfo_and_health():
     with running_service(cmd, env, pattern, timeout=60) as (proc, match):
         target = f"127.0.0.1:{match.group(1)}"
         with grpc.insecure_channel(target) as channel:
-            info = drafter_pb2_grpc.DrafterStub(channel).GetInfo(
-                drafter_pb2.DrafterInfoRequest(protocol_version=1), timeout=5
+            info = drafter_pb2_grpc.DrafterServiceStub(channel).GetInfo(
+                drafter_pb2.GetInfoRequest(protocol_version=1), timeout=5
             )
         assert info.max_draft_len == 3  # the flag wins over SPECWIRE_MAX_DRAFT_LEN
-        assert healthcheck.check(target, "specwire.v1.Drafter") == "SERVING"
+        assert healthcheck.check(target, "specwire.v1.DrafterService") == "SERVING"
         assert stop_service(proc) == 0  # SIGTERM: clean shutdown
 
 

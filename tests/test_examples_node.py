@@ -1,6 +1,6 @@
 """The Node.js examples (examples/node): the custom drafter and the streaming client.
 
-- The Node drafter speaks `specwire.v1.Drafter` correctly (handshake, deltas, resync, finish,
+- The Node drafter speaks `specwire.v1.DrafterService` correctly (handshake, deltas, resync, finish,
   unpadded drafts, the stream path, health), checked with the Python stubs over loopback.
 - The Node client streams from a `Generation` server and prints text + statistics / JSON.
 - End to end: a real `specwire target` drafting through the Node drafter gives the same greedy
@@ -84,15 +84,15 @@ def _update(rid: str, base_len: int, new: list[int], budget: int = MAX_DRAFT_LEN
 
 def test_node_drafter_handshake_and_health(node_drafter: str) -> None:
     with grpc.insecure_channel(node_drafter) as channel:
-        info = drafter_pb2_grpc.DrafterStub(channel).GetInfo(
-            drafter_pb2.DrafterInfoRequest(protocol_version=1), timeout=5
+        info = drafter_pb2_grpc.DrafterServiceStub(channel).GetInfo(
+            drafter_pb2.GetInfoRequest(protocol_version=1), timeout=5
         )
     assert info.protocol_version == 1
     assert info.vocab_size == 0 and info.tokenizer_fingerprint == ""  # token-agnostic
     assert info.max_draft_len == MAX_DRAFT_LEN
     assert "stream" in info.capabilities
     assert healthcheck.check(node_drafter) == "SERVING"
-    assert healthcheck.check(node_drafter, "specwire.v1.Drafter") == "SERVING"
+    assert healthcheck.check(node_drafter, "specwire.v1.DrafterService") == "SERVING"
     probe = subprocess.run(
         [sys.executable, "-m", "common.healthcheck", node_drafter], cwd=ROOT, timeout=30
     )
@@ -101,7 +101,7 @@ def test_node_drafter_handshake_and_health(node_drafter: str) -> None:
 
 def test_node_drafter_sessions_deltas_resync_and_finish(node_drafter: str) -> None:
     with grpc.insecure_channel(node_drafter) as channel:
-        stub = drafter_pb2_grpc.DrafterStub(channel)
+        stub = drafter_pb2_grpc.DrafterServiceStub(channel)
 
         def draft(step: int, *updates) -> dict[str, drafter_pb2.SequenceDraft]:
             reply = stub.Draft(drafter_pb2.DraftRequest(step=step, sequences=updates), timeout=5)
@@ -141,12 +141,14 @@ def test_node_drafter_sessions_deltas_resync_and_finish(node_drafter: str) -> No
 def test_node_drafter_stream_answers_in_order(node_drafter: str) -> None:
     steps = [2**40 + i for i in range(3)]  # uint64 step numbers round-trip exactly
     requests = [
-        drafter_pb2.DraftRequest(step=steps[0], sequences=[_update("s", 0, [5, 6, 5])]),
-        drafter_pb2.DraftRequest(step=steps[1], sequences=[_update("s", 3, [6])]),
-        drafter_pb2.DraftRequest(step=steps[2], sequences=[_update("s", 4, [], finished=True)]),
+        drafter_pb2.DraftStreamRequest(step=steps[0], sequences=[_update("s", 0, [5, 6, 5])]),
+        drafter_pb2.DraftStreamRequest(step=steps[1], sequences=[_update("s", 3, [6])]),
+        drafter_pb2.DraftStreamRequest(
+            step=steps[2], sequences=[_update("s", 4, [], finished=True)]
+        ),
     ]
     with grpc.insecure_channel(node_drafter) as channel:
-        stub = drafter_pb2_grpc.DrafterStub(channel)
+        stub = drafter_pb2_grpc.DrafterServiceStub(channel)
         replies = list(stub.DraftStream(iter(requests), timeout=10))
     assert [r.step for r in replies] == steps
     # A loop is drafted for the whole budget, not just up to the end of the sequence.
@@ -163,8 +165,8 @@ def test_node_drafter_reads_env_and_stops_on_sigterm(node_modules) -> None:
     try:
         assert int(match.group(2)) == port
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            info = drafter_pb2_grpc.DrafterStub(channel).GetInfo(
-                drafter_pb2.DrafterInfoRequest(protocol_version=1), timeout=5
+            info = drafter_pb2_grpc.DrafterServiceStub(channel).GetInfo(
+                drafter_pb2.GetInfoRequest(protocol_version=1), timeout=5
             )
         assert info.max_draft_len == 2
         proc.send_signal(signal.SIGTERM)
@@ -188,7 +190,7 @@ def test_node_drafter_bad_flag_is_one_line(node_modules) -> None:
 # --- the Node client, against a scripted Generation server -------------------------------------
 
 
-class _ScriptedGeneration(generation_pb2_grpc.GenerationServicer):
+class _ScriptedGeneration(generation_pb2_grpc.GenerationServiceServicer):
     """Streams two chunks and a completion, or fails the way a real target would."""
 
     def __init__(self) -> None:
@@ -234,7 +236,7 @@ class _ScriptedGeneration(generation_pb2_grpc.GenerationServicer):
 def scripted_target() -> Iterator[tuple[str, _ScriptedGeneration]]:
     servicer = _ScriptedGeneration()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    generation_pb2_grpc.add_GenerationServicer_to_server(servicer, server)
+    generation_pb2_grpc.add_GenerationServiceServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     try:

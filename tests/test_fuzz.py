@@ -84,8 +84,8 @@ def target(tiny):
     srv.stop(0)
 
 
-def _info(channel) -> pb.ModelInfo:
-    return pb_grpc.GenerationStub(channel).GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
+def _info(channel) -> pb.GetModelInfoResponse:
+    return pb_grpc.GenerationServiceStub(channel).GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
 
 
 @settings(
@@ -98,7 +98,7 @@ def _info(channel) -> pb.ModelInfo:
 def fuzz_generate(target, request):
     _, channel = target
     try:
-        replies = list(pb_grpc.GenerationStub(channel).Generate(request, timeout=60))
+        replies = list(pb_grpc.GenerationServiceStub(channel).Generate(request, timeout=60))
     except grpc.RpcError as exc:
         assert exc.code() in CLEAN, f"{exc.code().name}: {exc.details()} for {request}"
         return

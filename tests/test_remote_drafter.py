@@ -116,9 +116,9 @@ def test_handshake_refuses_unreachable_drafter_and_wrong_protocol(servers):
     with pytest.raises(UserError, match="unreachable"):
         Harness(f"grpc://127.0.0.1:{free_port()}", connect_timeout_s=0.3)
 
-    class FutureVersion(drafter_pb2_grpc.DrafterServicer):
+    class FutureVersion(drafter_pb2_grpc.DrafterServiceServicer):
         def GetInfo(self, request, context):
-            return drafter_pb2.DrafterInfo(protocol_version=2, name="future")
+            return drafter_pb2.GetInfoResponse(protocol_version=2, name="future")
 
     server, port = custom_server(FutureVersion())
     try:
@@ -235,13 +235,13 @@ def test_slow_drafter_is_late_and_the_step_does_not_wait(servers, mode):
 
 
 def test_late_reply_is_never_applied_to_a_newer_step(servers):
-    class SlowFirst(drafter_pb2_grpc.DrafterServicer):
+    class SlowFirst(drafter_pb2_grpc.DrafterServiceServicer):
         def DraftStream(self, request_iterator, context):
             for req in request_iterator:
                 first = req.step == 1
                 if first:
                     time.sleep(0.4)
-                yield drafter_pb2.DraftResponse(
+                yield drafter_pb2.DraftStreamResponse(
                     step=req.step,
                     drafts=[
                         drafter_pb2.SequenceDraft(
@@ -267,7 +267,7 @@ def test_late_reply_is_never_applied_to_a_newer_step(servers):
 
 
 def test_silent_stream_is_dropped_and_reopened():
-    class HangsFirstStream(drafter_pb2_grpc.DrafterServicer):
+    class HangsFirstStream(drafter_pb2_grpc.DrafterServiceServicer):
         streams = 0
 
         def DraftStream(self, request_iterator, context):
@@ -275,7 +275,7 @@ def test_silent_stream_is_dropped_and_reopened():
             for req in request_iterator:
                 if HangsFirstStream.streams == 1:
                     continue  # reads, never answers: a wedged drafter
-                yield drafter_pb2.DraftResponse(
+                yield drafter_pb2.DraftStreamResponse(
                     step=req.step,
                     drafts=[
                         drafter_pb2.SequenceDraft(
@@ -302,7 +302,7 @@ def test_silent_stream_is_dropped_and_reopened():
 # -- malformed replies ------------------------------------------------------------------------
 
 
-class Malformed(drafter_pb2_grpc.DrafterServicer):
+class Malformed(drafter_pb2_grpc.DrafterServiceServicer):
     """Answers each step with one of everything that can be wrong."""
 
     def Draft(self, request, context):
@@ -323,7 +323,8 @@ class Malformed(drafter_pb2_grpc.DrafterServicer):
 
     def DraftStream(self, request_iterator, context):
         for req in request_iterator:
-            yield self.Draft(req, context)
+            reply = self.Draft(req, context)
+            yield drafter_pb2.DraftStreamResponse.FromString(reply.SerializeToString())
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -345,17 +346,19 @@ def test_malformed_replies_are_counted_and_dropped(mode):
         server.stop(None)
 
 
-class _Info(drafter_pb2_grpc.DrafterServicer):
+class _Info(drafter_pb2_grpc.DrafterServiceServicer):
     def GetInfo(self, request, context):
-        return drafter_pb2.DrafterInfo(protocol_version=1, name="custom", capabilities=["stream"])
+        return drafter_pb2.GetInfoResponse(
+            protocol_version=1, name="custom", capabilities=["stream"]
+        )
 
 
 def custom_server(servicer) -> tuple[grpc.Server, int]:
     """A raw gRPC server around a hand-written servicer (GetInfo defaults to a valid one)."""
-    if type(servicer).GetInfo is drafter_pb2_grpc.DrafterServicer.GetInfo:
+    if type(servicer).GetInfo is drafter_pb2_grpc.DrafterServiceServicer.GetInfo:
         servicer.GetInfo = _Info().GetInfo
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    drafter_pb2_grpc.add_DrafterServicer_to_server(servicer, server)
+    drafter_pb2_grpc.add_DrafterServiceServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     return server, port

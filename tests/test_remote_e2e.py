@@ -256,7 +256,7 @@ def test_slow_drafter_is_late_and_output_unchanged(baseline, drafters, served, m
 # -- malformed drafter replies ---------------------------------------------------------------------
 
 
-class CorruptingServicer(drafter_pb2_grpc.DrafterServicer):
+class CorruptingServicer(drafter_pb2_grpc.DrafterServiceServicer):
     """The real drafter engine, with its replies corrupted in rotation: a wrong request id, a
     stale base_len, ids outside the vocabulary; every fourth reply is left intact."""
 
@@ -264,21 +264,21 @@ class CorruptingServicer(drafter_pb2_grpc.DrafterServicer):
         self.engine = engine
 
     def GetInfo(self, request, context):
-        return drafter_pb2.DrafterInfo(
+        return drafter_pb2.GetInfoResponse(
             protocol_version=PROTOCOL_VERSION, name="corrupting", max_draft_len=4,
             capabilities=["stream"],
         )  # fmt: skip
 
     def Draft(self, request, context):
-        return self._draft(request)
+        return self._draft(request, drafter_pb2.DraftResponse)
 
     def DraftStream(self, request_iterator, context):
         for request in request_iterator:
-            yield self._draft(request)
+            yield self._draft(request, drafter_pb2.DraftStreamResponse)
 
-    def _draft(self, request):
+    def _draft(self, request, kind):
         drafts = self.engine.draft(updates_from_proto(request), request.want_probs)
-        reply = response_to_proto(request.step, drafts)
+        reply = response_to_proto(request.step, drafts, kind)
         for i, d in enumerate(reply.drafts):
             kind = (request.step + i) % 4
             if kind == 0:
@@ -297,7 +297,7 @@ def corrupting_drafter():
     ngram = NGramDrafter()
     servicer = CorruptingServicer(DraftEngine(ngram, SessionStore(ngram, 300.0), 4))
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    drafter_pb2_grpc.add_DrafterServicer_to_server(servicer, server)
+    drafter_pb2_grpc.add_DrafterServiceServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     yield f"127.0.0.1:{port}"

@@ -108,8 +108,8 @@ def test_target_and_drafter_over_mtls_with_tokens(pki):
             (ClientSecurity(ca=ca, cert=cert, key=key), grpc.StatusCode.UNAUTHENTICATED),
         ):
             with make_channel(drafter, sec) as channel, pytest.raises(grpc.RpcError) as err:
-                drafter_pb2_grpc.DrafterStub(channel).GetInfo(
-                    drafter_pb2.DrafterInfoRequest(protocol_version=1), timeout=5
+                drafter_pb2_grpc.DrafterServiceStub(channel).GetInfo(
+                    drafter_pb2.GetInfoRequest(protocol_version=1), timeout=5
                 )
             assert err.value.code() == code
 
@@ -167,7 +167,10 @@ SECRET = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7]  # repetitive: the n-gram drafter con
 def test_a_session_is_visible_only_to_the_connection_that_made_it(drafter_factory):
     server = drafter_factory()
     with _connection(server.address) as a, _connection(server.address) as b:
-        alice, mallory = drafter_pb2_grpc.DrafterStub(a), drafter_pb2_grpc.DrafterStub(b)
+        alice, mallory = (
+            drafter_pb2_grpc.DrafterServiceStub(a),
+            drafter_pb2_grpc.DrafterServiceStub(b),
+        )
         assert _draft(alice, "s", 0, SECRET)[0].tokens == [8, 5, 6, 7]
         # Another connection cannot continue (read) it: the session is not there for it.
         (probe,) = _draft(mallory, "s", len(SECRET), [8])
@@ -184,18 +187,20 @@ def test_a_session_is_visible_only_to_the_connection_that_made_it(drafter_factor
 def test_token_identities_own_their_sessions_across_connections(drafter_factory):
     server = drafter_factory()
     with _connection(server.address, "tok-a") as a1, _connection(server.address, "tok-a") as a2:
-        _draft(drafter_pb2_grpc.DrafterStub(a1), "s", 0, SECRET)
+        _draft(drafter_pb2_grpc.DrafterServiceStub(a1), "s", 0, SECRET)
         # Same token on a new connection: the same owner, so the session carries on.
-        (again,) = _draft(drafter_pb2_grpc.DrafterStub(a2), "s", len(SECRET), [8])
+        (again,) = _draft(drafter_pb2_grpc.DrafterServiceStub(a2), "s", len(SECRET), [8])
         assert not again.resync
         with _connection(server.address, "tok-b") as b:
-            assert _draft(drafter_pb2_grpc.DrafterStub(b), "s", len(SECRET) + 1, [5])[0].resync
+            assert _draft(drafter_pb2_grpc.DrafterServiceStub(b), "s", len(SECRET) + 1, [5])[
+                0
+            ].resync
 
 
 def test_sessions_are_bounded_in_number_and_size(drafter_factory):
     server = drafter_factory(max_sessions=2, max_session_tokens=16)
     with _connection(server.address) as ch:
-        stub = drafter_pb2_grpc.DrafterStub(ch)
+        stub = drafter_pb2_grpc.DrafterServiceStub(ch)
         _draft(stub, "a", 0, [1, 2])
         _draft(stub, "b", 0, [1, 2])
         with pytest.raises(grpc.RpcError) as err:
@@ -216,12 +221,12 @@ def test_idle_draft_streams_are_limited_per_caller_and_do_not_starve_getinfo(dra
     server = drafter_factory(max_streams_per_peer=4, max_workers=1)
     channels = [_connection(server.address) for _ in range(4)]
     done = threading.Event()
-    idle = [drafter_pb2_grpc.DrafterStub(ch).DraftStream(_never(done)) for ch in channels]
+    idle = [drafter_pb2_grpc.DrafterServiceStub(ch).DraftStream(_never(done)) for ch in channels]
     try:
         with _connection(server.address) as ch:
-            stub = drafter_pb2_grpc.DrafterStub(ch)
+            stub = drafter_pb2_grpc.DrafterServiceStub(ch)
             # All 4 idle streams are open once GetInfo is answered on a fresh connection ...
-            info = stub.GetInfo(drafter_pb2.DrafterInfoRequest(protocol_version=1), timeout=5)
+            info = stub.GetInfo(drafter_pb2.GetInfoRequest(protocol_version=1), timeout=5)
             assert info.max_draft_len == 4
             health = health_pb2_grpc.HealthStub(ch).Check(
                 health_pb2.HealthCheckRequest(), timeout=5
@@ -229,7 +234,7 @@ def test_idle_draft_streams_are_limited_per_caller_and_do_not_starve_getinfo(dra
             assert health.status == health_pb2.HealthCheckResponse.SERVING
             # ... and a fifth stream from the same address is refused at once.
             wait_until(lambda: sum(server.servicer.streams.values()) == 4, 10, what="4 streams")
-            fifth = stub.DraftStream(iter([drafter_pb2.DraftRequest(step=1)]), timeout=5)
+            fifth = stub.DraftStream(iter([drafter_pb2.DraftStreamRequest(step=1)]), timeout=5)
             with pytest.raises(grpc.RpcError) as err:
                 list(fifth)
             assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -144,7 +144,7 @@ def test_model_info_and_health(server, client):
     assert info.speculation.steps > 0
     ch = grpc.insecure_channel(f"127.0.0.1:{server.port}")
     resp = health_pb2_grpc.HealthStub(ch).Check(
-        health_pb2.HealthCheckRequest(service="specwire.v1.Generation")
+        health_pb2.HealthCheckRequest(service="specwire.v1.GenerationService")
     )
     assert resp.status == health_pb2.HealthCheckResponse.SERVING
     ch.close()

@@ -29,8 +29,8 @@ function loadGenerationClient(target) {
     defaults: true,
     oneofs: true,
   });
-  const { Generation } = grpc.loadPackageDefinition(def).specwire.v1;
-  return new Generation(target, grpc.credentials.createInsecure());
+  const { GenerationService } = grpc.loadPackageDefinition(def).specwire.v1;
+  return new GenerationService(target, grpc.credentials.createInsecure());
 }
 
 function parseOptions(argv) {

@@ -1,5 +1,6 @@
 #!/usr/bin/env node
-// A custom specwire drafter in Node.js: prompt lookup (n-gram) drafting behind `specwire.v1.Drafter`.
+// A custom specwire drafter in Node.js: prompt lookup (n-gram) drafting behind
+// `specwire.v1.DrafterService`.
 //
 //   node drafter.js --port 50062 [--host 0.0.0.0] [--max-draft-len 4] [--max-ngram 3]
 //   specwire target --drafter grpc://127.0.0.1:50062 ...
@@ -87,7 +88,8 @@ class PromptLookupDrafter {
     };
   }
 
-  /** DraftRequest -> DraftResponse (plain objects, keepCase field names). */
+  /** DraftRequest -> DraftResponse, and DraftStreamRequest -> DraftStreamResponse (the same
+   * fields; plain objects, keepCase field names). */
   draft(request) {
     const drafts = [];
     for (const update of request.sequences || []) {
@@ -130,7 +132,7 @@ function loadDrafterService() {
     defaults: true,
     oneofs: true,
   });
-  return grpc.loadPackageDefinition(def).specwire.v1.Drafter.service;
+  return grpc.loadPackageDefinition(def).specwire.v1.DrafterService.service;
 }
 
 function intOption(value, envName, fallback, name) {
@@ -179,7 +181,7 @@ function main() {
     process.exit(2);
   }
   const drafter = new PromptLookupDrafter(opts);
-  const health = new HealthImplementation({ '': 'NOT_SERVING', 'specwire.v1.Drafter': 'NOT_SERVING' });
+  const health = new HealthImplementation({ '': 'NOT_SERVING', 'specwire.v1.DrafterService': 'NOT_SERVING' });
   const server = new grpc.Server();
   health.addToServer(server);
   server.addService(loadDrafterService(), {
@@ -214,7 +216,7 @@ function main() {
       process.exit(1);
     }
     health.setStatus('', 'SERVING');
-    health.setStatus('specwire.v1.Drafter', 'SERVING');
+    health.setStatus('specwire.v1.DrafterService', 'SERVING');
     // Writes to pipes and files are synchronous in Node on Linux, so a parent waiting for this
     // line sees it at once.
     process.stdout.write(`node drafter listening on ${opts.host}:${port}\n`);
@@ -225,7 +227,7 @@ function main() {
     if (stopping) return;
     stopping = true;
     health.setStatus('', 'NOT_SERVING');
-    health.setStatus('specwire.v1.Drafter', 'NOT_SERVING');
+    health.setStatus('specwire.v1.DrafterService', 'NOT_SERVING');
     const force = setTimeout(() => {
       server.forceShutdown();
       process.exit(0);

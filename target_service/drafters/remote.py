@@ -1,8 +1,9 @@
 """`--drafter grpc://HOST:PORT`: drafts from a drafter service (drafter.proto), fail-open.
 
-One DraftRequest per step carries every decoding request's delta (`base_len` = what the drafter
-already holds, `new_tokens` = the rest). The step waits at most `deadline_ms`; a late, failed or
-malformed reply costs that step its drafts, never its output.
+One message per step (a DraftStreamRequest, or a DraftRequest in unary mode) carries every decoding
+request's delta (`base_len` = what the drafter already holds, `new_tokens` = the rest). The step
+waits at most `deadline_ms`; a late, failed or malformed reply costs that step its drafts, never its
+output.
 
 Stream mode (default) keeps one DraftStream open: a queue feeds the request iterator, a reader
 thread hands replies to the waiting step. At most one message is in flight: while the drafter
@@ -87,14 +88,14 @@ class RemoteDrafter(Drafter):
         self._step = 0
         self._inflight: int | None = None  # stream: step sent and not yet answered
         self._inflight_since = 0.0
-        self._reply: drafter_pb2.DraftResponse | None = None
+        self._reply: drafter_pb2.DraftStreamResponse | None = None
         self._connected = False
         self._stream: DraftStreamCall | None = None
         self._lost_sync = False  # set on failure: every sequence restarts from base_len 0
         self._reconnecting = False
         self._closed = threading.Event()
         self._channel = make_channel(self.config.target, self.security, CHANNEL_OPTIONS)
-        self._stub = drafter_pb2_grpc.DrafterStub(self._channel)
+        self._stub = drafter_pb2_grpc.DrafterServiceStub(self._channel)
         try:
             self.info = self._handshake(self.config.connect_timeout_s)
         except BaseException:
@@ -109,7 +110,7 @@ class RemoteDrafter(Drafter):
 
     # -- connection ---------------------------------------------------------------------------
 
-    def _handshake(self, timeout_s: float, wait: bool = True) -> drafter_pb2.DrafterInfo:
+    def _handshake(self, timeout_s: float, wait: bool = True) -> drafter_pb2.GetInfoResponse:
         """See `remote_channel.handshake`; raises UserError."""
         return handshake(
             self._stub, self.name, self.vocab_size, self.tokenizer_fingerprint, timeout_s, wait
@@ -203,7 +204,9 @@ class RemoteDrafter(Drafter):
             self._apply(reply, requests, lengths)
 
     def _build(self, step: int, requests: Sequence[Request]):
-        msg = drafter_pb2.DraftRequest(step=step, want_probs=self.want_probs)
+        # The two message types are field for field the same (drafter.proto).
+        kind = drafter_pb2.DraftStreamRequest if self.mode == "stream" else drafter_pb2.DraftRequest
+        msg = kind(step=step, want_probs=self.want_probs)
         for rid in self.sessions.take_finished():
             msg.sequences.add(request_id=rid, finished=True)
         lengths: dict[str, int] = {}
@@ -222,7 +225,9 @@ class RemoteDrafter(Drafter):
             self.sessions.synced[r.request_id] = lengths[r.request_id] = len(tokens)
         return msg, lengths
 
-    def _exchange_stream(self, msg: drafter_pb2.DraftRequest) -> drafter_pb2.DraftResponse | None:
+    def _exchange_stream(
+        self, msg: drafter_pb2.DraftStreamRequest
+    ) -> drafter_pb2.DraftStreamResponse | None:
         end = time.monotonic() + self.config.deadline_ms / 1000
         with self._cv:
             stream = self._stream

@@ -54,13 +54,13 @@ class RemoteDrafterConfig:
 
 
 def handshake(
-    stub: drafter_pb2_grpc.DrafterStub,
+    stub: drafter_pb2_grpc.DrafterServiceStub,
     name: str,
     vocab_size: int,
     tokenizer_fingerprint: str,
     timeout_s: float,
     wait: bool = True,
-) -> drafter_pb2.DrafterInfo:
+) -> drafter_pb2.GetInfoResponse:
     """GetInfo and the compatibility checks; raise UserError (one line) on any mismatch.
 
     `wait`: at start-up, wait up to `timeout_s` for a drafter that is still starting. The
@@ -71,7 +71,7 @@ def handshake(
     while True:
         try:
             info = stub.GetInfo(
-                drafter_pb2.DrafterInfoRequest(protocol_version=PROTOCOL_VERSION),
+                drafter_pb2.GetInfoRequest(protocol_version=PROTOCOL_VERSION),
                 timeout=max(0.01, end - time.monotonic()),
                 wait_for_ready=wait,
             )
@@ -110,21 +110,21 @@ class DraftStreamCall:
 
     def __init__(
         self,
-        stub: drafter_pb2_grpc.DrafterStub,
+        stub: drafter_pb2_grpc.DrafterServiceStub,
         read: Callable[[DraftStreamCall, grpc.Call], None],
     ) -> None:
-        self._queue: queue.SimpleQueue[drafter_pb2.DraftRequest | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[drafter_pb2.DraftStreamRequest | None] = queue.SimpleQueue()
         self._call = stub.DraftStream(self._requests())
         self._reader = threading.Thread(
             target=read, args=(self, self._call), daemon=True, name="drafter-rx"
         )
         self._reader.start()
 
-    def _requests(self) -> Iterator[drafter_pb2.DraftRequest]:
+    def _requests(self) -> Iterator[drafter_pb2.DraftStreamRequest]:
         while (msg := self._queue.get()) is not None:
             yield msg
 
-    def send(self, msg: drafter_pb2.DraftRequest) -> None:
+    def send(self, msg: drafter_pb2.DraftStreamRequest) -> None:
         self._queue.put(msg)
 
     def close(self) -> None:
