@@ -23,6 +23,7 @@ from target_service.drafters.base import Drafter
 from target_service.drafters.ngram import NGramDrafter
 from target_service.drafters.plugin import load_plugin_drafter
 from target_service.executor import Executor
+from target_service.metrics import TargetMetrics
 from target_service.output import EventQueue, OutputStream, StreamFactory
 from target_service.params import MAX_N, GenerationParams
 from target_service.request import Request, SamplingConfig
@@ -250,15 +251,17 @@ def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine
         policy.seed_costs(runner.graphs.measure())
     else:
         policy.adaptive = False
+    metrics = TargetMetrics(cfg.model)  # streams and the executor report to the same one
     executor = Executor(
         scheduler=Scheduler(SchedulerConfig(cfg.max_batch_size, cfg.max_num_tokens, k), kv, policy),
         resources=resources,
         drafter=drafter,
         runner=runner,
         verifier=Verifier(loaded.config.vocab_size),
-        make_stream=StreamFactory(loaded.tokenizer, eos_ids, cfg.max_context_len),
+        make_stream=StreamFactory(loaded.tokenizer, eos_ids, cfg.max_context_len, metrics),
         max_draft_len=k,
         vocab_size=loaded.config.vocab_size,
+        metrics=metrics,
     )
     log.info(
         "engine ready: model=%s device=%s drafter=%s K=%d graphs=%s attention=%s ops=%s policy=%s",

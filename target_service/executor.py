@@ -51,6 +51,7 @@ class Executor:
         make_stream,  # Request -> OutputStream
         max_draft_len: int,
         vocab_size: int,
+        metrics: TargetMetrics | None = None,  # the one make_stream's streams report to
     ) -> None:
         self.scheduler = scheduler
         self.resources = resources
@@ -65,7 +66,8 @@ class Executor:
         self.stats = SpecStats(histogram=[0] * (max_draft_len + 1))
         self.step_no = 0
         self.drafter_errors = 0
-        self.metrics = TargetMetrics()
+        self.metrics = metrics or TargetMetrics()
+        self.metrics.watch(scheduler, self.kv, drafter)
         self._inbox: deque[tuple[str, object]] = deque()
         self._wake = threading.Condition()
         self._stop = False
@@ -85,6 +87,7 @@ class Executor:
         elif not request.sampling.greedy:
             request.generator = torch.Generator()
             request.generator.seed()
+        self.metrics.on_arrival(request)
         with self._wake:
             self._inbox.append(("add", stream))
             self._wake.notify()
@@ -149,6 +152,7 @@ class Executor:
                 self.streams[stream.request.request_id] = stream
                 self.scheduler.add(stream.request)
             elif kind == "cancel" and payload in self.streams:
+                self.metrics.on_cancelled(self.streams[payload].request)
                 self._finish(self.streams[payload].request, "cancelled")
             elif kind == "stopped" and payload in self.streams:
                 self._release(self.streams[payload].request)  # its stream already completed
@@ -168,6 +172,7 @@ class Executor:
         if not batch:
             time.sleep(0.001)  # waiting for KV blocks held by finishing requests
             return
+        self.metrics.on_scheduled(batch.requests)
         self.step_no += 1
         t0 = time.perf_counter()
         self._gpu_wait = 0.0
@@ -181,9 +186,6 @@ class Executor:
         m.steps.inc()
         m.step_seconds.observe(elapsed)
         m.step_host_seconds.observe(elapsed - self._gpu_wait)
-        m.running.set(len(self.scheduler.running))
-        m.waiting.set(len(self.scheduler.waiting))
-        m.kv_free.set(self.kv.num_free_blocks)
 
     def _run_isolated(self, rows: list[Row], draft: bool) -> None:
         """Run a step; if it fails, retry each half without drafts until the failure is
@@ -323,9 +325,7 @@ class Executor:
             req.stats.record(drafted, acc)
             self.stats.record(drafted, acc)
             self.scheduler.policy.observe(req, drafted, acc)
-            self.metrics.tokens.inc(len(toks))
-            self.metrics.drafted.inc(drafted)
-            self.metrics.accepted.inc(acc)
+            self.metrics.on_verified(drafted, acc)
             stream = self.streams[req.request_id]
             kept, reason = stream.append(toks)
             self.output.render(stream, kept, reason, drafted, acc, self.step_no, lps)

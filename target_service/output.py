@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 from common.tokenizer import IncrementalDecoder, Tokenizer
+from target_service.metrics import TargetMetrics
 from target_service.request import Request, SpecStats
 from target_service.verifier import TokenLogprob
 
@@ -130,8 +131,10 @@ class OutputStream:
         max_context: int,
         events: EventQueue | None = None,
         index: int = 0,
+        metrics: TargetMetrics | None = None,
     ):
         self.request = request
+        self.metrics = metrics or TargetMetrics()
         self.events = EventQueue() if events is None else events
         self.index = index
         self.tokenizer = tokenizer
@@ -144,6 +147,7 @@ class OutputStream:
         self.done = False  # a Complete or Failed event was sent: nothing more goes out
         self.scanned = 0  # `text[:scanned]` holds no stop string (matching is incremental)
         self.longest_stop = max((len(s) for s in request.stop), default=0)
+        self.last_commit_time: float | None = None  # when `append` last committed tokens
 
     def commit(
         self,
@@ -162,8 +166,9 @@ class OutputStream:
         (EOS, context, length). Returns the tokens kept and the finish reason, if any. Cheap:
         no text is produced here."""
         req = self.request
+        now = time.monotonic()
         if req.first_token_time is None:
-            req.first_token_time = time.monotonic()
+            req.first_token_time = now
         kept: list[int] = []
         reason = None
         for tok in new_tokens:
@@ -177,6 +182,8 @@ class OutputStream:
                 reason = "length"
             if reason:
                 break
+        self.metrics.on_committed(req, len(kept), self.last_commit_time, now)
+        self.last_commit_time = now
         return kept, reason
 
     def render(
@@ -251,6 +258,8 @@ class OutputStream:
         now = time.monotonic()
         req.finish_reason = reason
         ttft = (req.first_token_time or now) - req.arrival_time
+        # Recorded before the client hears: once it has its completion, the metrics count it.
+        self.metrics.on_finished(req, reason, self.num_rendered)
         self.events.put(
             Complete(
                 finish_reason=reason,
@@ -269,6 +278,7 @@ class OutputStream:
         if self.done:
             return
         self.done = True
+        self.metrics.on_finished(self.request, "error", self.num_rendered)
         self.events.put(Failed(code, message, self.index))
 
 
@@ -326,7 +336,14 @@ class StreamFactory:
     `route` first (same thread, before `executor.submit`) to send a request's events to a shared
     queue under an index: that is how a request's n completions become one stream."""
 
-    def __init__(self, tokenizer: Tokenizer, eos_ids: set[int], max_context: int) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        eos_ids: set[int],
+        max_context: int,
+        metrics: TargetMetrics | None = None,
+    ) -> None:
+        self.metrics = metrics or TargetMetrics()  # the engine's: every stream reports to it
         self.tokenizer = tokenizer
         self.eos_ids = eos_ids
         self.max_context = max_context
@@ -341,5 +358,11 @@ class StreamFactory:
         with self._lock:
             events, index = self._routes.pop(request.request_id, (None, 0))
         return OutputStream(
-            request, self.tokenizer, self.eos_ids, self.max_context, events=events, index=index
+            request,
+            self.tokenizer,
+            self.eos_ids,
+            self.max_context,
+            events=events,
+            index=index,
+            metrics=self.metrics,
         )

@@ -20,7 +20,7 @@ ENV = {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}
 
 
 def _consume(client: GenerationClient, out: list, started: threading.Event) -> None:
-    req = build_request(token_ids=[5, 6, 7, 8], max_new_tokens=500, ignore_eos=True)
+    req = build_request(token_ids=[5, 6, 7, 8], max_new_tokens=4000, ignore_eos=True)
     try:
         for resp in client.stream(req):
             started.set()
@@ -35,7 +35,7 @@ def _consume(client: GenerationClient, out: list, started: threading.Event) -> N
 def test_sigterm_drains_then_cancels_with_a_completion_and_exits_zero():
     cmd = SPECWIRE + [
         "target", "--model", "tiny-random", "--port", "0", "--no-progress", "--drafter", "none",
-        "--max-context-len", "512", "--max-batch-size", "2", "--drain-timeout", "1",
+        "--max-context-len", "4096", "--max-batch-size", "2", "--drain-timeout", "1",
     ]  # fmt: skip
     with running_service(cmd, ENV, r"listening on 127\.0\.0\.1:(\d+)", timeout=120) as (p, m):
         address = f"127.0.0.1:{m.group(1)}"
@@ -73,7 +73,7 @@ def test_sigterm_drains_then_cancels_with_a_completion_and_exits_zero():
     refused = outcomes.count("rpc UNAVAILABLE")
     assert refused <= sum(not ev.is_set() for ev in started), outcomes
     assert set(outcomes) <= {"length", "cancelled", "rpc UNAVAILABLE"}, outcomes
-    assert "cancelled" in outcomes  # 6 x 500 tokens, 2 at a time, cannot finish in 1 s
+    assert "cancelled" in outcomes  # 6 x 4000 tokens, 2 at a time, cannot finish in 1 s
 
 
 def _status(health) -> int:

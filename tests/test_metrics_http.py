@@ -12,7 +12,7 @@ from target_service.metrics import TargetMetrics
 
 @pytest.fixture
 def metrics_url():
-    metrics = TargetMetrics()
+    metrics = TargetMetrics("m")
     metrics.tokens.inc(3)
     server = metrics.serve(0, "127.0.0.1")
     yield f"http://127.0.0.1:{server.server_port}"
@@ -25,7 +25,7 @@ def test_metrics_path_serves_the_registry(metrics_url: str) -> None:
         assert reply.status == 200
         assert reply.headers["Content-Type"].startswith("text/plain")
         text = reply.read().decode()
-    assert "specwire_generated_tokens_total 3.0" in text.splitlines()
+    assert 'specwire_generated_tokens_total{model="m"} 3.0' in text.splitlines()
 
 
 @pytest.mark.parametrize("path", ["/", "/healthz", "/metricsx", "/metrics/extra"])

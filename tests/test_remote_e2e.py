@@ -233,6 +233,13 @@ def test_drafter_killed_mid_generation_then_restarted(tiny, baseline, drafters, 
         srv.stop(0)
     assert info.drafter_counters.failed > 0 and info.drafter_counters.reconnects >= 2
     assert info.speculation.accepted_tokens == ex.stats.accepted_tokens > before
+    # ... and through Prometheus, read from the drafter when scraped.
+    counters = eng.drafter.counters()
+    for name in ("late", "failed", "reconnects"):
+        sample = ex.metrics.registry.get_sample_value(
+            f"specwire_drafter_{name}_total", {"model": "tiny-random"}
+        )
+        assert sample == counters[name], name
 
 
 # -- a drafter slower than the deadline ----------------------------------------------------------
