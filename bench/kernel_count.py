@@ -1,0 +1,106 @@
+"""GPU kernels per decoder layer and per step, from the PyTorch profiler.
+
+One eager decode step (B rows, q tokens each, random weights of the real shape) is profiled
+twice: with the PyTorch ops and the SDPA attention (the reference, and what the target ran
+before the Triton path) and with our Triton ops and attention. Eager runs launch exactly the
+kernels a CUDA graph of the same step replays.
+
+    python bench/kernel_count.py [--shape smollm2] [--batch 1] [--q 5] [--exact]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from common.model.attention import AttentionMetadata, TorchPagedAttention  # noqa: E402
+from common.model.config import LLAMA3_8B, SMOLLM2_135M  # noqa: E402
+from common.model.llama import LlamaModel  # noqa: E402
+from common.model.ops import TorchOps, TritonOps  # noqa: E402
+from common.model.triton_backend import TritonPagedAttention  # noqa: E402
+
+SHAPES = {"smollm2": SMOLLM2_135M, "llama3-8b": LLAMA3_8B}
+BS = 16
+
+
+def step_inputs(batch: int, q: int, ctx: int, device):
+    """`batch` rows of q tokens each on top of `ctx` cached tokens; blocks 1.. in order."""
+    blocks = -(-(ctx + q) // BS)
+    tables = torch.arange(1, 1 + batch * blocks, dtype=torch.int32, device=device)
+    tables = tables.view(batch, blocks)
+    pos = torch.arange(ctx, ctx + q, device=device).repeat(batch)
+    rows = torch.arange(batch, device=device).repeat_interleave(q)
+    slots = tables[rows, pos // BS].long() * BS + pos % BS
+    meta = AttentionMetadata(
+        slot_mapping=slots,
+        block_tables=tables,
+        context_lens=torch.full((batch,), ctx + q, dtype=torch.int32, device=device),
+        uniform_q=q,
+        cu_seqlens_q=torch.arange(0, batch * q + 1, q, dtype=torch.int32, device=device),
+    )
+    ids = torch.zeros(batch * q, dtype=torch.long, device=device)
+    return ids, pos, meta, 1 + batch * blocks
+
+
+def count(model: LlamaModel, kv, ids, pos, meta) -> tuple[int, collections.Counter]:
+    with torch.inference_mode():
+        for _ in range(2):  # warm-up: compile, plan
+            model.compute_logits(model(ids, pos, kv, meta)[-1:])
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            model.compute_logits(model(ids, pos, kv, meta)[-1:])
+            torch.cuda.synchronize()
+    names = collections.Counter(
+        e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+    )
+    return sum(names.values()), names
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shape", default="smollm2", choices=sorted(SHAPES))
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--q", type=int, default=5)
+    ap.add_argument("--ctx", type=int, default=256)
+    ap.add_argument("--exact", action="store_true")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    cfg = SHAPES[args.shape]
+    torch.set_default_dtype(torch.bfloat16)
+    with dev:
+        model = LlamaModel(cfg, block_size=BS, max_positions=args.ctx + args.q + BS).eval()
+    torch.set_default_dtype(torch.float32)
+    ids, pos, meta, blocks = step_inputs(args.batch, args.q, args.ctx, dev)
+    kv = model.allocate_kv_cache(blocks)
+    args_ = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, BS)
+    rows = []
+    for name, attn, ops in (
+        ("pytorch ops + SDPA", TorchPagedAttention(*args_), TorchOps()),
+        ("triton ops + triton attention", TritonPagedAttention(*args_), TritonOps(args.exact)),
+    ):
+        model.set_attention(attn)
+        model.set_ops(ops)
+        meta.uniform_mask = None
+        total, names = count(model, kv, ids, pos, meta)
+        rows.append((name, total, total / cfg.num_layers, names))
+    print(f"{args.shape}, B={args.batch} q={args.q} ctx={args.ctx}, bf16, {cfg.num_layers} layers")
+    print("| path | kernels per step | per layer |")
+    print("|---|---|---|")
+    for name, total, per_layer, _ in rows:
+        print(f"| {name} | {total} | {per_layer:.1f} |")
+    for name, _, _, names in rows:
+        print(f"\n{name}: most frequent kernels")
+        for kernel, n in names.most_common(14):
+            print(f"  {n:5d}  {kernel[:110]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
