@@ -10,11 +10,11 @@ All kernels are CUDA-graph capturable: launch grids and the workspace are functi
   [SEGMENT, 2 SEGMENT), ... One program takes (query block, segment, KV head); the segment axis
   of the grid is `ceil(table width * block size / SEGMENT)`, an upper bound from the block
   table's static width, and a program whose segment starts past its queries' last key exits.
-  So a 1-token decode at 1024 keys runs 8 segments × KVH programs in parallel instead of
-  walking 1024 keys in one.
+  So a 1-token decode at 1024 keys runs 8 segments × KVH programs side by side instead of
+  walking 1024 keys in KVH programs.
 - Query blocks: grid axis 0 is `T // BLOCK_Q + B + 1`, an upper bound on their number. Row r's
   blocks are numbered from `cu[r] // BLOCK_Q + r` on; a program finds its row by a FANOUT-ary
-  search of `cu_seqlens_q` (two dependent loads for up to 1023 rows) and exits when its block
+  search of `cu_seqlens_q` (one dependent load for up to 127 rows) and exits when its block
   lies past the row's end. The extra "row" B stands for the padding tokens `>= cu[B]`.
 - GQA packing: a program takes BLOCK_Q query positions × the query heads of one KV head (the
   group padded to a power of two, GROUP_P), so the tile fed to `tl.dot` has
@@ -54,19 +54,22 @@ import triton.language as tl
 # One fixed launch configuration: these shape the numerics (tile and segment edges, merge
 # order), so they are constants, never tuned per batch shape.
 # SEGMENT: keys per split. Small enough that a lone decode row spreads over many SMs (1024 keys
-# of SmolLM2's 3 KV heads: 8 x 3 = 24 programs, each one or two key tiles deep, so the step's
-# latency is a handful of dependent loads), large enough that the fp32 partials (D + 2 floats
-# per query, head and segment, written and read back) stay a small fraction of the K/V bytes
-# at large batch (D=128: 520 B per query head per 128 keys, against 512 B of K/V per key).
+# of SmolLM2's 3 KV heads: 8 x 3 = 24 programs), large enough that the fp32 partials (D + 2
+# floats per query, head and segment, written and read back once) stay a small fraction of the
+# K/V bytes at large batch (~1/8 of them for a 5-token verify row at GQA group 4, D = 128).
 SEGMENT = 128
-# KEY_TILE: keys per inner-loop step, two per segment: a 64-key K or V tile is 16 KB at D=128,
-# which 4 warps hold in registers next to the fp32 scores and accumulator without spilling,
-# while a 128-key tile would double that for Llama's heads. Must divide SEGMENT.
-KEY_TILE = 64
+# KEY_TILE: keys per inner-loop step. One tile per segment: a program's critical path is then
+# one block-table load and one K/V load (issued together), with no second round trip for a
+# second tile. Compiled for sm_90 (bf16, 4 warps), a 128-key tile needs 117 registers and 45 KB
+# of shared memory at D = 64, 187 and 82 KB at D = 128: no spills, 2-4 programs per SM. Larger
+# SEGMENTs walk several tiles, the next tile's block ids loaded ahead. Must divide SEGMENT.
+KEY_TILE = 128
 TILE_ROWS = 32  # M of the packed query tile: BLOCK_Q query positions × GROUP_P heads
 NUM_WARPS = 4
 NUM_STAGES = 2
-SEARCH_FANOUT = 32  # cu_seqlens_q entries probed per dependent load when finding a row
+# cu_seqlens_q entries probed per dependent load when a program looks up its row: one load for
+# up to 127 rows, two up to 16383.
+SEARCH_FANOUT = 128
 COMBINE_WARPS = 2
 # Pinned, not left to the Triton default (which flips to False in Triton 3.10): FMA contraction
 # changes the low bits, and the exact mode needs the same bits from every install.
