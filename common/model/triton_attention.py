@@ -63,9 +63,18 @@ SEGMENT = 128
 # second tile. Compiled for sm_90 (bf16, 4 warps), a 128-key tile needs 117 registers and 45 KB
 # of shared memory at D = 64, 187 and 82 KB at D = 128: no spills, 2-4 programs per SM. Larger
 # SEGMENTs walk several tiles, the next tile's block ids loaded ahead. Must divide SEGMENT.
+# Halved while one K tile exceeds TILE_BYTES (D > 128), so that the pipelined K/V buffers fit
+# in shared memory.
 KEY_TILE = 128
-TILE_ROWS = 32  # M of the packed query tile: BLOCK_Q query positions × GROUP_P heads
+TILE_BYTES = 32 * 1024
 NUM_WARPS = 4
+# fp32 queries take the exact `ieee` products, which Triton builds from FMAs, not tensor cores,
+# and which spill at 4 warps beyond 32-key tiles: 64-key tiles on 8 warps compile without
+# spills for every D <= 128 (80-128 registers). The launch configuration is thus a function of
+# the model's shape and dtype, never of a step's shapes.
+FP32_KEY_TILE = 64
+FP32_NUM_WARPS = 8
+TILE_ROWS = 32  # M of the packed query tile: BLOCK_Q query positions × GROUP_P heads
 NUM_STAGES = 2
 # cu_seqlens_q entries probed per dependent load when a program looks up its row: one load for
 # up to 127 rows, two up to 16383.
@@ -388,7 +397,6 @@ def paged_attention(
     assert b >= 1 and h % kvh == 0, (b, h, kvh)
     assert cu_seqlens_q.shape == (b + 1,) and seq_lens.shape == (b,)
     assert q.stride(-1) == 1 and block_tables.stride(-1) == 1
-    assert SEGMENT % KEY_TILE == 0, (SEGMENT, KEY_TILE)
     if out is None:
         out = torch.empty_like(q)
     assert out.shape == q.shape and out.stride(-1) == 1
@@ -399,6 +407,8 @@ def paged_attention(
     group_p = triton.next_power_of_2(group)
     block_q = max(1, TILE_ROWS // group_p)
     block_d = triton.next_power_of_2(d)
+    tile, warps = _key_tile_and_warps(q.dtype, block_d)
+    assert SEGMENT % tile == 0, (SEGMENT, tile)
     segments = triton.cdiv(width * block_size, SEGMENT)
     assert segments <= 65535 and kvh <= 65535, (segments, kvh)  # grid axes 1 and 2
     rows = segments * t * h
@@ -430,11 +440,11 @@ def paged_attention(
         BLOCK_Q=block_q,
         GROUP_P=group_p,
         BLOCK_D=block_d,
-        TILE=KEY_TILE,
+        TILE=tile,
         SEGMENT=SEGMENT,
         FANOUT=SEARCH_FANOUT,
         DOT_PRECISION=precision,
-        num_warps=NUM_WARPS,
+        num_warps=warps,
         num_stages=NUM_STAGES,
         enable_fp_fusion=FP_FUSION,
     )
@@ -456,6 +466,16 @@ def paged_attention(
         enable_fp_fusion=FP_FUSION,
     )
     return out
+
+
+def _key_tile_and_warps(dtype: torch.dtype, block_d: int) -> tuple[int, int]:
+    """The attention kernel's key tile and warp count for this query dtype and head size."""
+    if dtype == torch.float32:
+        return min(KEY_TILE, FP32_KEY_TILE), FP32_NUM_WARPS
+    tile = KEY_TILE
+    while tile > 16 and tile * block_d * 2 > TILE_BYTES:
+        tile //= 2
+    return tile, NUM_WARPS
 
 
 def _check_cache(kv_cache: torch.Tensor, kvh: int, d: int) -> None:
