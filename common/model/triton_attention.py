@@ -154,7 +154,7 @@ def store_kv(
 
 # Lengths vary step to step: not specialized, so one compiled kernel serves every batch shape
 # (no recompiles while capturing graphs of other sizes, and one binary for all numerics).
-@triton.jit(do_not_specialize=["num_tokens", "num_rows"])
+@triton.jit(do_not_specialize=["num_tokens", "num_rows", "table_width"])
 def _paged_attention_kernel(
     q_ptr,
     cache_ptr,
@@ -176,6 +176,7 @@ def _paged_attention_kernel(
     stride_cs,
     stride_ch,
     stride_bt,
+    table_width,
     block_size,
     head_dim,
     group,
@@ -206,6 +207,20 @@ def _paged_attention_kernel(
         lo = lo + (below - 1) * step
         hi = tl.minimum(lo + step - 1, hi)
     row = lo
+    # The row's lengths and the segment's first block ids, all loaded at once, before any
+    # branch on them: the block ids depend on the row alone (masked by the table's width, not
+    # yet by the context; the K/V loads are), so the K/V loads wait a single round trip.
+    # `volatile` keeps the compiler from sinking them past the early exits (it does, otherwise:
+    # sm_90 SASS showed them a round trip later).
+    last = tl.minimum(row, num_rows - 1)  # row B (the tail) has no table row nor length
+    ctx = tl.load(seq_ptr + last, volatile=True)
+    offs_t = tl.arange(0, TILE)
+    table = bt_ptr + last.to(tl.int64) * stride_bt
+    seg_start = seg * SEGMENT
+    k_pos = seg_start + offs_t
+    blk = tl.load(
+        table + k_pos // block_size, mask=k_pos < table_width * block_size, other=0, volatile=True
+    )
     is_tail = row == num_rows
     row_start = tl.load(cu_ptr + row)
     row_end = tl.where(is_tail, num_tokens, tl.load(cu_ptr + tl.minimum(row + 1, num_rows)))
@@ -218,9 +233,7 @@ def _paged_attention_kernel(
             qv = q_start + tl.arange(0, BLOCK_Q)
             tl.store(nseg_ptr + row_start + qv, tl.zeros([BLOCK_Q], tl.int32), mask=qv < qlen)
         return
-    ctx = tl.load(seq_ptr + row)
     num_keys = tl.maximum(ctx - qlen + tl.minimum(q_start + BLOCK_Q, qlen), 0)
-    seg_start = seg * SEGMENT
     if (seg > 0) & (seg_start >= num_keys):
         return
     if (seg == 0) & (kvh == 0):
@@ -250,11 +263,7 @@ def _paged_attention_kernel(
     m_i = tl.full([BLOCK_Q * GROUP_P], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_Q * GROUP_P], tl.float32)
     acc = tl.zeros([BLOCK_Q * GROUP_P, BLOCK_D], tl.float32)
-    offs_t = tl.arange(0, TILE)
-    table = bt_ptr + row.to(tl.int64) * stride_bt
     seg_stop = tl.minimum(seg_start + SEGMENT, num_keys)
-    k_pos = seg_start + offs_t
-    blk = tl.load(table + k_pos // block_size, mask=k_pos < seg_stop, other=0)
     for tile_start in range(seg_start, seg_stop, TILE):
         k_pos = tile_start + offs_t
         k_ok = k_pos < seg_stop
@@ -293,20 +302,25 @@ def _paged_attention_kernel(
 
 
 @triton.jit
-def _partial(acc_rows, max_rows, sum_rows, seg, nseg, seg_rows, head_dim, h_ok, d_ok):
+def _partial(acc_rows, max_rows, sum_rows, seg, total, stride, head_dim, h_ok, d_ok):
     """Segment `seg`'s partial (acc, max, sum) at the heads' workspace rows (pointers into
-    segment 0), or the merge's identity (0, -inf, 0) past the query's last segment."""
-    ok = tl.where(seg < nseg, h_ok, False)
-    acc = tl.load(acc_rows + seg * seg_rows * head_dim, mask=ok[:, None] & d_ok[None, :], other=0.0)
-    mx = tl.load(max_rows + seg * seg_rows, mask=ok, other=float("-inf"))
-    den = tl.load(sum_rows + seg * seg_rows, mask=ok, other=0.0)
+    segment 0, `stride` rows per segment); (0, -inf, 0) past the workspace's `total` segments.
+    May be unwritten memory: see `_merge`."""
+    ok = tl.where(seg < total, h_ok, False)
+    acc = tl.load(acc_rows + seg * stride * head_dim, mask=ok[:, None] & d_ok[None, :], other=0.0)
+    mx = tl.load(max_rows + seg * stride, mask=ok, other=float("-inf"))
+    den = tl.load(sum_rows + seg * stride, mask=ok, other=0.0)
     return acc, mx, den
 
 
 @triton.jit
-def _merge(acc, mx, den, acc_s, mx_s, den_s):
-    """Fold one segment's partial into the running (acc, max, sum). The identity
-    (0, -inf, 0) leaves them bitwise unchanged: factors 1 and 0, products of exact zeros."""
+def _merge(acc, mx, den, acc_s, mx_s, den_s, live):
+    """Fold one segment's partial into the running (acc, max, sum); `live` false: fold the
+    identity (0, -inf, 0) instead (selected, so unwritten memory never reaches arithmetic),
+    which leaves them bitwise unchanged: factors 1 and 0, products of exact zeros."""
+    acc_s = tl.where(live, acc_s, 0.0)
+    mx_s = tl.where(live, mx_s, float("-inf"))
+    den_s = tl.where(live, den_s, 0.0)
     mx_new = tl.maximum(mx, mx_s)
     ref = tl.where(mx_new == float("-inf"), 0.0, mx_new)
     alpha = tl.exp2(mx - ref)
@@ -314,14 +328,41 @@ def _merge(acc, mx, den, acc_s, mx_s, den_s):
     return acc * alpha[:, None] + acc_s * beta[:, None], mx_new, den * alpha + den_s * beta
 
 
-@triton.jit(do_not_specialize=["seg_rows"])
+@triton.jit
+def _merge_chunk(
+    acc, mx, den, a_rows, m_rows, l_rows, s, nseg, total, stride, head_dim, h_ok, d_ok
+):
+    """Merge segments s..s+7, in order: their loads are issued together (one memory latency
+    per eight segments), masked by the workspace's extent only; segments at or past the
+    query's `nseg` are then replaced by the merge's identity."""
+    a0, m0, l0 = _partial(a_rows, m_rows, l_rows, s, total, stride, head_dim, h_ok, d_ok)
+    a1, m1, l1 = _partial(a_rows, m_rows, l_rows, s + 1, total, stride, head_dim, h_ok, d_ok)
+    a2, m2, l2 = _partial(a_rows, m_rows, l_rows, s + 2, total, stride, head_dim, h_ok, d_ok)
+    a3, m3, l3 = _partial(a_rows, m_rows, l_rows, s + 3, total, stride, head_dim, h_ok, d_ok)
+    a4, m4, l4 = _partial(a_rows, m_rows, l_rows, s + 4, total, stride, head_dim, h_ok, d_ok)
+    a5, m5, l5 = _partial(a_rows, m_rows, l_rows, s + 5, total, stride, head_dim, h_ok, d_ok)
+    a6, m6, l6 = _partial(a_rows, m_rows, l_rows, s + 6, total, stride, head_dim, h_ok, d_ok)
+    a7, m7, l7 = _partial(a_rows, m_rows, l_rows, s + 7, total, stride, head_dim, h_ok, d_ok)
+    acc, mx, den = _merge(acc, mx, den, a0, m0, l0, s < nseg)
+    acc, mx, den = _merge(acc, mx, den, a1, m1, l1, s + 1 < nseg)
+    acc, mx, den = _merge(acc, mx, den, a2, m2, l2, s + 2 < nseg)
+    acc, mx, den = _merge(acc, mx, den, a3, m3, l3, s + 3 < nseg)
+    acc, mx, den = _merge(acc, mx, den, a4, m4, l4, s + 4 < nseg)
+    acc, mx, den = _merge(acc, mx, den, a5, m5, l5, s + 5 < nseg)
+    acc, mx, den = _merge(acc, mx, den, a6, m6, l6, s + 6 < nseg)
+    acc, mx, den = _merge(acc, mx, den, a7, m7, l7, s + 7 < nseg)
+    return acc, mx, den
+
+
+@triton.jit(do_not_specialize=["stride", "total"])
 def _combine_kernel(
     part_acc_ptr,
     part_m_ptr,
     part_l_ptr,
     nseg_ptr,
     out_ptr,
-    seg_rows,  # T * H: workspace rows per segment
+    stride,  # T * H: workspace rows per segment
+    total,  # S: segments in the workspace
     num_heads,
     stride_ot,
     stride_oh,
@@ -330,11 +371,10 @@ def _combine_kernel(
     GROUP_P: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """Per (token, KV head): merge segments 0, 1, 2, ... in that order and normalise. Eight
-    segments' loads are issued together before their merges (one memory latency per eight)."""
+    """Per (token, KV head): merge segments 0, 1, 2, ... up to the query's last, in that order,
+    and normalise. Segments 0..7 are loaded beside the token's segment count."""
     t = tl.program_id(0)
     kvh = tl.program_id(1)
-    nseg = tl.load(nseg_ptr + t)
     hg = tl.arange(0, GROUP_P)
     head = kvh * group + hg
     h_ok = hg < group
@@ -344,27 +384,19 @@ def _combine_kernel(
     a_rows = part_acc_ptr + part[:, None] * head_dim + offs_d[None, :]
     m_rows = part_m_ptr + part
     l_rows = part_l_ptr + part
+    nseg = tl.load(nseg_ptr + t)
     acc = tl.zeros([GROUP_P, BLOCK_D], tl.float32)
     mx = tl.full([GROUP_P], float("-inf"), tl.float32)
     den = tl.zeros([GROUP_P], tl.float32)
-    for start in range(0, nseg, 8):
-        s = tl.zeros([], tl.int64) + start  # 64-bit workspace offsets
-        a0, m0, l0 = _partial(a_rows, m_rows, l_rows, s, nseg, seg_rows, head_dim, h_ok, d_ok)
-        a1, m1, l1 = _partial(a_rows, m_rows, l_rows, s + 1, nseg, seg_rows, head_dim, h_ok, d_ok)
-        a2, m2, l2 = _partial(a_rows, m_rows, l_rows, s + 2, nseg, seg_rows, head_dim, h_ok, d_ok)
-        a3, m3, l3 = _partial(a_rows, m_rows, l_rows, s + 3, nseg, seg_rows, head_dim, h_ok, d_ok)
-        a4, m4, l4 = _partial(a_rows, m_rows, l_rows, s + 4, nseg, seg_rows, head_dim, h_ok, d_ok)
-        a5, m5, l5 = _partial(a_rows, m_rows, l_rows, s + 5, nseg, seg_rows, head_dim, h_ok, d_ok)
-        a6, m6, l6 = _partial(a_rows, m_rows, l_rows, s + 6, nseg, seg_rows, head_dim, h_ok, d_ok)
-        a7, m7, l7 = _partial(a_rows, m_rows, l_rows, s + 7, nseg, seg_rows, head_dim, h_ok, d_ok)
-        acc, mx, den = _merge(acc, mx, den, a0, m0, l0)
-        acc, mx, den = _merge(acc, mx, den, a1, m1, l1)
-        acc, mx, den = _merge(acc, mx, den, a2, m2, l2)
-        acc, mx, den = _merge(acc, mx, den, a3, m3, l3)
-        acc, mx, den = _merge(acc, mx, den, a4, m4, l4)
-        acc, mx, den = _merge(acc, mx, den, a5, m5, l5)
-        acc, mx, den = _merge(acc, mx, den, a6, m6, l6)
-        acc, mx, den = _merge(acc, mx, den, a7, m7, l7)
+    s = tl.zeros([], tl.int64)  # 64-bit workspace offsets
+    acc, mx, den = _merge_chunk(
+        acc, mx, den, a_rows, m_rows, l_rows, s, nseg, total, stride, head_dim, h_ok, d_ok
+    )
+    for start in range(8, nseg, 8):
+        c = s + start
+        acc, mx, den = _merge_chunk(
+            acc, mx, den, a_rows, m_rows, l_rows, c, nseg, total, stride, head_dim, h_ok, d_ok
+        )
     out = acc / tl.where(den == 0.0, 1.0, den)[:, None]
     tl.store(
         out_ptr + t.to(tl.int64) * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
@@ -434,6 +466,7 @@ def paged_attention(
         q.stride(1),
         *kv_cache.stride()[:4],
         block_tables.stride(0),
+        width,
         block_size,
         d,
         group,
@@ -455,6 +488,7 @@ def paged_attention(
         nseg,
         out,
         t * h,
+        segments,
         h,
         out.stride(0),
         out.stride(1),
