@@ -4,8 +4,8 @@ One attention layer (KV store + attention) at the SmolLM2-135M and Llama-3-8B he
 block size 16, every row with `--ctx` tokens of context: B decode rows (q = 1), B verify rows
 (q = 5) and a mixed step (two 256-token prefill chunks, decode and verify rows, padding).
 
-- triton us:  `store_kv` + `paged_attention`
-- attn us:    `paged_attention` alone
+- triton us:  `store_kv` + `paged_attention` (3 launches: store, split attention, combine)
+- attn us:    `paged_attention` alone (split attention + combine)
 - sdpa us:    `TorchPagedAttention.forward` (uniform layout for uniform rows, ragged for mixed)
 - KV GB/s:    K/V bytes of the rows' contexts ÷ attn time (the H200 streams ~4.8 TB/s)
 - max diff:   largest |triton - sdpa| over the outputs (a sanity check, bf16)
@@ -13,7 +13,7 @@ block size 16, every row with `--ctx` tokens of context: B decode rows (q = 1), 
 Each number is GPU time per call: 10 calls captured in one CUDA graph, replayed after warm-up,
 timed with CUDA events, median of 20 replays. The SDPA ragged path (mixed step) loops over
 rows on the host and is eager-only in the runner, so it is timed eagerly (marked `*`).
-Then a few rows again under other key tiles and pipeline depths (VARIANTS).
+Then the target rows again under other key segments and key tiles (VARIANTS), without SDPA.
 
     python bench/attention_kernel.py [--ctx 1024] [--out DIR]
 """
@@ -38,9 +38,12 @@ from common.model.triton_attention import paged_attention, store_kv  # noqa: E40
 BLOCK_SIZE = 16
 HEADS = {"smollm2": (9, 3, 64), "llama3-8b": (32, 8, 128)}
 CALLS_PER_REPLAY = 10
-# Launch settings tried after the main table (key tile, pipeline stages), the first being the
-# module's: they change the numerics, so the kernel keeps one; this says which one to keep.
-VARIANTS = [(32, 2), (64, 2), (32, 3), (64, 3)]
+# Launch settings tried after the main table (SEGMENT, KEY_TILE), the first being the module's:
+# they change the numerics, so the kernel keeps one; this says which one to keep. A sweep of
+# each around the default rather than the full product: the bench stays under a minute.
+VARIANTS = [(128, 128), (256, 128), (512, 128), (128, 64), (128, 32)]
+# The rows the kernel has latency/throughput targets for: (heads, batch, query length).
+VARIANT_STEPS = [("smollm2", 1, 1), ("smollm2", 64, 5), ("llama3-8b", 1, 5), ("llama3-8b", 32, 5)]
 
 
 def time_us(fn: Callable[[], object], graph: bool = True) -> float:
@@ -68,8 +71,11 @@ def time_us(fn: Callable[[], object], graph: bool = True) -> float:
     return statistics.median(samples)
 
 
-def case(heads: tuple[int, int, int], rows: list[tuple[int, int]], pad: int) -> dict:
-    """Time one step of `rows` [(qlen, ctx)] with `pad` padding tokens at the end."""
+def case(
+    heads: tuple[int, int, int], rows: list[tuple[int, int]], pad: int, sdpa: bool = True
+) -> dict:
+    """Time one step of `rows` [(qlen, ctx)] with `pad` padding tokens at the end; `sdpa`:
+    time the SDPA path too."""
     h, kvh, d = heads
     dev, dtype = torch.device("cuda"), torch.bfloat16
     counts = [-(-ctx // BLOCK_SIZE) for _, ctx in rows]
@@ -132,7 +138,7 @@ def case(heads: tuple[int, int, int], rows: list[tuple[int, int]], pad: int) -> 
         "max_abs_diff": diff.abs().max().item(),
         "triton_us": time_us(triton_step),
         "attn_us": attn_us,
-        "sdpa_us": time_us(sdpa_step, graph=uniform),
+        "sdpa_us": time_us(sdpa_step, graph=uniform) if sdpa else float("nan"),
         "sdpa_graph": uniform,
         "kv_gb_per_s": kv_bytes / attn_us / 1e3,
     }
@@ -160,7 +166,7 @@ def main() -> int:
 
     def run(name: str, label: str, rows: list[tuple[int, int]], pad: int, tag: str = "") -> None:
         try:
-            r = case(HEADS[name], rows, pad)
+            r = case(HEADS[name], rows, pad, sdpa=not tag)
         except Exception as e:  # keep going: one failure must not hide the other rows
             results.append({"heads": name, "step": label, "variant": tag, "error": repr(e)})
             print(f"{name} {label} {tag}: FAILED {e!r}", flush=True)
@@ -177,14 +183,15 @@ def main() -> int:
     for name in HEADS:
         for label, rows, pad in steps:
             run(name, label, rows, pad)
-    default = (triton_attention.KEY_TILE, triton_attention.NUM_STAGES)
+    default = (triton_attention.SEGMENT, triton_attention.KEY_TILE)
     try:
-        for tile, stages in VARIANTS:
-            triton_attention.KEY_TILE, triton_attention.NUM_STAGES = tile, stages
-            for label, rows, pad in (steps[1], steps[5], steps[-1]):
-                run("llama3-8b", label, rows, pad, f" (tile {tile}, stages {stages})")
+        for segment, tile in VARIANTS:
+            triton_attention.SEGMENT, triton_attention.KEY_TILE = segment, tile
+            for name, b, qlen in VARIANT_STEPS:
+                tag = f" (segment {segment}, tile {tile})"
+                run(name, f"B={b} q={qlen}", [(qlen, ctx)] * b, 0, tag)
     finally:
-        triton_attention.KEY_TILE, triton_attention.NUM_STAGES = default
+        triton_attention.SEGMENT, triton_attention.KEY_TILE = default
     table = "\n".join(lines)
     print("\n" + table)
     if args.out:

@@ -1,6 +1,7 @@
 """The Triton paged-attention and KV-store kernels against a per-row fp64 reference, on mixed
 batches (decode, verify, prefill chunks, padding rows and tokens), and the bitwise invariance
-the exact mode rests on: a query's output depends on its row alone.
+the exact mode rests on: a query's output depends on its row alone, however many key segments
+its context spans and however the segments are laid out in the grid.
 
 Runs on a GPU, or on the CPU under Triton's interpreter:
     TRITON_INTERPRET=1 PYTHONPATH=$PWD:<triton dir> python -m pytest tests/test_triton_attention.py
@@ -20,6 +21,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 if importlib.util.find_spec("triton") is None or not (torch.cuda.is_available() or INTERPRET):
     pytest.skip("needs Triton, and a GPU or TRITON_INTERPRET=1", allow_module_level=True)
 
+from common.model import triton_attention  # noqa: E402
 from common.model.triton_attention import paged_attention, store_kv  # noqa: E402
 
 DEVICE = torch.device("cpu" if INTERPRET else "cuda")
@@ -53,6 +55,17 @@ gpu_only = pytest.mark.skipif(INTERPRET or not torch.cuda.is_available(), reason
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 2e-2}
 # Small shapes for the interpreter: SmolLM2-135M's heads (group 3, padded to 4) and group 2.
 SMALL_SHAPES = [(9, 3, 64), (4, 2, 32)]
+# (SEGMENT, KEY_TILE): the module's, and short segments of two tiles each, so that the
+# interpreter's small contexts span several segments and walk the tile loop.
+SPLITS = [None, (32, 16)]
+
+
+@pytest.fixture(params=SPLITS, ids=lambda split: "default" if split is None else f"seg{split[0]}")
+def split(request, monkeypatch):
+    if request.param is not None:
+        monkeypatch.setattr(triton_attention, "SEGMENT", request.param[0])
+        monkeypatch.setattr(triton_attention, "KEY_TILE", request.param[1])
+    return triton_attention.SEGMENT
 
 
 @dataclass
@@ -88,12 +101,14 @@ class PagedSequences:
         self.cache = self.cache.to(DEVICE)
         self.queries = [torch.randn(n, heads, head_dim, generator=gen).to(dtype) for n in lengths]
 
-    def batch(self, rows: list[Row], pad_tokens: int = 0):
-        """(q, block_tables, cu_seqlens_q, seq_lens) for `rows`, `pad_tokens` NaN queries last."""
+    def batch(self, rows: list[Row], pad_tokens: int = 0, extra_blocks: int = 0):
+        """(q, block_tables, cu_seqlens_q, seq_lens) for `rows`, `pad_tokens` NaN queries last;
+        `extra_blocks` unused columns widen the block table (and the grid's segment axis)."""
         head_dim = self.queries[0].shape[-1]
         qs = [self.queries[r.seq][r.ctx - r.qlen : r.ctx] for r in rows if r.seq is not None]
         qs.append(torch.full((pad_tokens, self.heads, head_dim), float("nan"), dtype=self.dtype))
         tables = [self.tables[r.seq] if r.seq is not None else [0] * self.width for r in rows]
+        tables = [table + [0] * extra_blocks for table in tables]
         cu = [0]
         for r in rows:
             cu.append(cu[-1] + r.qlen)
@@ -104,8 +119,8 @@ class PagedSequences:
             torch.tensor([r.ctx for r in rows], dtype=torch.int32, device=DEVICE),
         )
 
-    def run(self, rows: list[Row], pad_tokens: int = 0) -> torch.Tensor:
-        q, tables, cu, seq_lens = self.batch(rows, pad_tokens)
+    def run(self, rows: list[Row], pad_tokens: int = 0, extra_blocks: int = 0) -> torch.Tensor:
+        q, tables, cu, seq_lens = self.batch(rows, pad_tokens, extra_blocks)
         return paged_attention(q, self.cache, tables, cu, seq_lens, _scale(q)).cpu()
 
 
@@ -159,13 +174,11 @@ MIXED_ROWS = [
     [  # a spread rather than the full product: the interpreter is slow
         (SMALL_SHAPES[0], 16, torch.float32),
         (SMALL_SHAPES[0], 32, torch.bfloat16),
-        (SMALL_SHAPES[0], 16, torch.float16),
-        (SMALL_SHAPES[1], 32, torch.float32),
-        (SMALL_SHAPES[1], 16, torch.bfloat16),
+        (SMALL_SHAPES[1], 16, torch.float16),
         (SMALL_SHAPES[1], 8, torch.float32),
     ],
 )
-def test_mixed_batch_matches_reference(shape, block_size, dtype):
+def test_mixed_batch_matches_reference(shape, block_size, dtype, split):
     seqs = PagedSequences(MIXED_LENGTHS, *shape, block_size, dtype)
     out = seqs.run(MIXED_ROWS, pad_tokens=3)
     real = sum(r.qlen for r in MIXED_ROWS)
@@ -180,27 +193,78 @@ def test_mixed_batch_matches_reference(shape, block_size, dtype):
 
 
 def _check_row_invariance(seqs: PagedSequences, seq: int, ctx: int, others: list[Row]):
-    """Positions ctx-5..ctx-1 of `seq`, computed as a verify row (alone and in a batch), as
-    1-token rows, inside a prefill chunk and in a whole-sequence prefill: bitwise equal."""
+    """Positions ctx-5..ctx-1 of `seq`, computed as a verify row (alone, in a batch and under
+    a wider block table, i.e. more grid segments), as 1-token rows, inside a prefill chunk and
+    in a whole-sequence prefill: bitwise equal."""
     alone = seqs.run([Row(seq, 1, p + 1) for p in range(ctx - 5, ctx)])
     verify = seqs.run([Row(seq, 5, ctx)])
+    wide = seqs.run([Row(seq, 5, ctx)], extra_blocks=9)
     in_batch = seqs.run(others[:2] + [Row(seq, 5, ctx)] + others[2:], pad_tokens=2)
     start = sum(r.qlen for r in others[:2])
     chunk = seqs.run([Row(seq, 19, ctx)])[-5:]
     prefill = seqs.run(others[:1] + [Row(seq, ctx, ctx)])[-5:]
     assert torch.equal(verify, alone)
+    assert torch.equal(wide, alone)
     assert torch.equal(in_batch[start : start + 5], alone)
     assert torch.equal(chunk, alone)
     assert torch.equal(prefill, alone)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("shape", SMALL_SHAPES)
-def test_output_depends_on_the_row_alone(shape, dtype):
+@pytest.mark.parametrize(
+    "shape, dtype",
+    [
+        (SMALL_SHAPES[0], torch.float32),
+        (SMALL_SHAPES[0], torch.bfloat16),
+        (SMALL_SHAPES[1], torch.bfloat16),
+    ],
+)
+def test_output_depends_on_the_row_alone(shape, dtype, split):
     seqs = PagedSequences(MIXED_LENGTHS, *shape, 16, dtype, seed=1)
     others = [Row(0, 1, 20), Row(None, 0, 0), Row(2, 37, 137), Row(1, 5, 40)]
-    # Sequence 5 (35 tokens): its last five positions 30..34 straddle the 32-key tile edge.
+    # Sequence 5 (35 tokens): positions 30..34 straddle a key-tile edge (default split) or a
+    # segment edge (32-key segments) and, there, span two segments.
     _check_row_invariance(seqs, 5, 35, others)
+    # Sequence 2 (137 tokens): positions 123..127 end at the 128-key segment edge (default) or
+    # sit in the 4th of 32-key segments.
+    _check_row_invariance(seqs, 2, 128, others)
+
+
+def test_positions_past_several_default_segments_depend_on_the_row_alone():
+    """Contexts beyond 2 x SEGMENT at the module's own split: positions 254..258 straddle the
+    edge of the 2nd and 3rd segments, merged from 2 and 3 segments."""
+    assert 2 * triton_attention.SEGMENT == 256, "move the positions along with SEGMENT"
+    seqs = PagedSequences([259, 40, 300], *SMALL_SHAPES[0], 16, torch.bfloat16, seed=4)
+    others = [Row(1, 1, 40), Row(None, 0, 0), Row(2, 5, 300)]
+    _check_row_invariance(seqs, 0, 259, others)
+    out = seqs.run([Row(0, 5, 259), Row(2, 5, 300)])
+    rows = [Row(0, 5, 259), Row(2, 5, 300)]
+    tol = TOLERANCE[torch.bfloat16]
+    torch.testing.assert_close(out.double(), reference(seqs, rows), atol=tol, rtol=tol)
+
+
+def test_segments_merge_in_order_0_1_2(monkeypatch):
+    """The combine folds a query's segment partials first to last. Weights are all 1 here
+    (zero query: equal scores), so the output is the fp32 sum of the per-segment value sums
+    2^24, 1, 1, 1 in merge order over 64 keys: first to last gives 2^24 (each +1 rounds away),
+    last to first 2^24 + 4, pairwise 2^24 + 2."""
+    monkeypatch.setattr(triton_attention, "SEGMENT", 16)
+    monkeypatch.setattr(triton_attention, "KEY_TILE", 16)
+    heads, kv_heads, dim, bs = 4, 2, 32, 16
+    cache = torch.zeros(2, 5, bs, kv_heads, dim)
+    cache[0].normal_(generator=torch.Generator().manual_seed(5))
+    values = cache[1].view(-1, kv_heads, dim)[bs:]  # positions 0..63 in blocks 1..4
+    values[0] = 2.0**24
+    values[[16, 32, 48]] = 1.0
+    q = torch.zeros(1, heads, dim)
+    out = paged_attention(
+        q.to(DEVICE),
+        cache.to(DEVICE),
+        torch.tensor([[1, 2, 3, 4]], dtype=torch.int32, device=DEVICE),
+        torch.tensor([0, 1], dtype=torch.int32, device=DEVICE),
+        torch.tensor([64], dtype=torch.int32, device=DEVICE),
+        _scale(q),
+    ).cpu()
+    assert torch.equal(out, torch.full_like(out, 2.0**24 / 64))
 
 
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])

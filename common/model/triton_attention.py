@@ -10,11 +10,11 @@ All kernels are CUDA-graph capturable: launch grids and the workspace are functi
   [SEGMENT, 2 SEGMENT), ... One program takes (query block, segment, KV head); the segment axis
   of the grid is `ceil(table width * block size / SEGMENT)`, an upper bound from the block
   table's static width, and a program whose segment starts past its queries' last key exits.
-  So a 1-token decode at 1024 keys runs 8 segments × KVH programs in parallel instead of
-  walking 1024 keys in one.
+  So a 1-token decode at 1024 keys runs 8 segments × KVH programs side by side instead of
+  walking 1024 keys in KVH programs.
 - Query blocks: grid axis 0 is `T // BLOCK_Q + B + 1`, an upper bound on their number. Row r's
   blocks are numbered from `cu[r] // BLOCK_Q + r` on; a program finds its row by a FANOUT-ary
-  search of `cu_seqlens_q` (two dependent loads for up to 1023 rows) and exits when its block
+  search of `cu_seqlens_q` (one dependent load for up to 127 rows) and exits when its block
   lies past the row's end. The extra "row" B stands for the padding tokens `>= cu[B]`.
 - GQA packing: a program takes BLOCK_Q query positions × the query heads of one KV head (the
   group padded to a power of two, GROUP_P), so the tile fed to `tl.dot` has
@@ -54,19 +54,31 @@ import triton.language as tl
 # One fixed launch configuration: these shape the numerics (tile and segment edges, merge
 # order), so they are constants, never tuned per batch shape.
 # SEGMENT: keys per split. Small enough that a lone decode row spreads over many SMs (1024 keys
-# of SmolLM2's 3 KV heads: 8 x 3 = 24 programs, each one or two key tiles deep, so the step's
-# latency is a handful of dependent loads), large enough that the fp32 partials (D + 2 floats
-# per query, head and segment, written and read back) stay a small fraction of the K/V bytes
-# at large batch (D=128: 520 B per query head per 128 keys, against 512 B of K/V per key).
+# of SmolLM2's 3 KV heads: 8 x 3 = 24 programs), large enough that the fp32 partials (D + 2
+# floats per query, head and segment, written and read back once) stay a small fraction of the
+# K/V bytes at large batch (~1/8 of them for a 5-token verify row at GQA group 4, D = 128).
 SEGMENT = 128
-# KEY_TILE: keys per inner-loop step, two per segment: a 64-key K or V tile is 16 KB at D=128,
-# which 4 warps hold in registers next to the fp32 scores and accumulator without spilling,
-# while a 128-key tile would double that for Llama's heads. Must divide SEGMENT.
-KEY_TILE = 64
-TILE_ROWS = 32  # M of the packed query tile: BLOCK_Q query positions × GROUP_P heads
+# KEY_TILE: keys per inner-loop step. One tile per segment: a program's critical path is then
+# one block-table load and one K/V load (issued together), with no second round trip for a
+# second tile. Compiled for sm_90 (bf16, 4 warps), a 128-key tile needs 117 registers and 45 KB
+# of shared memory at D = 64, 187 and 82 KB at D = 128: no spills, 2-4 programs per SM. Larger
+# SEGMENTs walk several tiles, the next tile's block ids loaded ahead. Must divide SEGMENT.
+# Halved while one K tile exceeds TILE_BYTES (D > 128), so that the pipelined K/V buffers fit
+# in shared memory.
+KEY_TILE = 128
+TILE_BYTES = 32 * 1024
 NUM_WARPS = 4
+# fp32 queries take the exact `ieee` products, which Triton builds from FMAs, not tensor cores,
+# and which spill at 4 warps beyond 32-key tiles: 64-key tiles on 8 warps compile without
+# spills for every D <= 128 (80-128 registers). The launch configuration is thus a function of
+# the model's shape and dtype, never of a step's shapes.
+FP32_KEY_TILE = 64
+FP32_NUM_WARPS = 8
+TILE_ROWS = 32  # M of the packed query tile: BLOCK_Q query positions × GROUP_P heads
 NUM_STAGES = 2
-SEARCH_FANOUT = 32  # cu_seqlens_q entries probed per dependent load when finding a row
+# cu_seqlens_q entries probed per dependent load when a program looks up its row: one load for
+# up to 127 rows, two up to 16383.
+SEARCH_FANOUT = 128
 COMBINE_WARPS = 2
 # Pinned, not left to the Triton default (which flips to False in Triton 3.10): FMA contraction
 # changes the low bits, and the exact mode needs the same bits from every install.
@@ -142,7 +154,7 @@ def store_kv(
 
 # Lengths vary step to step: not specialized, so one compiled kernel serves every batch shape
 # (no recompiles while capturing graphs of other sizes, and one binary for all numerics).
-@triton.jit(do_not_specialize=["num_tokens", "num_rows"])
+@triton.jit(do_not_specialize=["num_tokens", "num_rows", "table_width"])
 def _paged_attention_kernel(
     q_ptr,
     cache_ptr,
@@ -164,6 +176,7 @@ def _paged_attention_kernel(
     stride_cs,
     stride_ch,
     stride_bt,
+    table_width,
     block_size,
     head_dim,
     group,
@@ -194,6 +207,20 @@ def _paged_attention_kernel(
         lo = lo + (below - 1) * step
         hi = tl.minimum(lo + step - 1, hi)
     row = lo
+    # The row's lengths and the segment's first block ids, all loaded at once, before any
+    # branch on them: the block ids depend on the row alone (masked by the table's width, not
+    # yet by the context; the K/V loads are), so the K/V loads wait a single round trip.
+    # `volatile` keeps the compiler from sinking them past the early exits (it does, otherwise:
+    # sm_90 SASS showed them a round trip later).
+    last = tl.minimum(row, num_rows - 1)  # row B (the tail) has no table row nor length
+    ctx = tl.load(seq_ptr + last, volatile=True)
+    offs_t = tl.arange(0, TILE)
+    table = bt_ptr + last.to(tl.int64) * stride_bt
+    seg_start = seg * SEGMENT
+    k_pos = seg_start + offs_t
+    blk = tl.load(
+        table + k_pos // block_size, mask=k_pos < table_width * block_size, other=0, volatile=True
+    )
     is_tail = row == num_rows
     row_start = tl.load(cu_ptr + row)
     row_end = tl.where(is_tail, num_tokens, tl.load(cu_ptr + tl.minimum(row + 1, num_rows)))
@@ -206,9 +233,7 @@ def _paged_attention_kernel(
             qv = q_start + tl.arange(0, BLOCK_Q)
             tl.store(nseg_ptr + row_start + qv, tl.zeros([BLOCK_Q], tl.int32), mask=qv < qlen)
         return
-    ctx = tl.load(seq_ptr + row)
     num_keys = tl.maximum(ctx - qlen + tl.minimum(q_start + BLOCK_Q, qlen), 0)
-    seg_start = seg * SEGMENT
     if (seg > 0) & (seg_start >= num_keys):
         return
     if (seg == 0) & (kvh == 0):
@@ -238,11 +263,7 @@ def _paged_attention_kernel(
     m_i = tl.full([BLOCK_Q * GROUP_P], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_Q * GROUP_P], tl.float32)
     acc = tl.zeros([BLOCK_Q * GROUP_P, BLOCK_D], tl.float32)
-    offs_t = tl.arange(0, TILE)
-    table = bt_ptr + row.to(tl.int64) * stride_bt
     seg_stop = tl.minimum(seg_start + SEGMENT, num_keys)
-    k_pos = seg_start + offs_t
-    blk = tl.load(table + k_pos // block_size, mask=k_pos < seg_stop, other=0)
     for tile_start in range(seg_start, seg_stop, TILE):
         k_pos = tile_start + offs_t
         k_ok = k_pos < seg_stop
@@ -281,20 +302,25 @@ def _paged_attention_kernel(
 
 
 @triton.jit
-def _partial(acc_rows, max_rows, sum_rows, seg, nseg, seg_rows, head_dim, h_ok, d_ok):
+def _partial(acc_rows, max_rows, sum_rows, seg, total, stride, head_dim, h_ok, d_ok):
     """Segment `seg`'s partial (acc, max, sum) at the heads' workspace rows (pointers into
-    segment 0), or the merge's identity (0, -inf, 0) past the query's last segment."""
-    ok = tl.where(seg < nseg, h_ok, False)
-    acc = tl.load(acc_rows + seg * seg_rows * head_dim, mask=ok[:, None] & d_ok[None, :], other=0.0)
-    mx = tl.load(max_rows + seg * seg_rows, mask=ok, other=float("-inf"))
-    den = tl.load(sum_rows + seg * seg_rows, mask=ok, other=0.0)
+    segment 0, `stride` rows per segment); (0, -inf, 0) past the workspace's `total` segments.
+    May be unwritten memory: see `_merge`."""
+    ok = tl.where(seg < total, h_ok, False)
+    acc = tl.load(acc_rows + seg * stride * head_dim, mask=ok[:, None] & d_ok[None, :], other=0.0)
+    mx = tl.load(max_rows + seg * stride, mask=ok, other=float("-inf"))
+    den = tl.load(sum_rows + seg * stride, mask=ok, other=0.0)
     return acc, mx, den
 
 
 @triton.jit
-def _merge(acc, mx, den, acc_s, mx_s, den_s):
-    """Fold one segment's partial into the running (acc, max, sum). The identity
-    (0, -inf, 0) leaves them bitwise unchanged: factors 1 and 0, products of exact zeros."""
+def _merge(acc, mx, den, acc_s, mx_s, den_s, live):
+    """Fold one segment's partial into the running (acc, max, sum); `live` false: fold the
+    identity (0, -inf, 0) instead (selected, so unwritten memory never reaches arithmetic),
+    which leaves them bitwise unchanged: factors 1 and 0, products of exact zeros."""
+    acc_s = tl.where(live, acc_s, 0.0)
+    mx_s = tl.where(live, mx_s, float("-inf"))
+    den_s = tl.where(live, den_s, 0.0)
     mx_new = tl.maximum(mx, mx_s)
     ref = tl.where(mx_new == float("-inf"), 0.0, mx_new)
     alpha = tl.exp2(mx - ref)
@@ -302,14 +328,41 @@ def _merge(acc, mx, den, acc_s, mx_s, den_s):
     return acc * alpha[:, None] + acc_s * beta[:, None], mx_new, den * alpha + den_s * beta
 
 
-@triton.jit(do_not_specialize=["seg_rows"])
+@triton.jit
+def _merge_chunk(
+    acc, mx, den, a_rows, m_rows, l_rows, s, nseg, total, stride, head_dim, h_ok, d_ok
+):
+    """Merge segments s..s+7, in order: their loads are issued together (one memory latency
+    per eight segments), masked by the workspace's extent only; segments at or past the
+    query's `nseg` are then replaced by the merge's identity."""
+    a0, m0, l0 = _partial(a_rows, m_rows, l_rows, s, total, stride, head_dim, h_ok, d_ok)
+    a1, m1, l1 = _partial(a_rows, m_rows, l_rows, s + 1, total, stride, head_dim, h_ok, d_ok)
+    a2, m2, l2 = _partial(a_rows, m_rows, l_rows, s + 2, total, stride, head_dim, h_ok, d_ok)
+    a3, m3, l3 = _partial(a_rows, m_rows, l_rows, s + 3, total, stride, head_dim, h_ok, d_ok)
+    a4, m4, l4 = _partial(a_rows, m_rows, l_rows, s + 4, total, stride, head_dim, h_ok, d_ok)
+    a5, m5, l5 = _partial(a_rows, m_rows, l_rows, s + 5, total, stride, head_dim, h_ok, d_ok)
+    a6, m6, l6 = _partial(a_rows, m_rows, l_rows, s + 6, total, stride, head_dim, h_ok, d_ok)
+    a7, m7, l7 = _partial(a_rows, m_rows, l_rows, s + 7, total, stride, head_dim, h_ok, d_ok)
+    acc, mx, den = _merge(acc, mx, den, a0, m0, l0, s < nseg)
+    acc, mx, den = _merge(acc, mx, den, a1, m1, l1, s + 1 < nseg)
+    acc, mx, den = _merge(acc, mx, den, a2, m2, l2, s + 2 < nseg)
+    acc, mx, den = _merge(acc, mx, den, a3, m3, l3, s + 3 < nseg)
+    acc, mx, den = _merge(acc, mx, den, a4, m4, l4, s + 4 < nseg)
+    acc, mx, den = _merge(acc, mx, den, a5, m5, l5, s + 5 < nseg)
+    acc, mx, den = _merge(acc, mx, den, a6, m6, l6, s + 6 < nseg)
+    acc, mx, den = _merge(acc, mx, den, a7, m7, l7, s + 7 < nseg)
+    return acc, mx, den
+
+
+@triton.jit(do_not_specialize=["stride", "total"])
 def _combine_kernel(
     part_acc_ptr,
     part_m_ptr,
     part_l_ptr,
     nseg_ptr,
     out_ptr,
-    seg_rows,  # T * H: workspace rows per segment
+    stride,  # T * H: workspace rows per segment
+    total,  # S: segments in the workspace
     num_heads,
     stride_ot,
     stride_oh,
@@ -318,11 +371,10 @@ def _combine_kernel(
     GROUP_P: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """Per (token, KV head): merge segments 0, 1, 2, ... in that order and normalise. Eight
-    segments' loads are issued together before their merges (one memory latency per eight)."""
+    """Per (token, KV head): merge segments 0, 1, 2, ... up to the query's last, in that order,
+    and normalise. Segments 0..7 are loaded beside the token's segment count."""
     t = tl.program_id(0)
     kvh = tl.program_id(1)
-    nseg = tl.load(nseg_ptr + t)
     hg = tl.arange(0, GROUP_P)
     head = kvh * group + hg
     h_ok = hg < group
@@ -332,27 +384,19 @@ def _combine_kernel(
     a_rows = part_acc_ptr + part[:, None] * head_dim + offs_d[None, :]
     m_rows = part_m_ptr + part
     l_rows = part_l_ptr + part
+    nseg = tl.load(nseg_ptr + t)
     acc = tl.zeros([GROUP_P, BLOCK_D], tl.float32)
     mx = tl.full([GROUP_P], float("-inf"), tl.float32)
     den = tl.zeros([GROUP_P], tl.float32)
-    for start in range(0, nseg, 8):
-        s = tl.zeros([], tl.int64) + start  # 64-bit workspace offsets
-        a0, m0, l0 = _partial(a_rows, m_rows, l_rows, s, nseg, seg_rows, head_dim, h_ok, d_ok)
-        a1, m1, l1 = _partial(a_rows, m_rows, l_rows, s + 1, nseg, seg_rows, head_dim, h_ok, d_ok)
-        a2, m2, l2 = _partial(a_rows, m_rows, l_rows, s + 2, nseg, seg_rows, head_dim, h_ok, d_ok)
-        a3, m3, l3 = _partial(a_rows, m_rows, l_rows, s + 3, nseg, seg_rows, head_dim, h_ok, d_ok)
-        a4, m4, l4 = _partial(a_rows, m_rows, l_rows, s + 4, nseg, seg_rows, head_dim, h_ok, d_ok)
-        a5, m5, l5 = _partial(a_rows, m_rows, l_rows, s + 5, nseg, seg_rows, head_dim, h_ok, d_ok)
-        a6, m6, l6 = _partial(a_rows, m_rows, l_rows, s + 6, nseg, seg_rows, head_dim, h_ok, d_ok)
-        a7, m7, l7 = _partial(a_rows, m_rows, l_rows, s + 7, nseg, seg_rows, head_dim, h_ok, d_ok)
-        acc, mx, den = _merge(acc, mx, den, a0, m0, l0)
-        acc, mx, den = _merge(acc, mx, den, a1, m1, l1)
-        acc, mx, den = _merge(acc, mx, den, a2, m2, l2)
-        acc, mx, den = _merge(acc, mx, den, a3, m3, l3)
-        acc, mx, den = _merge(acc, mx, den, a4, m4, l4)
-        acc, mx, den = _merge(acc, mx, den, a5, m5, l5)
-        acc, mx, den = _merge(acc, mx, den, a6, m6, l6)
-        acc, mx, den = _merge(acc, mx, den, a7, m7, l7)
+    s = tl.zeros([], tl.int64)  # 64-bit workspace offsets
+    acc, mx, den = _merge_chunk(
+        acc, mx, den, a_rows, m_rows, l_rows, s, nseg, total, stride, head_dim, h_ok, d_ok
+    )
+    for start in range(8, nseg, 8):
+        c = s + start
+        acc, mx, den = _merge_chunk(
+            acc, mx, den, a_rows, m_rows, l_rows, c, nseg, total, stride, head_dim, h_ok, d_ok
+        )
     out = acc / tl.where(den == 0.0, 1.0, den)[:, None]
     tl.store(
         out_ptr + t.to(tl.int64) * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
@@ -385,7 +429,6 @@ def paged_attention(
     assert b >= 1 and h % kvh == 0, (b, h, kvh)
     assert cu_seqlens_q.shape == (b + 1,) and seq_lens.shape == (b,)
     assert q.stride(-1) == 1 and block_tables.stride(-1) == 1
-    assert SEGMENT % KEY_TILE == 0, (SEGMENT, KEY_TILE)
     if out is None:
         out = torch.empty_like(q)
     assert out.shape == q.shape and out.stride(-1) == 1
@@ -396,6 +439,8 @@ def paged_attention(
     group_p = triton.next_power_of_2(group)
     block_q = max(1, TILE_ROWS // group_p)
     block_d = triton.next_power_of_2(d)
+    tile, warps = _key_tile_and_warps(q.dtype, block_d)
+    assert SEGMENT % tile == 0, (SEGMENT, tile)
     segments = triton.cdiv(width * block_size, SEGMENT)
     assert segments <= 65535 and kvh <= 65535, (segments, kvh)  # grid axes 1 and 2
     rows = segments * t * h
@@ -421,17 +466,18 @@ def paged_attention(
         q.stride(1),
         *kv_cache.stride()[:4],
         block_tables.stride(0),
+        width,
         block_size,
         d,
         group,
         BLOCK_Q=block_q,
         GROUP_P=group_p,
         BLOCK_D=block_d,
-        TILE=KEY_TILE,
+        TILE=tile,
         SEGMENT=SEGMENT,
         FANOUT=SEARCH_FANOUT,
         DOT_PRECISION=precision,
-        num_warps=NUM_WARPS,
+        num_warps=warps,
         num_stages=NUM_STAGES,
         enable_fp_fusion=FP_FUSION,
     )
@@ -442,6 +488,7 @@ def paged_attention(
         nseg,
         out,
         t * h,
+        segments,
         h,
         out.stride(0),
         out.stride(1),
@@ -453,6 +500,16 @@ def paged_attention(
         enable_fp_fusion=FP_FUSION,
     )
     return out
+
+
+def _key_tile_and_warps(dtype: torch.dtype, block_d: int) -> tuple[int, int]:
+    """The attention kernel's key tile and warp count for this query dtype and head size."""
+    if dtype == torch.float32:
+        return min(KEY_TILE, FP32_KEY_TILE), FP32_NUM_WARPS
+    tile = KEY_TILE
+    while tile > 16 and tile * block_d * 2 > TILE_BYTES:
+        tile //= 2
+    return tile, NUM_WARPS
 
 
 def _check_cache(kv_cache: torch.Tensor, kvh: int, d: int) -> None:
