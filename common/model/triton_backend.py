@@ -5,7 +5,8 @@ attends for every row of the step — prefill chunks, decode rows and verify row
 reading only each row's real context through its block table. The launch grid depends only on
 tensor shapes, so any step can be captured in a CUDA graph keyed by its padded token count,
 and no shape is compiled or planned at serving time. Each query's result depends only on its
-own row (fixed key tiles from position 0, no split-KV): the same logits whether a position is
+own row (fixed key tiles from position 0, split-KV only at fixed absolute key positions and
+merged in a fixed order): the same logits whether a position is
 verified alone, in a 1+K verify row or in a prefill chunk.
 """
 
