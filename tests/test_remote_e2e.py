@@ -197,6 +197,19 @@ def test_a_plugin_written_once_runs_in_process_and_behind_the_drafter_service(ti
 
 
 @pytest.mark.slow
+def test_smollm2_draft_model_in_process_and_remote_is_lossless(smollm2, drafters):
+    prompts = PROMPTS[:4]
+    plain = [c.token_ids for c in run_all(engine(smollm2, "none", model="smollm2-135m"), prompts)]
+    server = drafters(drafter="model:smollm2-135m", kv_blocks=256)
+    for drafter in ("model:smollm2-135m", f"grpc://{server.address}"):
+        eng = engine(smollm2, drafter, model="smollm2-135m")
+        spec = run_all(eng, prompts)
+        assert [c.token_ids for c in spec] == plain, drafter
+        assert eng.executor.stats.accepted_tokens > 0, drafter
+        eng.shutdown()
+
+
+@pytest.mark.slow
 def test_smollm2_remote_ngram_is_lossless(smollm2, drafters):
     prompts = PROMPTS[:8]
     plain = run_all(engine(smollm2, "none", model="smollm2-135m"), prompts)
