@@ -12,13 +12,11 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from common.drafting import SessionDrafter, SparseDist
 from common.errors import UserError
-from drafter_service.drafters.base import SessionDrafter, SparseDist
 from drafter_service.sessions import SessionStore
 
 log = logging.getLogger(__name__)
-
-PROTOCOL_VERSION = 1
 
 
 @dataclass(frozen=True)

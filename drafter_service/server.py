@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from grpc_health.v1 import _async as aio_health
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from common.drafting import PROTOCOL_VERSION
 from common.errors import UserError
 from common.protogen import drafter_pb2, drafter_pb2_grpc
 from common.reflection import enable_reflection
@@ -27,7 +28,7 @@ from common.security import peer_identity
 from common.transport import LoopThread, build_server
 from drafter_service.config import DrafterServiceConfig
 from drafter_service.drafters import SessionDrafter, build_drafter
-from drafter_service.engine import PROTOCOL_VERSION, DraftEngine, SeqDraft, SeqUpdate
+from drafter_service.engine import DraftEngine, SeqDraft, SeqUpdate
 from drafter_service.sessions import SessionStore
 
 log = logging.getLogger(__name__)

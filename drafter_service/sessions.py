@@ -23,8 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from common.drafting import SessionDrafter
 from common.errors import UserError
-from drafter_service.drafters.base import SessionDrafter
 
 Key = tuple[str, str]  # (owner, request_id)
 

@@ -19,7 +19,7 @@ from target_service.config import TargetConfig
 # The TargetConfig fields a user sets; flag, variable, type and default come from the field.
 ENGINE_FLAGS = {
     "model": Flag("smollm2-135m, tiny-random, a HF folder or a .gguf file"),
-    "drafter": Flag("none | ngram | module:Class | grpc://HOST:PORT"),
+    "drafter": Flag("none | ngram | model:NAME | module:Class | grpc://HOST:PORT"),
     "max_draft_len": Flag("most draft tokens per sequence per step"),
     "max_ngram": Flag("ngram drafter: longest n-gram matched"),
     "device": Flag("cpu | cuda[:N]"),

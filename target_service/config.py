@@ -18,7 +18,7 @@ DTYPES = ("float32", "bfloat16", "float16")  # names of torch dtypes
 @dataclass(frozen=True)
 class TargetConfig:
     model: str = "smollm2-135m"
-    drafter: str = "ngram"  # none | ngram | module:Class | grpc://HOST:PORT
+    drafter: str = "ngram"  # none | ngram | model:NAME | module:Class | grpc://HOST:PORT
     max_draft_len: int = 4
     max_ngram: int = 3
     device: str = "cpu"
@@ -90,3 +90,9 @@ class TargetConfig:
     @property
     def blocks_per_seq(self) -> int:
         return blocks_for(self.max_context_len, self.block_size)
+
+    @property
+    def kv_pool_blocks(self) -> int:
+        """KV blocks of the target's pool: --num-kv-blocks, or max_batch_size full contexts
+        plus the dummy block."""
+        return self.num_kv_blocks or (self.max_batch_size * self.blocks_per_seq + 1)

@@ -14,14 +14,16 @@ import logging
 import uuid
 from dataclasses import dataclass
 
+from common.drafters import NGramDrafter, load_model_drafter
+from common.drafting import check_compatible
 from common.errors import UserError
 from common.model.loader import LoadedModel, load_model
 from common.model.triton_backend import make_backend, make_ops
 from target_service.config import TargetConfig
 from target_service.draft_policy import DraftLengthPolicy
 from target_service.drafters.base import Drafter
-from target_service.drafters.ngram import NGramDrafter
 from target_service.drafters.plugin import load_plugin_drafter
+from target_service.drafters.session import SessionDrafterAdapter
 from target_service.executor import Executor
 from target_service.metrics import TargetMetrics
 from target_service.output import EventQueue, OutputStream, StreamFactory
@@ -40,11 +42,32 @@ DEFAULT_MAX_NEW_TOKENS = 256
 
 
 def make_drafter(cfg: TargetConfig, loaded: LoadedModel) -> Drafter | None:
+    """The drafter `--drafter` names. `ngram`, `model:NAME` and session plugins are the same
+    `SessionDrafter`s the drafter service runs (common/drafters/), here in-process."""
     spec = cfg.drafter
     if spec == "none" or cfg.max_draft_len == 0:
         return None
     if spec == "ngram":
-        return NGramDrafter(cfg.max_draft_len, cfg.max_ngram)
+        return SessionDrafterAdapter(NGramDrafter(cfg.max_ngram), cfg.max_draft_len)
+    if spec.startswith("model:"):
+        draft = load_model_drafter(
+            spec.removeprefix("model:"),
+            device=cfg.device,
+            dtype=cfg.torch_dtype,
+            num_blocks=cfg.kv_pool_blocks,  # room for as many tokens as the target's cache
+            block_size=cfg.block_size,
+            max_positions=cfg.max_context_len,
+            progress=cfg.progress,
+        )
+        check_compatible(
+            f"--drafter {spec}",
+            draft.name,
+            draft.vocab_size,
+            draft.tokenizer_fingerprint,
+            loaded.config.vocab_size,
+            loaded.tokenizer.fingerprint,
+        )
+        return SessionDrafterAdapter(draft, cfg.max_draft_len)
     if spec.startswith("grpc://"):
         from target_service.drafters.remote import RemoteDrafter
 
@@ -59,7 +82,9 @@ def make_drafter(cfg: TargetConfig, loaded: LoadedModel) -> Drafter | None:
         )
     if ":" in spec:
         return load_plugin_drafter(spec, cfg.max_draft_len)
-    raise UserError(f"unknown drafter {spec!r} (use none, ngram, module:Class or grpc://HOST:PORT)")
+    raise UserError(
+        f"unknown drafter {spec!r} (use none, ngram, model:NAME, module:Class or grpc://HOST:PORT)"
+    )
 
 
 @dataclass
@@ -215,7 +240,7 @@ def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine
     model = loaded.model
     # 2. resource managers
     k = cfg.max_draft_len if cfg.drafter != "none" else 0
-    num_blocks = cfg.num_kv_blocks or (cfg.max_batch_size * cfg.blocks_per_seq + 1)
+    num_blocks = cfg.kv_pool_blocks
     kv = KVCacheManager(num_blocks, cfg.block_size, k)
     resources = ResourceRegistry()
     resources.add(kv)

@@ -13,14 +13,14 @@ import torch
 from procs import running_service, stop_service
 
 from common import healthcheck
+from common.drafters.model import ModelDrafter
+from common.drafters.plugin import load_plugin
 from common.errors import UserError
 from common.model.config import ModelConfig
 from common.model.llama import LlamaModel
 from common.protogen import drafter_pb2, drafter_pb2_grpc
 from drafter_service.config import DrafterServiceConfig
 from drafter_service.drafters import NGramDrafter, SessionDrafter, build_drafter
-from drafter_service.drafters.model import ModelDrafter
-from drafter_service.drafters.plugin import load_plugin
 from drafter_service.server import serve
 from drafter_service.sessions import SessionStore
 

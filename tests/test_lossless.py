@@ -39,7 +39,8 @@ def tiny_baseline():
 
 DRAFTERS = [
     "ngram",
-    "examples.python.lookup_drafter:LastOccurrenceDrafter",
+    "examples.python.lookup_drafter:LastOccurrenceDrafter",  # session contract, in-process
+    "model:tiny-random",  # a draft model in-process, KV blocks from its own pool
     "adversarial_drafters:RandomDrafter",
     "adversarial_drafters:EmptyDrafter",
     "adversarial_drafters:OverlongDrafter",
@@ -54,8 +55,13 @@ def test_tiny_random_lossless_for_every_drafter(tiny_baseline, drafter):
     results = run_all(eng, PROMPTS)
     assert [c.token_ids for c in results] == tiny_baseline
     total = eng.executor.stats
-    if drafter in ("ngram", DRAFTERS[1], DRAFTERS[4]):
+    if drafter in ("ngram", DRAFTERS[1], DRAFTERS[5]):
         assert total.accepted_tokens > 0, "a working drafter should get drafts accepted"
+    if drafter == "model:tiny-random":  # the target's own weights: every draft is right
+        assert total.accepted_tokens == total.draft_tokens > 0
+    eng.resources.check_integrity()  # the drafter's sessions (and draft KV blocks) are gone
+    sessions = eng.resources.get("draft_sessions")
+    assert sessions is None or len(sessions) == 0
     if drafter.endswith("EmptyDrafter") or drafter.endswith("ExplodingDrafter"):
         assert total.draft_tokens == 0
     if drafter.endswith("OverlongDrafter"):

@@ -11,18 +11,20 @@ from __future__ import annotations
 import subprocess
 import sys
 from concurrent import futures
+from pathlib import Path
 
 import grpc
 import pytest
 import torch
 from lossless_prompts import lossless_prompts
-from procs import free_port, wait_until
+from procs import free_port, running_service, wait_until
 
 from common.client import GenerationClient
+from common.drafting import PROTOCOL_VERSION
 from common.protogen import drafter_pb2, drafter_pb2_grpc
 from drafter_service.config import DrafterServiceConfig
 from drafter_service.drafters import NGramDrafter
-from drafter_service.engine import PROTOCOL_VERSION, DraftEngine
+from drafter_service.engine import DraftEngine
 from drafter_service.server import response_to_proto, serve, updates_from_proto
 from drafter_service.sessions import SessionStore
 from target_service.config import TargetConfig
@@ -31,6 +33,7 @@ from target_service.output import Complete
 from target_service.server import TargetServer
 
 PROMPTS = lossless_prompts(50)
+ROOT = Path(__file__).resolve().parent.parent
 CODE = [0, 1, 6, 8, 14]  # indices of the code prompts (Python, SQL, HTML)
 TINY_VOCAB = 512
 
@@ -162,12 +165,48 @@ def test_remote_drafter_is_lossless_over_50_prompts(tiny, baseline, drafters, ki
     assert c["failed"] == c["stale"] == c["unknown_request"] == 0 and c["reconnects"] == 1
     stats = eng.executor.stats
     assert 0 < stats.accepted_tokens <= stats.draft_tokens and stats.refused_draft_tokens == 0
-    # `finished` notices ride on the next step's message: one more request delivers them, and
-    # then only its own session is left on the drafter.
-    (last,) = submit_all(eng, ["a b a b a b"], 4)
-    eng.executor.run_until_idle()
-    assert len(server.engine.store) == 1 and last.request.request_id in server.engine.store
+    # The target is idle now, and no step will carry another message: the `finished` notices
+    # went out as the requests were freed, so the drafter holds no session (not for its TTL).
+    wait_until(lambda: len(server.engine.store) == 0, timeout=10, what="sessions freed")
+    server.engine.check_integrity()
     eng.shutdown()
+
+
+LOOKUP_PLUGIN = "examples.python.lookup_drafter:LastOccurrenceDrafter"
+
+
+def test_a_plugin_written_once_runs_in_process_and_behind_the_drafter_service(tiny, baseline):
+    """The same class, unchanged: `--drafter mod:Class` on the target, and `specwire drafter
+    --drafter mod:Class` (a real process) behind `--drafter grpc://...`."""
+    local = engine(tiny, LOOKUP_PLUGIN)
+    in_process = run_all(local, PROMPTS)
+    local.shutdown()
+    cmd = [sys.executable, "-m", "common.cli", "drafter", "--port", "0", "--max-draft-len", "4"]
+    env = {"SPECWIRE_DRAFTER": LOOKUP_PLUGIN, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    pattern = r"listening on (127\.0\.0\.1:\d+) \(drafter=last-occurrence "
+    with running_service(cmd, env, pattern, timeout=60, cwd=ROOT) as (_, match):
+        eng = engine(tiny, f"grpc://{match.group(1)}")
+        remote = run_all(eng, PROMPTS)
+        counters = eng.drafter.counters()
+        eng.shutdown()
+    assert [c.token_ids for c in in_process] == baseline["short"]
+    assert [c.token_ids for c in remote] == baseline["short"]
+    for results in (in_process, remote):
+        assert sum(results[i].stats.accepted_tokens for i in CODE) > 0, "no drafts accepted"
+    assert counters["failed"] == counters["stale"] == counters["unknown_request"] == 0
+
+
+@pytest.mark.slow
+def test_smollm2_draft_model_in_process_and_remote_is_lossless(smollm2, drafters):
+    prompts = PROMPTS[:4]
+    plain = [c.token_ids for c in run_all(engine(smollm2, "none", model="smollm2-135m"), prompts)]
+    server = drafters(drafter="model:smollm2-135m", kv_blocks=256)
+    for drafter in ("model:smollm2-135m", f"grpc://{server.address}"):
+        eng = engine(smollm2, drafter, model="smollm2-135m")
+        spec = run_all(eng, prompts)
+        assert [c.token_ids for c in spec] == plain, drafter
+        assert eng.executor.stats.accepted_tokens > 0, drafter
+        eng.shutdown()
 
 
 @pytest.mark.slow

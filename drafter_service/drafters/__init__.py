@@ -1,10 +1,15 @@
-"""Drafters the service can run: `ngram`, `model:NAME`, `module:Class` (a user plugin)."""
+"""The drafter the service runs, from its flags: `ngram`, `model:NAME` or `module:Class`.
+
+The drafters themselves live in common/drafters/ (the target runs the same ones in-process);
+their contract is common/drafting.py.
+"""
 
 from __future__ import annotations
 
+from common.drafters import NGramDrafter, load_model_drafter, load_plugin
+from common.drafting import Proposal, SessionDrafter, SparseDist
+from common.errors import UserError
 from drafter_service.config import DrafterServiceConfig
-from drafter_service.drafters.base import Proposal, SessionDrafter, SparseDist
-from drafter_service.drafters.ngram import NGramDrafter
 
 __all__ = ["NGramDrafter", "Proposal", "SessionDrafter", "SparseDist", "build_drafter"]
 
@@ -16,17 +21,11 @@ def build_drafter(config: DrafterServiceConfig) -> SessionDrafter:
     kind, _, arg = config.drafter.partition(":")
     if kind == "model":
         return _build_model_drafter(arg, config)
-    from drafter_service.drafters.plugin import load_plugin
-
     return load_plugin(config.drafter)
 
 
 def _build_model_drafter(name: str, config: DrafterServiceConfig) -> SessionDrafter:
     import torch
-
-    from common.errors import UserError
-    from common.model import loader as model_loader  # (imported late: it pulls in torch)
-    from drafter_service.drafters.model import ModelDrafter
 
     if config.device.startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"--device {config.device}: CUDA is not available on this machine")
@@ -36,12 +35,10 @@ def _build_model_drafter(name: str, config: DrafterServiceConfig) -> SessionDraf
         dtype = getattr(torch, config.dtype, None)
         if not isinstance(dtype, torch.dtype):
             raise UserError(f"--dtype {config.dtype!r} is not a torch dtype")
-    loaded = model_loader.load_model(name, device=config.device, dtype=dtype)
-    return ModelDrafter(
-        loaded.model,
-        name=f"model:{loaded.name}",
-        vocab_size=int(loaded.config.vocab_size),
-        tokenizer_fingerprint=loaded.tokenizer.fingerprint,
+    return load_model_drafter(
+        name,
+        device=config.device,
+        dtype=dtype,
         num_blocks=config.kv_blocks,
         probs_top_n=config.draft_probs_top_n,
         seed=config.seed,

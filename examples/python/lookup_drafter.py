@@ -1,58 +1,55 @@
-"""An example user-provided drafter. Run it with (repository root on PYTHONPATH)
+"""An example user drafter, written once for both places it can run (repository root on
+PYTHONPATH, or any `module:Class` importable from your environment):
 
-    specwire target --drafter examples.python.lookup_drafter:LastOccurrenceDrafter
+    specwire target --drafter examples.python.lookup_drafter:LastOccurrenceDrafter    # in-process
 
-or use any `module:Class` importable from your environment.
+    specwire drafter --drafter examples.python.lookup_drafter:LastOccurrenceDrafter   # a service
+    specwire target --drafter grpc://127.0.0.1:50152
 
-Contract: constructed as `Class(max_draft_len=K)`; `prepare_draft_tokens(requests, resources)`
-sets `request.draft_tokens` to 0..`request.draft_budget` tokens (UNPADDED) for each request.
-It may bring its own resource manager as `spec_resource_manager`: the executor registers it
-before warm-up and calls its prepare/update/free hooks for every request.
+Contract (common/drafting.py, `SessionDrafter`): built as `Class()`; one state per sequence,
+`extend(state, tokens)` appends committed tokens, `propose(state, budget)` returns up to
+`budget` draft tokens (unpadded, maybe none) and optionally their distributions. Whoever runs
+it keeps the sessions and releases them when a request finishes.
 """
 
 from __future__ import annotations
 
-from target_service.drafters.base import Drafter
-from target_service.resources.base import ResourceManager
+from dataclasses import dataclass, field
+
+from common.drafting import Proposal, SessionDrafter
 
 
-class _LastSeen(ResourceManager):
-    """Per request: token -> index of its last occurrence (built incrementally)."""
+@dataclass
+class LastSeen:
+    """One sequence: its tokens, and token -> index of its last occurrence before the end."""
 
-    name = "last_occurrence"
-
-    def __init__(self) -> None:
-        self.tables: dict[str, tuple[int, dict[int, int]]] = {}
-
-    def prepare(self, batch) -> None:
-        for req in batch:
-            seen, table = self.tables.get(req.request_id, (0, {}))
-            toks = req.token_ids
-            for i in range(seen, len(toks) - 1):
-                table[toks[i]] = i
-            self.tables[req.request_id] = (max(seen, len(toks) - 1), table)
-
-    def free(self, request) -> None:
-        self.tables.pop(request.request_id, None)
-
-    def check_integrity(self) -> None:
-        for rid, (seen, table) in self.tables.items():
-            assert all(i < seen for i in table.values()), rid
+    tokens: list[int] = field(default_factory=list)
+    last: dict[int, int] = field(default_factory=dict)
 
 
-class LastOccurrenceDrafter(Drafter):
+class LastOccurrenceDrafter(SessionDrafter):
     """Drafts what followed the last earlier occurrence of the current token."""
 
-    name = "last-occurrence"
+    name = "last-occurrence"  # token-agnostic: vocab_size 0, no tokenizer fingerprint
 
-    def __init__(self, max_draft_len: int) -> None:
-        super().__init__(max_draft_len)
-        self.spec_resource_manager = _LastSeen()
+    def new_state(self) -> LastSeen:
+        return LastSeen()
 
-    def prepare_draft_tokens(self, requests, resources) -> None:
-        tables = self.spec_resource_manager.tables
-        for req in requests:
-            toks = req.token_ids
-            _, table = tables.get(req.request_id, (0, {}))
-            i = table.get(toks[-1])
-            req.draft_tokens = toks[i + 1 : i + 1 + req.draft_budget] if i is not None else []
+    def extend(self, state: LastSeen, tokens: list[int]) -> None:
+        # The previous last token now has a successor: index it, then all new but the last.
+        start = len(state.tokens) - 1
+        state.tokens.extend(tokens)
+        for i in range(max(start, 0), len(state.tokens) - 1):
+            state.last[state.tokens[i]] = i
+
+    def propose(self, state: LastSeen, budget: int, want_probs: bool = False) -> Proposal:
+        if not state.tokens:
+            return Proposal([])
+        i = state.last.get(state.tokens[-1])
+        if i is None:
+            return Proposal([])
+        return Proposal(state.tokens[i + 1 : i + 1 + budget])
+
+    def check_integrity(self, live_states) -> None:
+        for s in live_states:
+            assert all(i < len(s.tokens) - 1 for i in s.last.values()), "index past the end"

@@ -82,7 +82,7 @@ class RemoteDrafter(Drafter):
         self.name = f"grpc://{self.config.target}"
         self.vocab_size = vocab_size
         self.tokenizer_fingerprint = tokenizer_fingerprint
-        self.spec_resource_manager = self.sessions = RemoteSessions()
+        self.spec_resource_manager = self.sessions = RemoteSessions(self._send_finished)
         self._counters = dict.fromkeys(COUNTERS, 0)
         self._cv = threading.Condition()  # guards everything below and the counters
         self._step = 0
@@ -94,6 +94,7 @@ class RemoteDrafter(Drafter):
         self._lost_sync = False  # set on failure: every sequence restarts from base_len 0
         self._reconnecting = False
         self._closed = threading.Event()
+        self._notices: set[grpc.Future] = set()  # unary finished notices in flight
         self._channel = make_channel(self.config.target, self.security, CHANNEL_OPTIONS)
         self._stub = drafter_pb2_grpc.DrafterServiceStub(self._channel)
         try:
@@ -280,6 +281,41 @@ class RemoteDrafter(Drafter):
                 if d.probs and len(d.probs) == len(d.tokens):
                     req.draft_probs = [(list(p.ids), list(p.probs)) for p in d.probs]
             seen.add(d.request_id)
+
+    # -- finished notices ---------------------------------------------------------------------
+
+    def _send_finished(self) -> None:
+        """Tell the drafter now that requests finished, so it frees their sessions even when
+        the target goes idle (no next step to carry the notice). Runs on the executor thread
+        when the registry frees a request; sends one small message and waits for nothing.
+
+        Stream mode: the notice goes on the stream, after the request's last update (order
+        kept); its empty reply carries a step nobody waits for and is dropped. Unary mode: a
+        `Draft` call whose reply is ignored. Disconnected: the notices stay queued and ride on
+        the first step after reconnecting.
+        """
+        with self._cv:
+            if not self._connected or self._closed.is_set():
+                return
+            rids = self.sessions.take_finished()
+            if not rids:
+                return
+            self._step += 1
+            step = self._step
+            updates = [drafter_pb2.SequenceUpdate(request_id=r, finished=True) for r in rids]
+            if self.mode == "stream":
+                if self._stream is not None:
+                    notice = drafter_pb2.DraftStreamRequest(step=step, sequences=updates)
+                    self._stream.send(notice)
+                return
+        msg = drafter_pb2.DraftRequest(step=step, sequences=updates)
+        try:
+            future = self._stub.Draft.future(msg, timeout=self.config.connect_timeout_s)
+        except ValueError:  # the channel closed under us (shutdown): the drafter's TTL is left
+            log.debug("drafter %s: finished notice not sent: channel closed", self.name)
+            return
+        self._notices.add(future)  # held until done; a lost notice only leaves it to the TTL
+        future.add_done_callback(self._notices.discard)
 
     def _count(self, name: str | None, locked: bool = False) -> None:
         if name is None:

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import grpc
 
+from common.drafting import PROTOCOL_VERSION, check_compatible
 from common.errors import UserError
 from common.protogen import drafter_pb2, drafter_pb2_grpc
 
-PROTOCOL_VERSION = 1
 DEFAULT_DEADLINE_MS = 50.0
 CHANNEL_OPTIONS = [  # notice a restarted drafter within ~1 s (gRPC's default waits up to 120 s)
     ("grpc.initial_reconnect_backoff_ms", 100),
@@ -87,17 +87,14 @@ def handshake(
             f"drafter at {name} speaks protocol version {info.protocol_version}, "
             f"this target speaks {PROTOCOL_VERSION}"
         )
-    if info.vocab_size and info.vocab_size != vocab_size:
-        raise UserError(
-            f"drafter at {name} ({info.name}) has vocabulary size {info.vocab_size}, "
-            f"the target model has {vocab_size}"
-        )
-    fp = info.tokenizer_fingerprint
-    if fp and tokenizer_fingerprint and fp != tokenizer_fingerprint:
-        raise UserError(
-            f"drafter at {name} ({info.name}) uses another tokenizer "
-            f"(fingerprint {fp[:12]}, the target's is {tokenizer_fingerprint[:12]})"
-        )
+    check_compatible(
+        f"drafter at {name}",
+        info.name,
+        info.vocab_size,
+        info.tokenizer_fingerprint,
+        vocab_size,
+        tokenizer_fingerprint,
+    )
     return info
 
 

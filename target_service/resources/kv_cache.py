@@ -1,4 +1,4 @@
-"""Paged KV cache bookkeeping: the block pool and each request's block table.
+"""Paged KV cache bookkeeping: each request's block table over a `BlockPool` (common/kv_blocks.py).
 
 Invariant: every block is either free or owned by exactly one request (or is the reserved dummy
 block that padding rows write to); `free + used + 1 == total`.
@@ -6,9 +6,9 @@ block that padding rows write to); `free + used + 1 == total`.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 
+from common.kv_blocks import BlockPool
 from common.model.paged import blocks_for
 from target_service.request import Request
 from target_service.resources.base import ResourceManager
@@ -30,7 +30,7 @@ class KVCacheManager(ResourceManager):
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.max_draft_len = max_draft_len
-        self._free: deque[int] = deque(range(1, num_blocks))
+        self._pool = BlockPool(num_blocks, reserved=self.DUMMY_BLOCK + 1)
         self._tables: dict[str, list[int]] = {}
         # Slots each request needs this step; set by `reserve` via the scheduler's plan.
         self._planned: dict[str, int] = {}
@@ -38,7 +38,7 @@ class KVCacheManager(ResourceManager):
     # -- queries -------------------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        return self._pool.num_free
 
     def block_table(self, request: Request) -> list[int]:
         return self._tables.get(request.request_id, [])
@@ -62,10 +62,12 @@ class KVCacheManager(ResourceManager):
     def reserve(self, request: Request, num_slots: int) -> None:
         """Grow the request's block table to cover `num_slots` tokens."""
         need = self.blocks_needed(request, num_slots)
-        if need > len(self._free):
-            raise OutOfBlocks(f"{request.request_id}: need {need} blocks, {len(self._free)} free")
-        table = self._tables.setdefault(request.request_id, [])
-        table.extend(self._free.popleft() for _ in range(need))
+        got = self._pool.allocate(need)
+        if got is None:
+            raise OutOfBlocks(
+                f"{request.request_id}: need {need} blocks, {self.num_free_blocks} free"
+            )
+        self._tables.setdefault(request.request_id, []).extend(got)
 
     def update(self, batch: Sequence[Request], accepted: dict[str, int]) -> None:
         # Keep only the blocks that hold valid KV (rejected drafts' slots are dropped).
@@ -79,21 +81,18 @@ class KVCacheManager(ResourceManager):
         if table is None:
             return
         keep = blocks_for(num_tokens, self.block_size)
-        while len(table) > keep:
-            self._free.append(table.pop())
+        if len(table) > keep:
+            self._pool.free(table[keep:][::-1])  # last block first, as before
+            del table[keep:]
 
     def free(self, request: Request) -> None:
         self._planned.pop(request.request_id, None)
         table = self._tables.pop(request.request_id, None)
         if table:
-            self._free.extend(table)
+            self._pool.free(table)
 
     def check_integrity(self) -> None:
+        """The pool's invariant over all block tables; the dummy block is never in one."""
         used = [b for t in self._tables.values() for b in t]
-        assert len(used) == len(set(used)), "a KV block is owned twice"
-        assert self.DUMMY_BLOCK not in used and self.DUMMY_BLOCK not in self._free
-        assert not set(used) & set(self._free), "a KV block is both free and used"
-        assert len(self._free) + len(used) + 1 == self.num_blocks, (
-            f"KV blocks leaked: free {len(self._free)} + used {len(used)} + dummy 1 "
-            f"!= total {self.num_blocks}"
-        )
+        assert self.DUMMY_BLOCK not in used, "the dummy block is in a block table"
+        self._pool.check_integrity(used)

@@ -1,6 +1,8 @@
 """`model:M`: a specwire model drafting greedily, with its own paged KV cache per session.
 
-Each session owns KV blocks from the drafter's `BlockAllocator`. The cache is lazy: nothing is
+Each session owns KV blocks from the drafter's own `BlockPool` (common/kv_blocks.py); `release`
+gives them back, so whoever ends a session (the target's resource registry freeing a request,
+or the drafter service's session store) frees its blocks. The cache is lazy: nothing is
 computed when tokens are committed; a propose call computes only the tokens whose K/V are not
 already valid, then drafts one token per forward call. Rollback is free: the state remembers
 which tokens its cache holds (`cached`: committed prefix + drafts it forwarded), and the longest
@@ -21,10 +23,10 @@ from typing import Any
 
 import torch
 
+from common.drafting import Proposal, SessionDrafter, SparseDist
+from common.kv_blocks import BlockPool
 from common.model.attention import AttentionMetadata
 from common.model.paged import blocks_for, slot_of
-from drafter_service.drafters.base import Proposal, SessionDrafter, SparseDist
-from drafter_service.drafters.kv_blocks import BlockAllocator
 
 
 @dataclass
@@ -77,7 +79,7 @@ class ModelDrafter(SessionDrafter):
         self.max_positions: int = int(model.rotary.cos.shape[0])
         self.kv = model.allocate_kv_cache(num_blocks)  # [L, 2, NB, BS, KVH, D]
         self.device = self.kv.device
-        self.allocator = BlockAllocator(num_blocks)
+        self.allocator = BlockPool(num_blocks)
         self.probs_top_n = probs_top_n
         self._gen = torch.Generator(device=self.device).manual_seed(seed)
 
@@ -108,7 +110,7 @@ class ModelDrafter(SessionDrafter):
     def propose_batch(
         self, states: Sequence[Any], budgets: Sequence[int], want_probs: bool = False
     ) -> list[Proposal]:
-        out: list[Proposal] = [([], None) for _ in states]
+        out: list[Proposal] = [Proposal([]) for _ in states]
         rows: list[_Row] = []
         for i, (st, budget) in enumerate(zip(states, budgets, strict=True)):
             n = len(st.tokens)
@@ -127,7 +129,7 @@ class ModelDrafter(SessionDrafter):
             n = len(r.state.tokens)
             r.state.cached = r.state.tokens[:n] + r.drafts[:-1]
             probs = r.dists if want_probs and self.probs_top_n else None
-            out[r.index] = (r.drafts, probs)
+            out[r.index] = Proposal(r.drafts, probs)
         return out
 
     def _reserve(self, st: ModelSessionState, num_tokens: int) -> bool:

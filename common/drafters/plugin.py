@@ -1,8 +1,7 @@
-"""User drafters loaded by import path: `--drafter mypkg.mymodule:MyDrafter`.
+"""User drafters loaded by import path: `--drafter mypkg.mymodule:MyDrafter`, on either service.
 
 The class is instantiated with no arguments and must provide the `SessionDrafter` methods
-(subclassing `drafter_service.drafters.base.SessionDrafter` is the easy way, but duck typing
-works too):
+(subclassing `common.drafting.SessionDrafter` is the easy way, but duck typing works too):
 
     new_state() -> state                    a fresh per-session state
     extend(state, tokens: list[int])        committed tokens, appended in order
@@ -10,30 +9,38 @@ works too):
         -> (tokens: list[int], probs: list[(ids, probs)] | None)
 
 Optional: `propose_batch`, `release(state)`, `check_integrity(states)`, `close()`, and the
-handshake attributes `name`, `vocab_size` (0 = any), `tokenizer_fingerprint` ("" = any),
-`capabilities`. Missing optional parts get the `SessionDrafter` defaults.
+attributes `name`, `vocab_size` (0 = any), `tokenizer_fingerprint` ("" = any), `capabilities`.
+Missing optional parts get the `SessionDrafter` defaults.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from common.drafting import Proposal, SessionDrafter
 from common.errors import UserError
 from common.plugins import load_class
-from drafter_service.drafters.base import Proposal, SessionDrafter
 
 _REQUIRED = ("new_state", "extend", "propose")
 
 
+def is_session_drafter_class(cls: type) -> bool:
+    """Does `cls` follow this contract (rather than the target's older `Drafter` one)?"""
+    return all(callable(getattr(cls, m, None)) for m in _REQUIRED)
+
+
 def load_plugin(spec: str) -> SessionDrafter:
     """Import `module:Class`, instantiate it and adapt it to `SessionDrafter`."""
-    if not spec.partition(":")[2].isidentifier():
-        raise UserError(f"--drafter {spec!r}: expected ngram, model:NAME or module:Class")
-    class_name = spec.partition(":")[2]
     try:
         cls = load_class(spec)
     except UserError as exc:
         raise UserError(f"--drafter {spec!r}: {exc}") from exc
+    return instantiate(cls, spec)
+
+
+def instantiate(cls: type, spec: str) -> SessionDrafter:
+    """`cls()` adapted to `SessionDrafter`; UserError (one line) when that is impossible."""
+    class_name = spec.partition(":")[2]
     try:
         obj = cls()
     except Exception as exc:

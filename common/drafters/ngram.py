@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from common.drafting import Proposal, SessionDrafter
 from common.ngram import NGramIndex
-from drafter_service.drafters.base import Proposal, SessionDrafter
 
 
 class NGramDrafter(SessionDrafter):
@@ -24,4 +24,4 @@ class NGramDrafter(SessionDrafter):
 
     def propose(self, state: NGramIndex, budget: int, want_probs: bool = False) -> Proposal:
         # A lookup is deterministic: no distribution to report (the target uses point masses).
-        return state.propose(budget), None
+        return Proposal(state.propose(budget))
