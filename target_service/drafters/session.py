@@ -55,15 +55,15 @@ class DraftSessions(ResourceManager):
         if session is None:
             session = self._sessions[rid] = _Session(self.drafter.new_state())
             self._requests[rid] = request
-        tokens = request.token_ids
-        if session.length < len(tokens):
+        n = request.num_tokens
+        if session.length < n:
             try:
-                self.drafter.extend(session.state, tokens[session.length :])
+                self.drafter.extend(session.state, request.tokens_between(session.length, n))
             except ValueError as exc:
                 log.warning("request %s: no drafts: %s", rid, exc)
                 self.free(request)
                 return None
-            session.length = len(tokens)
+            session.length = n
         return session.state
 
     def free(self, request: Request) -> None:
