@@ -11,6 +11,7 @@ event carries its completion's `index`. `StreamFactory` builds the streams and r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import logging
 import queue
@@ -53,6 +54,23 @@ class Chunk:
     step: int
     logprobs: list[TokenLogprobs] | None = None  # one per token id, when the request asked
     index: int = 0  # which of the request's n completions
+    num_steps: int = 1  # executor steps in this chunk (see `merge`)
+
+    def merge(self, later: Chunk) -> Chunk:
+        """This chunk and the next one of the same completion as one (counts summed)."""
+        logprobs = None
+        if self.logprobs is not None or later.logprobs is not None:
+            logprobs = (self.logprobs or []) + (later.logprobs or [])
+        return Chunk(
+            self.token_ids + later.token_ids,
+            self.text + later.text,
+            self.draft_tokens + later.draft_tokens,
+            self.accepted_tokens + later.accepted_tokens,
+            later.step,
+            logprobs,
+            self.index,
+            self.num_steps + later.num_steps,
+        )
 
 
 @dataclass
@@ -92,11 +110,22 @@ class EventQueue:
         with self._lock:
             waiter, self._waiter = self._waiter, None
         if waiter is not None:
-            loop, fut = waiter
-            loop.call_soon_threadsafe(_wake, fut)
+            deferred = getattr(_DEFERRED, "wakes", None)
+            if deferred is not None:  # inside `deferred_wakeups`: one wake-up per batch
+                deferred.append(waiter)
+            else:
+                loop, fut = waiter
+                loop.call_soon_threadsafe(_wake, fut)
 
     def get(self, timeout: float | None = None) -> Event:
         return self._q.get(timeout=timeout)
+
+    def get_nowait(self) -> Event | None:
+        """The next event if one is waiting, else None."""
+        try:
+            return self._q.get_nowait()
+        except queue.Empty:
+            return None
 
     def empty(self) -> bool:
         return self._q.empty()
@@ -118,6 +147,31 @@ class EventQueue:
 def _wake(fut: asyncio.Future) -> None:
     if not fut.done():
         fut.set_result(None)
+
+
+def _wake_all(futs: list[asyncio.Future]) -> None:
+    for fut in futs:
+        _wake(fut)
+
+
+_DEFERRED = threading.local()
+
+
+@contextlib.contextmanager
+def deferred_wakeups():
+    """Events put by this thread inside the block wake their readers with ONE call per event
+    loop at the end (a step's events for 64 streams: one cross-thread wake-up, not 64)."""
+    _DEFERRED.wakes = []
+    try:
+        yield
+    finally:
+        wakes, _DEFERRED.wakes = _DEFERRED.wakes, None
+        by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future]] = {}
+        for loop, fut in wakes:
+            by_loop.setdefault(loop, []).append(fut)
+        for loop, futs in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # a loop that closed meanwhile
+                loop.call_soon_threadsafe(_wake_all, futs)
 
 
 class OutputStream:
@@ -313,21 +367,31 @@ class OutputWorker:
 
     def _run(self) -> None:
         while True:
-            item = self._queue.get()
-            try:
-                if item is None:
-                    return
-                fn, args = item
+            batch = [self._queue.get()]  # everything waiting: usually one step's rows
+            while True:
                 try:
-                    fn(*args)
-                except Exception:  # one request's output bug never stops the others'
-                    log.exception("rendering output failed")
-                    stream = args[0] if args and isinstance(args[0], OutputStream) else None
-                    if stream is not None:
-                        stream.fail("INTERNAL", "output failed")
-                        self._on_stopped(stream.request.request_id)
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                with deferred_wakeups():
+                    for item in batch:
+                        if item is None:
+                            return
+                        self._call(*item)
             finally:
-                self._queue.task_done()
+                for _ in batch:
+                    self._queue.task_done()
+
+    def _call(self, fn, args) -> None:
+        try:
+            fn(*args)
+        except Exception:  # one request's output bug never stops the others'
+            log.exception("rendering output failed")
+            stream = args[0] if args and isinstance(args[0], OutputStream) else None
+            if stream is not None:
+                stream.fail("INTERNAL", "output failed")
+                self._on_stopped(stream.request.request_id)
 
 
 class StreamFactory:

@@ -28,6 +28,7 @@ from target_service.engine import Engine
 from target_service.output import (
     Chunk,
     Complete,
+    Event,
     EventQueue,
     Failed,
     OutputStream,
@@ -146,6 +147,7 @@ def chunk_to_proto(ev: Chunk) -> pb.GenerateChunk:
         step=ev.step,
         logprobs=[_logprob_to_proto(lp) for lp in ev.logprobs or ()],
         index=ev.index,
+        num_steps=ev.num_steps,
     )
 
 
@@ -216,9 +218,18 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
     async def _responses(self, events: EventQueue, running: int, rid: str):
         """The n completions' events, multiplexed (each carries its `index`), until every
         completion is done; a failure ends the whole stream (the rest are cancelled)."""
+        pending: Event | None = None
         while running:
-            ev = await events.aget()
+            ev, pending = (pending, None) if pending is not None else (await events.aget(), None)
             if isinstance(ev, Chunk):
+                # Chunks that queued up while the client (or this loop) was busy go out as one
+                # message: fewer writes exactly when the server is loaded.
+                while (nxt := events.get_nowait()) is not None:
+                    if isinstance(nxt, Chunk) and nxt.index == ev.index:
+                        ev = ev.merge(nxt)
+                    else:
+                        pending = nxt
+                        break
                 yield pb.GenerateResponse(request_id=rid, chunk=chunk_to_proto(ev))
             elif isinstance(ev, Complete):
                 running -= 1

@@ -138,7 +138,10 @@ class Verifier:
         greedy = [r.sampling.greedy for r in requests]
         argmax: list[int] = []
         if any(greedy):
-            argmax = step.logits.argmax(dim=-1).tolist()  # one device sync for the whole step
+            if step.greedy is not None:  # computed in the graph, already on the host
+                argmax = step.greedy.tolist()
+            else:
+                argmax = step.logits.argmax(dim=-1).tolist()  # one device sync for the step
         results: list[list[int]] = []
         for req, (off, _n) in zip(requests, step.spans, strict=False):
             drafts = req.draft_tokens[: req.num_real_drafts]

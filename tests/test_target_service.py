@@ -53,11 +53,12 @@ def test_generate_streams_chunks_then_completion(client):
     assert res.finish_reason in ("length", "eos")
     assert res.usage["completion_tokens"] == len(res.token_ids) <= 20
     assert res.chunks and all(
-        len(c.token_ids) == 1 + c.accepted_tokens or res.finish_reason != "length"
+        len(c.token_ids) == c.num_steps + c.accepted_tokens or res.finish_reason != "length"
         for c in res.chunks[:-1]
     )
     spec = res.speculation
-    assert spec["steps"] == len(res.chunks)
+    assert all(c.num_steps >= 1 for c in res.chunks)
+    assert spec["steps"] == sum(c.num_steps for c in res.chunks)
     assert sum(c.accepted_tokens for c in res.chunks) == spec["accepted_tokens"]
     assert sum(spec["histogram"]) == spec["steps"]
     assert res.text == "".join(c.text for c in res.chunks)
@@ -248,3 +249,33 @@ def test_cli_target_bad_flags_one_line_error(args, needle):
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("specwire: error")]
     assert len(lines) == 1 and needle in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_chunks_waiting_to_be_sent_go_out_together():
+    """When the servicer falls behind the executor (a loaded server), the chunks waiting in a
+    stream's queue go out as one message with their counts summed; a completion never merges
+    and the other completions' chunks keep their own messages."""
+    import asyncio
+
+    from target_service.output import Chunk, Complete, EventQueue
+    from target_service.request import SpecStats
+    from target_service.server import GenerationServicer
+
+    events = EventQueue()
+    for step, (toks, drafted, acc) in enumerate([([1, 2], 3, 1), ([3], 0, 0), ([4, 5, 6], 4, 2)]):
+        events.put(Chunk(toks, f"t{step}", drafted, acc, step))
+    events.put(Chunk([9], "other", 0, 0, 3, index=1))
+    events.put(Complete("length", 3, 6, SpecStats(), "t0t1t2", 0.1, 0.2))
+    events.put(Complete("length", 3, 1, SpecStats(), "other", 0.1, 0.2, index=1))
+
+    async def collect():
+        return [r async for r in GenerationServicer()._responses(events, 2, "rid")]
+
+    out = asyncio.run(collect())
+    kinds = [r.WhichOneof("response") for r in out]
+    assert kinds == ["chunk", "chunk", "complete", "complete"]
+    merged = out[0].chunk
+    assert list(merged.token_ids) == [1, 2, 3, 4, 5, 6] and merged.text == "t0t1t2"
+    assert (merged.num_steps, merged.draft_tokens, merged.accepted_tokens) == (3, 7, 3)
+    assert len(merged.token_ids) == merged.num_steps + merged.accepted_tokens
+    assert merged.step == 2 and out[1].chunk.index == 1 and out[1].chunk.num_steps == 1

@@ -14,6 +14,7 @@ largest first with one warm-up each and share one memory pool.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 
 import torch
@@ -32,16 +33,31 @@ def token_buckets(max_tokens: int) -> list[int]:
     return [s for s in sizes if s < max_tokens] + [max_tokens]
 
 
-class _Staged:
-    """One input: a device buffer at the largest shape plus its pinned host twin."""
+class _Packed:
+    """Graph inputs of one dtype packed in one device buffer with a pinned host twin: a step
+    stages them on the host and uploads them in ONE copy (each CUDA call costs host time,
+    and a virtualised driver makes it dear). `field(name)` is a (device view, host view)."""
 
-    def __init__(self, shape, dtype, device, fill=0) -> None:
-        self.dev = torch.full(shape, fill, dtype=dtype, device=device)
-        self.host = torch.full(shape, fill, dtype=dtype, pin_memory=True)
-        self.np = self.host.numpy()
+    def __init__(self, shapes: dict[str, tuple[int, ...]], dtype, device) -> None:
+        sizes = {name: math.prod(shape) for name, shape in shapes.items()}
+        self.dev = torch.zeros(sum(sizes.values()), dtype=dtype, device=device)
+        self.host = torch.zeros(sum(sizes.values()), dtype=dtype, pin_memory=True)
+        self.views: dict[str, tuple[torch.Tensor, object]] = {}
+        offset = 0
+        host_np = self.host.numpy()
+        for name, shape in shapes.items():
+            n = sizes[name]
+            self.views[name] = (
+                self.dev[offset : offset + n].view(shape),
+                host_np[offset : offset + n].reshape(shape),
+            )
+            offset += n
 
-    def upload(self, n: int) -> None:
-        self.dev[:n].copy_(self.host[:n], non_blocking=True)
+    def field(self, name: str):
+        return self.views[name]
+
+    def upload(self) -> None:
+        self.dev.copy_(self.host, non_blocking=True)
 
 
 class TokenGraphs:
@@ -61,14 +77,29 @@ class TokenGraphs:
         self.max_logit_rows = max_logit_rows
         self.buckets = token_buckets(max_tokens)
         d = device
-        self.ids = _Staged((max_tokens,), torch.long, d)
-        self.pos = _Staged((max_tokens,), torch.long, d)
-        self.slots = _Staged((max_tokens,), torch.long, d, fill=-1)
-        self.cu = _Staged((max_rows + 1,), torch.int32, d)
-        self.seq_lens = _Staged((max_rows,), torch.int32, d)
-        self.tables = _Staged((max_rows, max_blocks), torch.int32, d)
-        self.logit_rows = _Staged((max_logit_rows,), torch.long, d)
+        t = max_tokens
+        self.longs = _Packed(
+            {"ids": (t,), "pos": (t,), "slots": (t,), "logit_rows": (max_logit_rows,)},
+            torch.long,
+            d,
+        )
+        self.ints = _Packed(
+            {"cu": (max_rows + 1,), "seq_lens": (max_rows,), "tables": (max_rows, max_blocks)},
+            torch.int32,
+            d,
+        )
+        self.ids, self.h_ids = self.longs.field("ids")
+        self.pos, self.h_pos = self.longs.field("pos")
+        self.slots, self.h_slots = self.longs.field("slots")
+        self.logit_rows, self.h_logit_rows = self.longs.field("logit_rows")
+        self.cu, self.h_cu = self.ints.field("cu")
+        self.seq_lens, self.h_seq_lens = self.ints.field("seq_lens")
+        self.tables, self.h_tables = self.ints.field("tables")
         self.logits = torch.zeros(max_logit_rows, vocab_size, dtype=torch.float32, device=d)
+        # The greedy token of every logit row, computed inside the graph, and its pinned host
+        # twin: one small copy back per step instead of an argmax launch plus a copy.
+        self.argmax = torch.zeros(max_logit_rows, dtype=torch.long, device=d)
+        self.h_argmax = torch.zeros(max_logit_rows, dtype=torch.long, pin_memory=True)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.pool = None
 
@@ -87,15 +118,15 @@ class TokenGraphs:
     def _run(self, bucket: int) -> torch.Tensor:
         n_logits = self._logit_rows_for(bucket)
         meta = AttentionMetadata(
-            slot_mapping=self.slots.dev[:bucket],
-            block_tables=self.tables.dev,
-            context_lens=self.seq_lens.dev,
-            cu_seqlens_q=self.cu.dev,
+            slot_mapping=self.slots[:bucket],
+            block_tables=self.tables,
+            context_lens=self.seq_lens,
+            cu_seqlens_q=self.cu,
         )
-        out = self.forward(
-            self.ids.dev[:bucket], self.pos.dev[:bucket], meta, self.logit_rows.dev[:n_logits]
-        )
+        out = self.forward(self.ids[:bucket], self.pos[:bucket], meta, self.logit_rows[:n_logits])
         self.logits[:n_logits].copy_(out)
+        torch.argmax(self.logits[:n_logits], dim=-1, out=self.argmax[:n_logits])
+        self.h_argmax[:n_logits].copy_(self.argmax[:n_logits], non_blocking=True)
         return self.logits[:n_logits]
 
     def capture(self, buckets: Iterable[int] | None = None, progress=None) -> None:
@@ -132,37 +163,34 @@ class TokenGraphs:
         return out
 
     def _stage_empty(self) -> None:
-        for buf in (self.ids, self.pos, self.cu, self.seq_lens, self.tables, self.logit_rows):
-            buf.dev.zero_()
-        self.slots.dev.fill_(-1)
+        self.longs.host.zero_()
+        self.h_slots[:] = -1
+        self.ints.host.zero_()
+        self.longs.upload()
+        self.ints.upload()
+        torch.cuda.synchronize()
 
-    def replay(self, bucket: int, step: VarlenStep) -> torch.Tensor:
-        """Stage the step's inputs (padded to `bucket`), replay; logits [L, V] (a view: its
-        first len(step.logit_rows) rows are the step's)."""
+    def replay(self, bucket: int, step: VarlenStep) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stage the step's inputs (padded to `bucket`), upload them in two copies, replay.
+        Returns (logits [L, V], greedy tokens [L] in pinned host memory), views whose first
+        len(step.logit_rows) rows are the step's; the host tokens are valid after a sync."""
         t, b, n_logits = step.num_tokens, step.num_rows, len(step.logit_rows)
-        self.ids.np[:t] = step.ids
-        self.ids.np[t:bucket] = 0
-        self.pos.np[:t] = step.positions
-        self.pos.np[t:bucket] = 0
-        self.slots.np[:t] = step.slots
-        self.slots.np[t:bucket] = -1
-        self.cu.np[: b + 1] = step.cu_seqlens
-        self.cu.np[b + 1 :] = t  # empty rows after the real ones
-        self.seq_lens.np[:b] = step.seq_lens
-        self.seq_lens.np[b:] = 0
+        self.h_ids[:t] = step.ids
+        self.h_ids[t:bucket] = 0
+        self.h_pos[:t] = step.positions
+        self.h_pos[t:bucket] = 0
+        self.h_slots[:t] = step.slots
+        self.h_slots[t:bucket] = -1
+        self.h_logit_rows[:n_logits] = step.logit_rows
+        self.h_logit_rows[n_logits : self._logit_rows_for(bucket)] = 0
+        self.h_cu[: b + 1] = step.cu_seqlens
+        self.h_cu[b + 1 :] = t  # empty rows after the real ones
+        self.h_seq_lens[:b] = step.seq_lens
+        self.h_seq_lens[b:] = 0
         for i, table in enumerate(step.tables):
-            self.tables.np[i, : len(table)] = table
-        self.logit_rows.np[:n_logits] = step.logit_rows
-        self.logit_rows.np[n_logits : self._logit_rows_for(bucket)] = 0
-        for buf, n in (
-            (self.ids, bucket),
-            (self.pos, bucket),
-            (self.slots, bucket),
-            (self.cu, self.max_rows + 1),
-            (self.seq_lens, self.max_rows),
-            (self.tables, b),
-            (self.logit_rows, self._logit_rows_for(bucket)),
-        ):
-            buf.upload(n)
+            self.h_tables[i, : len(table)] = table
+        self.longs.upload()
+        self.ints.upload()
         self.graphs[bucket].replay()
-        return self.logits[: self._logit_rows_for(bucket)]
+        n = self._logit_rows_for(bucket)
+        return self.logits[:n], self.h_argmax[:n]

@@ -54,6 +54,9 @@ class StepLogits:
     logits: torch.Tensor  # [N, V] fp32 on the model's device (N may exceed the rows used)
     spans: list[tuple[int, int]]  # per decode row: (offset into logits, 1 + drafts)
     graph: object | None  # the graph replayed (its key), or None when eager
+    # The argmax of every logit row when the graph computed it: pinned host memory, valid
+    # once the runner has synchronised (one copy back per step, no separate argmax launch).
+    greedy: torch.Tensor | None = None
 
 
 class ModelRunner:
@@ -143,7 +146,8 @@ class ModelRunner:
             step = self.inputs.prepare_varlen(rows, tables)
             key = self.graphs.select(step) if allow_graphs and self.graphs else None
             if key is not None:
-                return StepLogits(self.graphs.replay(key, step), step.spans, key)
+                logits, greedy = self.graphs.replay(key, step)
+                return StepLogits(logits, step.spans, key, greedy)
             ids, pos, meta, index = self.inputs.varlen_tensors(step)
             return StepLogits(self._forward_logits(ids, pos, meta, index), step.spans, None)
         inputs = self.prepare(rows, tables)
