@@ -95,6 +95,10 @@ def run(args: argparse.Namespace) -> int:
     from target_service.server import TargetServer
 
     cfg = config_from_args(args)
+    # The executor thread is the critical path, and it gives the GIL up during every CUDA
+    # call; with the default 5 ms switch interval the gRPC loop or the output thread can keep
+    # it for milliseconds each time. A short interval bounds that wait.
+    sys.setswitchinterval(2e-4)
     server = TargetServer(args.host, args.port, server_security_from_args(args))
     server.start()
     print(
