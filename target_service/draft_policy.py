@@ -15,8 +15,9 @@ committed tokens per second:
   warm-up from graph replays and then kept current from real steps (an EMA per bucket), so it
   includes attention over the live contexts and the host's share of the step.
 
-Requests start from a prior (a = 0.5, p = 1) so a new request is tried with drafts, and a
-request whose drafts stop paying is re-tried now and then (`explore_every`). With a static
+Requests start from a prior (a = 0.5, p = 1) so a new request is tried with drafts; a
+request whose drafts are almost never accepted (a < `min_accept`) stops drafting and is
+re-tried now and then (`explore_every`). With a static
 policy (`adaptive=False`, e.g. on the CPU where no cost table exists) k is always the maximum.
 """
 
@@ -33,6 +34,7 @@ class _Estimate:
     accept: float = 0.5  # per-draft acceptance a
     has_draft: float = 1.0  # probability the drafter proposes anything, p
     steps: int = 0
+    drafted_steps: int = 0  # steps in which drafts were verified (what `accept` learnt from)
 
 
 @dataclass
@@ -41,6 +43,7 @@ class DraftLengthPolicy:
     adaptive: bool = False
     ema: float = 0.2  # weight of the newest observation
     explore_every: int = 16  # steps between forced tries for a request that stopped drafting
+    min_accept: float = 0.1  # below this per-draft acceptance a request stops drafting
     # tokens-bucket -> seconds; `buckets` is sorted
     buckets: list[int] = field(default_factory=list)
     costs: list[float] = field(default_factory=list)
@@ -79,6 +82,7 @@ class DraftLengthPolicy:
         w = self.ema
         est.has_draft += w * ((1.0 if drafted else 0.0) - est.has_draft)
         if drafted:
+            est.drafted_steps += 1
             # Per-draft acceptance from an accepted prefix of length `accepted` out of `drafted`:
             # the maximum-likelihood a of a geometric prefix, clipped away from 0 and 1.
             a = accepted / (accepted + (1 if accepted < drafted else 0)) if drafted else 0.0
@@ -119,15 +123,18 @@ class DraftLengthPolicy:
         return best_k
 
     def request_cap(self, req: Request, step_k: int) -> int:
-        """The drafts `req` may propose this step: the step's k, its own limits, and none for
-        a request whose drafts do not pay for themselves (re-tried every `explore_every`)."""
+        """The drafts `req` may propose this step: the step's k and its own limits, and none
+        for a request whose drafts are almost never accepted (re-tried every
+        `explore_every` steps). A budget the drafter leaves unused costs nothing (rows are not
+        padded), so how often a drafter has no draft at all never withdraws the budget."""
         cap = min(step_k, req.useful_drafts)
         est = self._est.get(req.request_id)
         if (
             self.adaptive
             and est is not None
+            and est.drafted_steps >= 4
             and est.steps % self.explore_every
-            and self._expected(est, cap) - 1.0 < 0.05 * cap
+            and est.accept < self.min_accept
         ):
             return 0
         return cap
