@@ -1,0 +1,63 @@
+"""The draft-length policy: one k per step from acceptance estimates and a step-cost table."""
+
+from __future__ import annotations
+
+from target_service.draft_policy import DraftLengthPolicy
+from target_service.request import Request
+
+
+def _req(rid: str) -> Request:
+    return Request(request_id=rid, prompt_ids=[1, 2, 3], max_new_tokens=100, max_draft_len=4)
+
+
+def _policy(costs: dict[int, float]) -> DraftLengthPolicy:
+    p = DraftLengthPolicy(4, adaptive=True)
+    p.seed_costs(costs)
+    return p
+
+
+def _teach(p: DraftLengthPolicy, req: Request, drafted: int, accepted: int, times: int) -> None:
+    req.step_draft_cap = drafted
+    for _ in range(times):
+        p.observe(req, drafted, accepted)
+
+
+def test_static_policy_always_drafts_the_maximum():
+    p = DraftLengthPolicy(4, adaptive=False)
+    assert p.step_draft_len([_req("a")]) == 4
+    assert p.request_cap(_req("a"), 4) == 4
+
+
+def test_drafts_when_verifying_more_tokens_is_nearly_free():
+    p = _policy({1: 1.0e-3, 8: 1.01e-3, 64: 1.02e-3, 512: 1.1e-3})
+    reqs = [_req(f"r{i}") for i in range(8)]
+    for r in reqs:
+        _teach(p, r, drafted=4, accepted=2, times=10)
+    assert p.step_draft_len(reqs) == 4
+
+
+def test_stops_drafting_when_tokens_are_dear_and_drafts_are_poor():
+    # A compute-bound step: cost grows with tokens; drafts are almost never accepted.
+    p = _policy({64: 1e-3, 128: 2e-3, 256: 4e-3, 512: 8e-3})
+    reqs = [_req(f"r{i}") for i in range(64)]
+    for r in reqs:
+        _teach(p, r, drafted=4, accepted=0, times=10)
+    assert p.step_draft_len(reqs) == 0
+
+
+def test_a_request_whose_drafts_fail_stops_drafting_and_is_retried():
+    p = _policy({1: 1e-3, 8: 1e-3})
+    bad, good = _req("bad"), _req("good")
+    _teach(p, bad, drafted=4, accepted=0, times=15)
+    _teach(p, good, drafted=4, accepted=4, times=15)
+    assert p.request_cap(good, 4) == 4
+    assert p.request_cap(bad, 4) == 0
+    _teach(p, bad, drafted=0, accepted=0, times=1)  # its 16th step: explored again
+    assert p.request_cap(bad, 4) == 4
+
+
+def test_costs_follow_real_steps():
+    p = _policy({8: 1e-3})
+    for _ in range(50):
+        p.observe_step(5, 3e-3)
+    assert abs(p.cost(5) - 3e-3) < 1e-4
