@@ -23,13 +23,12 @@ setup: $(VENV)/.installed protos
 
 # Stubs are regenerated from protos/ whenever a .proto is newer than them.
 PROTOS := $(wildcard protos/specwire/v1/*.proto)
-STUB_STAMP := common/protogen/specwire/.stamp
+# protoc writes specwire/v1/*_pb2*.py: the stubs are the package's `specwire.v1`.
+STUB_STAMP := specwire/v1/.stamp
 $(STUB_STAMP): $(PROTOS) $(VENV)/.installed
-	rm -rf common/protogen/specwire
-	mkdir -p common/protogen
-	$(PY) -m grpc_tools.protoc -Iprotos --python_out=common/protogen --pyi_out=common/protogen \
-	  --grpc_python_out=common/protogen $(PROTOS)
-	touch common/protogen/specwire/__init__.py common/protogen/specwire/v1/__init__.py $@
+	rm -rf specwire/v1
+	$(PY) -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. --grpc_python_out=. $(PROTOS)
+	touch specwire/v1/__init__.py $@
 
 protos: $(STUB_STAMP)
 
@@ -54,4 +53,4 @@ lint: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
 clean:
-	rm -rf common/protogen/specwire build *.egg-info
+	rm -rf specwire/v1 build *.egg-info

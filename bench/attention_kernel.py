@@ -31,9 +31,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common.model import triton_attention  # noqa: E402
-from common.model.attention import AttentionMetadata, TorchPagedAttention  # noqa: E402
-from common.model.triton_attention import paged_attention, store_kv  # noqa: E402
+from specwire.common.model import triton_attention  # noqa: E402
+from specwire.common.model.attention import AttentionMetadata, TorchPagedAttention  # noqa: E402
+from specwire.common.model.triton_attention import paged_attention, store_kv  # noqa: E402
 
 BLOCK_SIZE = 16
 HEADS = {"smollm2": (9, 3, 64), "llama3-8b": (32, 8, 128)}

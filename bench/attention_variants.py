@@ -15,8 +15,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from verify_step import BLOCK_SIZE, SHAPES, build_model, make_rows, time_ms  # noqa: E402
 
-from target_service.resources.kv_cache import KVCacheManager  # noqa: E402
-from target_service.runner.model_runner import ModelRunner, RunnerConfig  # noqa: E402
+from specwire.target_service.resources.kv_cache import KVCacheManager  # noqa: E402
+from specwire.target_service.runner.model_runner import ModelRunner, RunnerConfig  # noqa: E402
 
 
 def main() -> int:

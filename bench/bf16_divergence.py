@@ -35,13 +35,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e_speculation import collect, load_prompts, make_engine  # noqa: E402
 from lossless_prompts import lossless_prompts  # noqa: E402
 
-from common.model.attention import AttentionMetadata  # noqa: E402
-from common.model.llama import LlamaModel  # noqa: E402
-from common.model.loader import LoadedModel, load_model  # noqa: E402
-from target_service.engine import Engine  # noqa: E402
-from target_service.request import Request  # noqa: E402
-from target_service.runner.model_runner import StepLogits  # noqa: E402
-from target_service.verifier import Verified, Verifier  # noqa: E402
+from specwire.common.model.attention import AttentionMetadata  # noqa: E402
+from specwire.common.model.llama import LlamaModel  # noqa: E402
+from specwire.common.model.loader import LoadedModel, load_model  # noqa: E402
+from specwire.target_service.engine import Engine  # noqa: E402
+from specwire.target_service.request import Request  # noqa: E402
+from specwire.target_service.runner.model_runner import StepLogits  # noqa: E402
+from specwire.target_service.verifier import Verified, Verifier  # noqa: E402
 
 BLOCK_SIZE = 16
 # (top1 - top2, top1 id, top2 id)

@@ -40,11 +40,11 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from procs import start_service, stop_service  # noqa: E402
 
-from common.model.loader import LoadedModel, load_model  # noqa: E402
-from target_service.config import TargetConfig  # noqa: E402
-from target_service.drafters.remote import RemoteDrafter  # noqa: E402
-from target_service.engine import Engine, build_engine  # noqa: E402
-from target_service.output import Complete  # noqa: E402
+from specwire.common.model.loader import LoadedModel, load_model  # noqa: E402
+from specwire.target_service.config import TargetConfig  # noqa: E402
+from specwire.target_service.drafters.remote import RemoteDrafter  # noqa: E402
+from specwire.target_service.engine import Engine, build_engine  # noqa: E402
+from specwire.target_service.output import Complete  # noqa: E402
 
 BLOCK_SIZE = 16
 GOAL_SHARE = 0.05
@@ -92,7 +92,7 @@ def start_drafter(k: int) -> tuple[Any, str]:
     cmd = [
         sys.executable,
         "-m",
-        "common.cli",
+        "specwire.common.cli",
         "drafter",
         "--host",
         "127.0.0.1",

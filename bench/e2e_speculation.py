@@ -28,11 +28,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from common.model.loader import LoadedModel, load_model  # noqa: E402
-from target_service.config import TargetConfig  # noqa: E402
-from target_service.engine import Engine, build_engine  # noqa: E402
-from target_service.output import Complete  # noqa: E402
-from target_service.request import SpecStats  # noqa: E402
+from specwire.common.model.loader import LoadedModel, load_model  # noqa: E402
+from specwire.target_service.config import TargetConfig  # noqa: E402
+from specwire.target_service.engine import Engine, build_engine  # noqa: E402
+from specwire.target_service.output import Complete  # noqa: E402
+from specwire.target_service.request import SpecStats  # noqa: E402
 
 BLOCK_SIZE = 16
 

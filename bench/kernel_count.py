@@ -20,11 +20,11 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common.model.attention import AttentionMetadata, TorchPagedAttention  # noqa: E402
-from common.model.config import LLAMA3_8B, SMOLLM2_135M  # noqa: E402
-from common.model.llama import LlamaModel  # noqa: E402
-from common.model.ops import TorchOps, TritonOps  # noqa: E402
-from common.model.triton_backend import TritonPagedAttention  # noqa: E402
+from specwire.common.model.attention import AttentionMetadata, TorchPagedAttention  # noqa: E402
+from specwire.common.model.config import LLAMA3_8B, SMOLLM2_135M  # noqa: E402
+from specwire.common.model.llama import LlamaModel  # noqa: E402
+from specwire.common.model.ops import TorchOps, TritonOps  # noqa: E402
+from specwire.common.model.triton_backend import TritonPagedAttention  # noqa: E402
 
 SHAPES = {"smollm2": SMOLLM2_135M, "llama3-8b": LLAMA3_8B}
 BS = 16

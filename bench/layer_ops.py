@@ -1,4 +1,5 @@
-"""Triton layer ops (common/model/triton_ops.py) against their eager PyTorch equivalents, bf16,
+"""Triton layer ops (specwire/common/model/triton_ops.py) against their eager PyTorch equivalents,
+bf16,
 for SmolLM2-135M and Llama-3-8B shapes at the decode/verify batch sizes.
 
     python3 bench/layer_ops.py [--out DIR] [--no-block-m]
@@ -23,8 +24,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common.model import triton_ops as ops  # noqa: E402
-from common.model.llama import Rotary  # noqa: E402
+from specwire.common.model import triton_ops as ops  # noqa: E402
+from specwire.common.model.llama import Rotary  # noqa: E402
 
 MODELS = {
     "smollm2": dict(hidden=576, heads=9, kv_heads=3, head_dim=64, inter=1536, vocab=49152),

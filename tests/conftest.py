@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.model.checkpoint import Checkpoint, write_hf_folder
-from common.model.loader import LoadedModel, build_model, load_checkpoint, load_model
+from specwire.common.model.checkpoint import Checkpoint, write_hf_folder
+from specwire.common.model.loader import LoadedModel, build_model, load_checkpoint, load_model
 
 
 @pytest.fixture(scope="session")

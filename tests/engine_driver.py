@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from target_service.output import Complete
+from specwire.target_service.output import Complete
 
 
 def run_to_completion(engine, prompts, max_new_tokens=24, speculate=True) -> list[Complete]:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from target_service.drafters.base import Drafter
-from target_service.resources.base import ResourceManager
+from specwire.target_service.drafters.base import Drafter
+from specwire.target_service.resources.base import ResourceManager
 
 # A request whose prompt starts with these token ids makes `PoisonManager.prepare` raise.
 POISON_IDS = [7, 7, 7, 7, 7, 7]

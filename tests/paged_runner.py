@@ -11,9 +11,9 @@ import random
 
 import torch
 
-from common.model.attention import AttentionMetadata
-from common.model.llama import LlamaModel
-from common.model.paged import slots_of
+from specwire.common.model.attention import AttentionMetadata
+from specwire.common.model.llama import LlamaModel
+from specwire.common.model.paged import slots_of
 
 Row = tuple[int, list[int]]  # (sequence id, the tokens this step adds to it)
 

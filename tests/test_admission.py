@@ -9,12 +9,12 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from procs import wait_until
 
-from common.client import GenerationClient, build_request
-from common.protogen import generation_pb2 as pb
-from common.protogen import generation_pb2_grpc as pb_grpc
-from target_service.config import TargetConfig
-from target_service.engine import build_engine
-from target_service.server import TargetServer
+from specwire.common.client import GenerationClient, build_request
+from specwire.common.protogen import generation_pb2 as pb
+from specwire.common.protogen import generation_pb2_grpc as pb_grpc
+from specwire.target_service.config import TargetConfig
+from specwire.target_service.engine import build_engine
+from specwire.target_service.server import TargetServer
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """The `specwire` command line: prompts reach the model exactly as given, flags and their
 SPECWIRE_* variables come from the config dataclasses, logs, --version, the default length.
 
-Services run as real processes (`python -m common.cli`) with the tiny-random model.
+Services run as real processes (`python -m specwire.common.cli`) with the tiny-random model.
 """
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ import sys
 import pytest
 from procs import output_tail, running_service, wait_until
 
-from common.cli import build_parser
-from common.client import GenerationClient
-from common.errors import UserError
-from common.model.tiny_random import tiny_tokenizer
-from drafter_service.cli import FLAGS as DRAFTER_FLAGS
-from target_service.cli import ENGINE_FLAGS
-from target_service.engine import DEFAULT_MAX_NEW_TOKENS
+from specwire.common.cli import build_parser
+from specwire.common.client import GenerationClient
+from specwire.common.errors import UserError
+from specwire.common.model.tiny_random import tiny_tokenizer
+from specwire.drafter_service.cli import FLAGS as DRAFTER_FLAGS
+from specwire.target_service.cli import ENGINE_FLAGS
+from specwire.target_service.engine import DEFAULT_MAX_NEW_TOKENS
 
-SPECWIRE = [sys.executable, "-m", "common.cli"]
+SPECWIRE = [sys.executable, "-m", "specwire.common.cli"]
 MAX_NEW = 8
 
 

@@ -3,8 +3,8 @@
 There is no Docker engine in CI, so the file is checked three ways:
 - `docker-compose config` (or `docker compose config`) validates it, GPU profile included
   (scripts/ci-deps.sh installs Debian's docker-compose; skipped with the reason when missing);
-- its structure: health checks through `python -m common.healthcheck`, the target waiting for a
-  healthy drafter, published ports, a `gpu` profile reserving an NVIDIA GPU;
+- its structure: health checks through `python -m specwire.common.healthcheck`, the target
+  waiting for a healthy drafter, published ports, a `gpu` profile reserving an NVIDIA GPU;
 - each (non-profile) service's command runs as a local process with the service's environment,
   the hostname `drafter` mapped to 127.0.0.1 and each port to a free one, until its own health
   check passes (the gateway's is HTTP GET /health); then a speculative generation through the
@@ -30,7 +30,7 @@ import pytest
 import yaml
 from procs import free_port, output_tail, start_service, stop_service
 
-from common import healthcheck
+from specwire.common import healthcheck
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -103,7 +103,7 @@ def test_health_checks_use_the_grpc_probe_on_the_service_port(compose: dict, nam
     env = _environment(svc)
     port = env.get("SPECWIRE_PORT") or env["SPECWIRE_DRAFTER_PORT"]
     test = svc["healthcheck"]["test"]
-    assert test[:4] == ["CMD", "python", "-m", "common.healthcheck"]
+    assert test[:4] == ["CMD", "python", "-m", "specwire.common.healthcheck"]
     assert test[4] == f"127.0.0.1:{port}"
     assert f"{port}:{port}" in [str(p) for p in svc["ports"]]
 
@@ -243,7 +243,7 @@ def _local_environment(
 def _local_command(command: list[str]) -> list[str]:
     assert command[0] == "specwire", command
     script = Path(sys.executable).with_name("specwire")
-    head = [str(script)] if script.exists() else [sys.executable, "-m", "common.cli"]
+    head = [str(script)] if script.exists() else [sys.executable, "-m", "specwire.common.cli"]
     return head + list(command[1:])
 
 

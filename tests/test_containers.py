@@ -23,7 +23,7 @@ import yaml
 from procs import running_service
 from test_compose import COMPOSE_FILE, PROMPT, _environment, _wait_healthy
 
-from common import healthcheck
+from specwire.common import healthcheck
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("SPECWIRE_CONTAINERS") != "1",
@@ -59,7 +59,16 @@ def images() -> dict[str, str]:
 
 
 def _generate(target: str) -> dict:
-    cmd = [sys.executable, "-m", "common.cli", "generate", "--target", target, "--prompt", PROMPT]
+    cmd = [
+        sys.executable,
+        "-m",
+        "specwire.common.cli",
+        "generate",
+        "--target",
+        target,
+        "--prompt",
+        PROMPT,
+    ]
     cmd += ["--max-new-tokens", str(MAX_NEW_TOKENS), "--json"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -90,11 +99,18 @@ def test_compose_stack_in_containers_matches_the_repo(images: dict[str, str]) ->
 
     # The same request to the repo's own processes (drafter, then target drafting through it).
     with ExitStack() as stack:
-        drafter_cmd = [sys.executable, "-m", "common.cli", "drafter", "--host", "127.0.0.1"]
+        drafter_cmd = [
+            sys.executable,
+            "-m",
+            "specwire.common.cli",
+            "drafter",
+            "--host",
+            "127.0.0.1",
+        ]
         _, m = stack.enter_context(
             running_service(drafter_cmd + ["--port", "0"], None, r"listening on \S+:(\d+)", 60)
         )
-        target_cmd = [sys.executable, "-m", "common.cli", "target", "--model", MODEL]
+        target_cmd = [sys.executable, "-m", "specwire.common.cli", "target", "--model", MODEL]
         target_cmd += ["--port", "0", "--no-progress", "--drafter", f"grpc://127.0.0.1:{m[1]}"]
         proc, t = stack.enter_context(
             running_service(target_cmd, None, r"listening on ([\d.]+:\d+)", 120)

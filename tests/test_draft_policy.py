@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from target_service.draft_policy import DraftLengthPolicy
-from target_service.request import Request
+from specwire.target_service.draft_policy import DraftLengthPolicy
+from specwire.target_service.request import Request
 
 
 def _req(rid: str) -> Request:

@@ -12,17 +12,17 @@ import pytest
 import torch
 from procs import running_service, stop_service
 
-from common import healthcheck
-from common.drafters.model import ModelDrafter
-from common.drafters.plugin import load_plugin
-from common.errors import UserError
-from common.model.config import ModelConfig
-from common.model.llama import LlamaModel
-from common.protogen import drafter_pb2, drafter_pb2_grpc
-from drafter_service.config import DrafterServiceConfig
-from drafter_service.drafters import NGramDrafter, SessionDrafter, build_drafter
-from drafter_service.server import serve
-from drafter_service.sessions import SessionStore
+from specwire.common import healthcheck
+from specwire.common.drafters.model import ModelDrafter
+from specwire.common.drafters.plugin import load_plugin
+from specwire.common.errors import UserError
+from specwire.common.model.config import ModelConfig
+from specwire.common.model.llama import LlamaModel
+from specwire.common.protogen import drafter_pb2, drafter_pb2_grpc
+from specwire.drafter_service.config import DrafterServiceConfig
+from specwire.drafter_service.drafters import NGramDrafter, SessionDrafter, build_drafter
+from specwire.drafter_service.server import serve
+from specwire.drafter_service.sessions import SessionStore
 
 REPETITIVE = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
 
@@ -286,7 +286,7 @@ def test_model_drafter_refuses_out_of_vocab_ids_and_can_send_probs():
 
 
 def test_model_tiny_random_from_the_loader(start):
-    pytest.importorskip("common.model.loader")
+    pytest.importorskip("specwire.common.model.loader")
     server, stub = start(drafter="model:tiny-random", max_draft_len=3)
     info = stub.GetInfo(drafter_pb2.GetInfoRequest(protocol_version=1))
     assert info.name.startswith("model:") and info.vocab_size > 0
@@ -301,7 +301,7 @@ def test_model_tiny_random_from_the_loader(start):
 # -- CLI (real subprocess) ------------------------------------------------------------------------
 
 
-SPECWIRE = [sys.executable, "-m", "common.cli"]
+SPECWIRE = [sys.executable, "-m", "specwire.common.cli"]
 
 
 def test_cli_serves_getinfo_and_health():

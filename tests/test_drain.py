@@ -13,9 +13,9 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from procs import running_service, wait_until
 
-from common.client import FINISH_NAMES, GenerationClient, build_request
+from specwire.common.client import FINISH_NAMES, GenerationClient, build_request
 
-SPECWIRE = [sys.executable, "-m", "common.cli"]
+SPECWIRE = [sys.executable, "-m", "specwire.common.cli"]
 ENV = {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}
 
 

@@ -25,8 +25,13 @@ import grpc
 import pytest
 from procs import free_port, running_service, start_service, stop_service
 
-from common import healthcheck
-from common.protogen import drafter_pb2, drafter_pb2_grpc, generation_pb2, generation_pb2_grpc
+from specwire.common import healthcheck
+from specwire.common.protogen import (
+    drafter_pb2,
+    drafter_pb2_grpc,
+    generation_pb2,
+    generation_pb2_grpc,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 NODE_DIR = ROOT / "examples" / "node"
@@ -43,7 +48,7 @@ E2E_MAX_NEW_TOKENS = 48
 def _specwire() -> list[str]:
     """The `specwire` console script of this interpreter's environment."""
     script = Path(sys.executable).with_name("specwire")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "common.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "specwire.common.cli"]
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +99,7 @@ def test_node_drafter_handshake_and_health(node_drafter: str) -> None:
     assert healthcheck.check(node_drafter) == "SERVING"
     assert healthcheck.check(node_drafter, "specwire.v1.DrafterService") == "SERVING"
     probe = subprocess.run(
-        [sys.executable, "-m", "common.healthcheck", node_drafter], cwd=ROOT, timeout=30
+        [sys.executable, "-m", "specwire.common.healthcheck", node_drafter], cwd=ROOT, timeout=30
     )
     assert probe.returncode == 0
 

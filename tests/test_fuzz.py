@@ -14,11 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from procs import wait_until
 
-from common.protogen import generation_pb2 as pb
-from common.protogen import generation_pb2_grpc as pb_grpc
-from target_service.config import TargetConfig
-from target_service.engine import build_engine
-from target_service.server import TargetServer
+from specwire.common.protogen import generation_pb2 as pb
+from specwire.common.protogen import generation_pb2_grpc as pb_grpc
+from specwire.target_service.config import TargetConfig
+from specwire.target_service.engine import build_engine
+from specwire.target_service.server import TargetServer
 
 VOCAB = 512  # tiny-random's, checked in the fixture
 CLEAN = {

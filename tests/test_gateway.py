@@ -20,10 +20,10 @@ import openai
 import pytest
 from procs import free_port, start_service, stop_service, wait_until
 
-from common.client import GenerationClient, build_request
+from specwire.common.client import GenerationClient, build_request
 
 ROOT = Path(__file__).resolve().parents[1]
-SPECWIRE = [sys.executable, "-m", "common.cli"]
+SPECWIRE = [sys.executable, "-m", "specwire.common.cli"]
 ENV = {
     "PYTHONPATH": str(ROOT),
     "OMP_NUM_THREADS": "1",

@@ -10,8 +10,8 @@ import torch
 from engine_driver import run_to_completion
 from lossless_prompts import lossless_prompts
 
-from target_service.config import TargetConfig
-from target_service.engine import build_engine
+from specwire.target_service.config import TargetConfig
+from specwire.target_service.engine import build_engine
 
 pytestmark = [
     pytest.mark.gpu,
@@ -41,7 +41,7 @@ def _cfg(**kw):
 
 @pytest.fixture(scope="module")
 def loaded():
-    from common.model.loader import load_model
+    from specwire.common.model.loader import load_model
 
     return load_model(
         GPU_MODEL, device="cuda", dtype=torch.float32, progress=False, max_positions=2048
@@ -50,7 +50,7 @@ def loaded():
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_graph_replay_equals_eager(dtype):
-    from common.model.loader import load_model
+    from specwire.common.model.loader import load_model
 
     dt = getattr(torch, dtype)
     loaded = load_model(GPU_MODEL, device="cuda", dtype=dt, progress=False, max_positions=2048)
@@ -67,8 +67,8 @@ def test_graph_replay_equals_eager(dtype):
 def _mixed_rows(eng):
     """A mixed step: a fresh prefill chunk, a chunk continuing a prefill, a decode row and a
     verify row with drafts, over non-trivial contexts (some straddling block boundaries)."""
-    from target_service.request import Request
-    from target_service.scheduler import Row
+    from specwire.target_service.request import Request
+    from specwire.target_service.scheduler import Row
 
     reqs = []
     for i, n in enumerate((40, 70, 33, 17)):
@@ -151,7 +151,7 @@ def test_lossless_fp32_with_cuda_graphs(loaded):
 
 
 def _bf16_loaded():
-    from common.model.loader import load_model
+    from specwire.common.model.loader import load_model
 
     return load_model(
         GPU_MODEL, device="cuda", dtype=torch.bfloat16, progress=False, max_positions=2048
@@ -169,7 +169,7 @@ def _one_at_a_time(eng, prompts, max_new_tokens=48, speculate=True):
 
 def test_fused_ops_match_torch_ops_fp32(loaded):
     """The fused Triton ops against the PyTorch formulas, same weights, fp32."""
-    from common.model.ops import TorchOps
+    from specwire.common.model.ops import TorchOps
 
     eng = build_engine(_cfg(), loaded=loaded)
     assert eng.runner.model.ops.name == "triton"

@@ -14,10 +14,10 @@ from faulty_plugins import POISON_IDS
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from procs import free_port, running_service, wait_until
 
-from common.client import GenerationClient
-from target_service.config import TargetConfig
-from target_service.engine import build_engine
-from target_service.server import TargetServer
+from specwire.common.client import GenerationClient
+from specwire.target_service.config import TargetConfig
+from specwire.target_service.engine import build_engine
+from specwire.target_service.server import TargetServer
 
 PROMPTS = [
     "the cat sat on the mat. the cat sat on the",
@@ -82,7 +82,7 @@ def test_duplicate_request_ids_run_independently(ngram_server):
         )
         assert [r.token_ids for r in results] == alone * 2
         # The client's id is echoed on every message of its stream.
-        from common.client import build_request
+        from specwire.common.client import build_request
 
         ids = {r.request_id for r in c.stream(build_request(PROMPTS[0], request_id="same-id"))}
         assert ids == {"same-id"}
@@ -167,7 +167,7 @@ def test_dead_executor_turns_not_serving_and_exits_nonzero():
     """A plugin that calls sys.exit() inside a step kills the executor thread: the process
     must stop looking healthy and exit with a non-zero code (so orchestrators restart it)."""
     port = free_port()
-    cmd = [sys.executable, "-m", "common.cli", "target", "--model", "tiny-random"]
+    cmd = [sys.executable, "-m", "specwire.common.cli", "target", "--model", "tiny-random"]
     cmd += ["--port", str(port), "--no-progress", "--drafter", "faulty_plugins:ExitingDrafter"]
     import os
 

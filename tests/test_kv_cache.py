@@ -4,9 +4,9 @@ import random
 
 import pytest
 
-from target_service.request import Request, RequestState
-from target_service.resources.kv_cache import KVCacheManager, OutOfBlocks
-from target_service.scheduler import Scheduler, SchedulerConfig
+from specwire.target_service.request import Request, RequestState
+from specwire.target_service.resources.kv_cache import KVCacheManager, OutOfBlocks
+from specwire.target_service.scheduler import Scheduler, SchedulerConfig
 
 
 def _req(i: int, prompt_len: int, max_new: int = 40, k: int = 4) -> Request:

@@ -12,11 +12,16 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from common.errors import UserError
-from common.model.config import ModelError
-from common.model.loader import LoadedModel, export_hf_folder, load_model, smollm2_gguf_path
-from common.model.tiny_random import tiny_random_checkpoint
-from common.tokenizer import IncrementalDecoder, Tokenizer
+from specwire.common.errors import UserError
+from specwire.common.model.config import ModelError
+from specwire.common.model.loader import (
+    LoadedModel,
+    export_hf_folder,
+    load_model,
+    smollm2_gguf_path,
+)
+from specwire.common.model.tiny_random import tiny_random_checkpoint
+from specwire.common.tokenizer import IncrementalDecoder, Tokenizer
 
 TEXTS = [
     "Hello, world!",

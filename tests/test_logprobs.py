@@ -12,10 +12,10 @@ import pytest
 import torch
 from paged_runner import prompt_logits
 
-from common.client import GenerationClient, build_request
-from target_service.config import TargetConfig
-from target_service.engine import build_engine
-from target_service.server import TargetServer
+from specwire.common.client import GenerationClient, build_request
+from specwire.target_service.config import TargetConfig
+from specwire.target_service.engine import build_engine
+from specwire.target_service.server import TargetServer
 
 PROMPT = "a b c a b c a b c a b"  # periodic: the n-gram drafter's drafts get accepted
 

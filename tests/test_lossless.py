@@ -10,8 +10,8 @@ import pytest
 from engine_driver import run_to_completion
 from lossless_prompts import lossless_prompts
 
-from target_service.config import TargetConfig
-from target_service.engine import build_engine
+from specwire.target_service.config import TargetConfig
+from specwire.target_service.engine import build_engine
 
 PROMPTS = lossless_prompts(50)
 

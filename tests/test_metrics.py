@@ -13,13 +13,13 @@ import pytest
 from procs import free_port, output_tail, running_service, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
-from common.client import GenerationClient, build_request
-from target_service.config import TargetConfig
-from target_service.engine import build_engine
-from target_service.server import TargetServer
+from specwire.common.client import GenerationClient, build_request
+from specwire.target_service.config import TargetConfig
+from specwire.target_service.engine import build_engine
+from specwire.target_service.server import TargetServer
 
 MODEL = "tiny-random"
-SPECWIRE = [sys.executable, "-m", "common.cli"]
+SPECWIRE = [sys.executable, "-m", "specwire.common.cli"]
 PROMPT = [5, 6, 7, 8] * 3  # repetitive: the n-gram drafter drafts from the first step
 
 
@@ -77,7 +77,7 @@ def _open(client: GenerationClient, rid: str, first_chunk: bool = True, **kwargs
 
 def test_gauges_go_idle_and_histograms_count_every_request_after_cancels(target, caplog):
     client, url, engine = target
-    caplog.set_level(logging.DEBUG, logger="target_service.requests")
+    caplog.set_level(logging.DEBUG, logger="specwire.target_service.requests")
     total_blocks = engine.kv.num_blocks
     # Finished requests: three alone and one with n=2 (two completions).
     for i in range(3):
@@ -169,7 +169,7 @@ def test_gauges_go_idle_and_histograms_count_every_request_after_cancels(target,
     # The request log: admitted and (for cancels) cancelled at DEBUG, one INFO line at the end.
     logged = defaultdict(list)
     for rec in caplog.records:
-        if rec.name == "target_service.requests":
+        if rec.name == "specwire.target_service.requests":
             logged[rec.levelname].append(rec)
     ids = {"cancel-a", "cancel-b", "cancel-queued", "ok-0", "ok-1", "ok-2", "n2/0", "n2/1"}
     assert sorted(r.request_id for r in logged["DEBUG"] if "admitted" in r.getMessage()) == sorted(
@@ -228,7 +228,7 @@ def test_cli_json_request_log_and_labelled_metrics():
     mine = [r for r in records if r.get("request_id") == "json-1"]
     assert len(mine) == 1, lines
     rec = mine[0]
-    assert rec["level"] == "INFO" and rec["logger"] == "target_service.requests"
+    assert rec["level"] == "INFO" and rec["logger"] == "specwire.target_service.requests"
     assert rec["finish_reason"] == "length"
     assert rec["prompt_tokens"] == len(PROMPT) and rec["completion_tokens"] == 5
     assert 0 <= rec["ttft_s"] <= rec["total_s"]

@@ -7,7 +7,7 @@ import urllib.request
 
 import pytest
 
-from target_service.metrics import TargetMetrics
+from specwire.target_service.metrics import TargetMetrics
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import torch
 from paged_runner import prompt_logits
 from transformers import LlamaForCausalLM
 
-from common.model.loader import LoadedModel, export_hf_folder
+from specwire.common.model.loader import LoadedModel, export_hf_folder
 
 TOL = 1e-3
 PROMPTS = [

@@ -7,7 +7,7 @@ import pytest
 import torch
 from paged_runner import PagedRunner
 
-from common.model.loader import LoadedModel
+from specwire.common.model.loader import LoadedModel
 
 TOL = 1e-4  # fp32 on the CPU
 TEXT = "Speculative decoding: a drafter proposes, the target verifies. Blocks of sixteen tokens!"

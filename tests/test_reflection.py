@@ -14,11 +14,11 @@ from google.protobuf import descriptor_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2 as alpha
 
-from drafter_service.config import DrafterServiceConfig
-from drafter_service.server import SERVICE_NAME as DRAFTER_SERVICE
-from drafter_service.server import serve
-from target_service.server import SERVICE_NAME as TARGET_SERVICE
-from target_service.server import TargetServer
+from specwire.drafter_service.config import DrafterServiceConfig
+from specwire.drafter_service.server import SERVICE_NAME as DRAFTER_SERVICE
+from specwire.drafter_service.server import serve
+from specwire.target_service.server import SERVICE_NAME as TARGET_SERVICE
+from specwire.target_service.server import TargetServer
 
 
 @pytest.fixture(params=["target", "drafter"])

@@ -14,14 +14,14 @@ import grpc
 import pytest
 from procs import free_port, start_service, stop_service, wait_until
 
-from common.errors import UserError
-from common.protogen import drafter_pb2, drafter_pb2_grpc
-from drafter_service.config import DrafterServiceConfig
-from drafter_service.drafters import NGramDrafter
-from drafter_service.server import serve
-from target_service.drafters.remote import RemoteDrafter
-from target_service.request import Request, RequestState
-from target_service.resources.base import ResourceRegistry
+from specwire.common.errors import UserError
+from specwire.common.protogen import drafter_pb2, drafter_pb2_grpc
+from specwire.drafter_service.config import DrafterServiceConfig
+from specwire.drafter_service.drafters import NGramDrafter
+from specwire.drafter_service.server import serve
+from specwire.target_service.drafters.remote import RemoteDrafter
+from specwire.target_service.request import Request, RequestState
+from specwire.target_service.resources.base import ResourceRegistry
 
 VOCAB, FP = 100, "fp-target"
 REPETITIVE = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
@@ -180,8 +180,8 @@ def test_killed_drafter_fails_open_then_reconnects_and_resyncs(servers, mode):
 
 # A drafter service in its own process, so the test can SIGKILL it (no graceful goodbye).
 SERVE_NGRAM = (
-    "import sys; from drafter_service.config import DrafterServiceConfig as C; "
-    "from drafter_service.server import serve; "
+    "import sys; from specwire.drafter_service.config import DrafterServiceConfig as C; "
+    "from specwire.drafter_service.server import serve; "
     "s = serve(C(host='127.0.0.1', port=int(sys.argv[1]), max_draft_len=4)); "
     "print('drafter ready', flush=True); s.wait()"
 )

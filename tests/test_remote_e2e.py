@@ -19,18 +19,18 @@ import torch
 from lossless_prompts import lossless_prompts
 from procs import free_port, running_service, wait_until
 
-from common.client import GenerationClient
-from common.drafting import PROTOCOL_VERSION
-from common.protogen import drafter_pb2, drafter_pb2_grpc
-from drafter_service.config import DrafterServiceConfig
-from drafter_service.drafters import NGramDrafter
-from drafter_service.engine import DraftEngine
-from drafter_service.server import response_to_proto, serve, updates_from_proto
-from drafter_service.sessions import SessionStore
-from target_service.config import TargetConfig
-from target_service.engine import build_engine
-from target_service.output import Complete
-from target_service.server import TargetServer
+from specwire.common.client import GenerationClient
+from specwire.common.drafting import PROTOCOL_VERSION
+from specwire.common.protogen import drafter_pb2, drafter_pb2_grpc
+from specwire.drafter_service.config import DrafterServiceConfig
+from specwire.drafter_service.drafters import NGramDrafter
+from specwire.drafter_service.engine import DraftEngine
+from specwire.drafter_service.server import response_to_proto, serve, updates_from_proto
+from specwire.drafter_service.sessions import SessionStore
+from specwire.target_service.config import TargetConfig
+from specwire.target_service.engine import build_engine
+from specwire.target_service.output import Complete
+from specwire.target_service.server import TargetServer
 
 PROMPTS = lossless_prompts(50)
 ROOT = Path(__file__).resolve().parent.parent
@@ -181,7 +181,16 @@ def test_a_plugin_written_once_runs_in_process_and_behind_the_drafter_service(ti
     local = engine(tiny, LOOKUP_PLUGIN)
     in_process = run_all(local, PROMPTS)
     local.shutdown()
-    cmd = [sys.executable, "-m", "common.cli", "drafter", "--port", "0", "--max-draft-len", "4"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "specwire.common.cli",
+        "drafter",
+        "--port",
+        "0",
+        "--max-draft-len",
+        "4",
+    ]
     env = {"SPECWIRE_DRAFTER": LOOKUP_PLUGIN, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     pattern = r"listening on (127\.0\.0\.1:\d+) \(drafter=last-occurrence "
     with running_service(cmd, env, pattern, timeout=60, cwd=ROOT) as (_, match):
@@ -379,7 +388,7 @@ def test_target_cli_refuses_mismatched_drafter_in_one_line(drafters):
     cmd = [
         sys.executable,
         "-m",
-        "common.cli",
+        "specwire.common.cli",
         "target",
         "--model",
         "tiny-random",

@@ -16,15 +16,15 @@ from certs import write_pki
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from procs import running_service, wait_until
 
-from common import healthcheck
-from common.client import GenerationClient, build_request
-from common.protogen import drafter_pb2, drafter_pb2_grpc
-from common.security import ClientSecurity
-from common.transport import make_channel
-from drafter_service.config import DrafterServiceConfig
-from drafter_service.server import serve
+from specwire.common import healthcheck
+from specwire.common.client import GenerationClient, build_request
+from specwire.common.protogen import drafter_pb2, drafter_pb2_grpc
+from specwire.common.security import ClientSecurity
+from specwire.common.transport import make_channel
+from specwire.drafter_service.config import DrafterServiceConfig
+from specwire.drafter_service.server import serve
 
-SPECWIRE = [sys.executable, "-m", "common.cli"]
+SPECWIRE = [sys.executable, "-m", "specwire.common.cli"]
 ENV = {"PYTHONPATH": str(Path(__file__).resolve().parents[1]), "SPECWIRE_AUTH_TOKEN": None}
 READY = r"listening on 127\.0\.0\.1:(\d+)"
 PROMPT = "the cat sat on the mat. the cat sat on the mat. the cat"
@@ -94,7 +94,7 @@ def test_target_and_drafter_over_mtls_with_tokens(pki):
 
             # Health needs TLS but no token, so orchestrators can probe.
             assert healthcheck.check(target, security=ClientSecurity(ca=ca)) == "SERVING"
-            probe = SPECWIRE[:1] + ["-m", "common.healthcheck", target, "--tls-ca"]
+            probe = SPECWIRE[:1] + ["-m", "specwire.common.healthcheck", target, "--tls-ca"]
             done = subprocess.run(
                 [*probe, str(pki["ca.pem"])], env={**os.environ, **ENV_STR}, timeout=30
             )

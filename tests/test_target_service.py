@@ -14,12 +14,12 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from procs import free_port, running_service, wait_until
 
-from common.client import GenerationClient, build_request
-from target_service.config import TargetConfig
-from target_service.engine import build_engine
-from target_service.server import TargetServer
+from specwire.common.client import GenerationClient, build_request
+from specwire.target_service.config import TargetConfig
+from specwire.target_service.engine import build_engine
+from specwire.target_service.server import TargetServer
 
-SPECWIRE = [sys.executable, "-m", "common.cli"]
+SPECWIRE = [sys.executable, "-m", "specwire.common.cli"]
 
 
 @pytest.fixture(scope="module")
@@ -257,9 +257,9 @@ def test_chunks_waiting_to_be_sent_go_out_together():
     and the other completions' chunks keep their own messages."""
     import asyncio
 
-    from target_service.output import Chunk, Complete, EventQueue
-    from target_service.request import SpecStats
-    from target_service.server import GenerationServicer
+    from specwire.target_service.output import Chunk, Complete, EventQueue
+    from specwire.target_service.request import SpecStats
+    from specwire.target_service.server import GenerationServicer
 
     events = EventQueue()
     for step, (toks, drafted, acc) in enumerate([([1, 2], 3, 1), ([3], 0, 0), ([4, 5, 6], 4, 2)]):

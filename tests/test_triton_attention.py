@@ -21,8 +21,8 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 if importlib.util.find_spec("triton") is None or not (torch.cuda.is_available() or INTERPRET):
     pytest.skip("needs Triton, and a GPU or TRITON_INTERPRET=1", allow_module_level=True)
 
-from common.model import triton_attention  # noqa: E402
-from common.model.triton_attention import paged_attention, store_kv  # noqa: E402
+from specwire.common.model import triton_attention  # noqa: E402
+from specwire.common.model.triton_attention import paged_attention, store_kv  # noqa: E402
 
 DEVICE = torch.device("cpu" if INTERPRET else "cuda")
 

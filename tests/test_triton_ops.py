@@ -18,8 +18,8 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 if not (torch.cuda.is_available() or INTERPRET):
     pytest.skip("needs a GPU or TRITON_INTERPRET=1", allow_module_level=True)
 
-from common.model import triton_ops as ops  # noqa: E402 (triton is known to be there)
-from common.model.llama import Rotary  # noqa: E402
+from specwire.common.model import triton_ops as ops  # noqa: E402 (triton is known to be there)
+from specwire.common.model.llama import Rotary  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
 DTYPES = [torch.bfloat16, torch.float32]

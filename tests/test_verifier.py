@@ -6,8 +6,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from target_service.request import SamplingConfig
-from target_service.verifier import rejection_sample, sampling_probs
+from specwire.target_service.request import SamplingConfig
+from specwire.target_service.verifier import rejection_sample, sampling_probs
 
 V = 6
 P = torch.tensor([0.35, 0.25, 0.15, 0.12, 0.08, 0.05])

@@ -6,7 +6,8 @@ PYTHONPATH, or any `module:Class` importable from your environment):
     specwire drafter --drafter examples.python.lookup_drafter:LastOccurrenceDrafter   # a service
     specwire target --drafter grpc://127.0.0.1:50152
 
-Contract (common/drafting.py, `SessionDrafter`): built as `Class()`; one state per sequence,
+Contract (specwire/common/drafting.py, `SessionDrafter`): built as `Class()`; one state per
+sequence,
 `extend(state, tokens)` appends committed tokens, `propose(state, budget)` returns up to
 `budget` draft tokens (unpadded, maybe none) and optionally their distributions. Whoever runs
 it keeps the sessions and releases them when a request finishes.
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from common.drafting import Proposal, SessionDrafter
+from specwire.common.drafting import Proposal, SessionDrafter
 
 
 @dataclass

@@ -1,0 +1,28 @@
+"""The n-gram (prompt-lookup) drafter: specwire.common.ngram.NGramIndex per session,
+token-agnostic."""
+
+from __future__ import annotations
+
+from specwire.common.drafting import Proposal, SessionDrafter
+from specwire.common.ngram import NGramIndex
+
+
+class NGramDrafter(SessionDrafter):
+    """Proposes the continuation of the longest earlier match of the sequence's suffix."""
+
+    name = "ngram"
+
+    def __init__(self, max_ngram: int = 3, prefer: str = "latest") -> None:
+        NGramIndex(max_ngram, prefer)  # validate the settings once, at start-up
+        self.max_ngram = max_ngram
+        self.prefer = prefer
+
+    def new_state(self) -> NGramIndex:
+        return NGramIndex(self.max_ngram, self.prefer)
+
+    def extend(self, state: NGramIndex, tokens: list[int]) -> None:
+        state.extend(tokens)
+
+    def propose(self, state: NGramIndex, budget: int, want_probs: bool = False) -> Proposal:
+        # A lookup is deterministic: no distribution to report (the target uses point masses).
+        return Proposal(state.propose(budget))

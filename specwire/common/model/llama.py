@@ -1,0 +1,235 @@
+"""A compact llama-family decoder on a paged KV cache.
+
+RMSNorm, RoPE (with the config's scaling), grouped-query attention, SwiGLU, optional qkv bias,
+tied embeddings. q/k/v and gate/up projections are fused at load time (fewer kernels per layer).
+The forward takes flat tokens plus `AttentionMetadata`; logits are computed only for the rows
+the caller asks for (last prompt token, verify positions).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from specwire.common.model.attention import (
+    AttentionMetadata,
+    TorchPagedAttention,
+    prepare_uniform_mask,
+)
+from specwire.common.model.config import ModelConfig, RopeScaling
+from specwire.common.model.ops import TorchOps
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
+    """Inverse frequencies [head_dim/2], with linear or llama3 scaling applied."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    if scaling.kind == "linear":
+        inv = inv / scaling.factor
+    elif scaling.kind == "llama3":
+        old_ctx = scaling.original_max_position_embeddings
+        low_wavelen = old_ctx / scaling.low_freq_factor
+        high_wavelen = old_ctx / scaling.high_freq_factor
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > low_wavelen, inv / scaling.factor, inv)
+        smooth = (old_ctx / wavelen - scaling.low_freq_factor) / (
+            scaling.high_freq_factor - scaling.low_freq_factor
+        )
+        smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        inv = torch.where(medium, smoothed, scaled)
+    return inv.float()
+
+
+class Rotary(nn.Module):
+    """Precomputed cos/sin table indexed by position (graph-safe: a gather, no host math)."""
+
+    def __init__(self, cfg: ModelConfig, max_positions: int):
+        super().__init__()
+        inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv)
+        emb = torch.cat([freqs, freqs], dim=-1)  # [P, D] (rotate-half convention, like HF)
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin(), persistent=False)
+
+    def table(self, positions: torch.Tensor, dtype: torch.dtype):
+        """cos, sin for the step's positions [T] -> [T, 1, D] each (once per forward)."""
+        return (
+            self.cos[positions].unsqueeze(1).to(dtype),
+            self.sin[positions].unsqueeze(1).to(dtype),
+        )
+
+    @staticmethod
+    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # x: [T, heads, D]
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return TorchOps.rms_norm(x, self.weight, self.eps)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, attn):
+        super().__init__()
+        self.cfg = cfg
+        self.q_size = cfg.num_heads * cfg.head_dim
+        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.qkv_proj = nn.Linear(
+            cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias
+        )
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.attn = attn  # the model's attention backend, shared by all layers
+        self.ops = TorchOps()  # the model's ops, shared by all layers (LlamaModel.set_ops)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [T, hidden]: this layer's input delta (the embedding for layer 0)
+        residual: torch.Tensor | None,  # [T, hidden]: the residual stream before x is added
+        rope: tuple[torch.Tensor, torch.Tensor],  # cos, sin [T, 1, D]
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # (output delta, residual stream) [T, hidden] each
+        ops, eps = self.ops, self.cfg.rms_norm_eps
+        # The residual add rides inside the norm (one kernel with TritonOps).
+        if residual is None:
+            h, residual = ops.rms_norm(x, self.input_layernorm.weight, eps), x
+        else:
+            h, residual = ops.add_rms_norm(x, residual, self.input_layernorm.weight, eps)
+        qkv = ops.linear(h, self.qkv_proj.weight, self.qkv_proj.bias)
+        t = x.shape[0]
+        heads, kv_heads, d = self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim
+        # q and k sit side by side: rotate them in one go (in place with TritonOps).
+        qk = ops.rope(qkv[:, : self.q_size + self.kv_size].view(t, heads + kv_heads, d), *rope)
+        q, k = qk[:, :heads], qk[:, heads:]
+        v = qkv[:, self.q_size + self.kv_size :].view(t, kv_heads, d)
+        attn = self.attn.forward(q, k, v, kv_cache, meta).reshape(t, self.q_size)
+        x = ops.linear(attn, self.o_proj.weight)
+        h, residual = ops.add_rms_norm(x, residual, self.post_attention_layernorm.weight, eps)
+        x = ops.linear(ops.silu_mul(ops.linear(h, self.gate_up_proj.weight)), self.down_proj.weight)
+        return x, residual
+
+
+class LlamaModel(nn.Module):
+    """Decoder stack + LM head. `forward` returns hidden states; `compute_logits` the logits."""
+
+    def __init__(self, cfg: ModelConfig, block_size: int = 16, max_positions: int | None = None):
+        super().__init__()
+        self.cfg = cfg
+        self.block_size = block_size
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.attention = TorchPagedAttention(
+            cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, block_size
+        )
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, self.attention) for _ in range(cfg.num_layers)
+        )
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        # Whole blocks of positions: padding tokens may use any position a block table covers.
+        positions = max_positions or cfg.max_position_embeddings
+        self.rotary = Rotary(cfg, -(-positions // block_size) * block_size)
+        self.ops = TorchOps()
+
+    def set_ops(self, ops) -> None:
+        """Swap the ops (`TorchOps`, `TritonOps`, `TritonOps(exact=True)`) for every layer."""
+        self.ops = ops
+        for layer in self.layers:
+            layer.ops = ops
+
+    def set_attention(self, backend) -> None:
+        """Swap the attention backend (e.g. the Triton one on a GPU) for every layer."""
+        self.attention = backend
+        for layer in self.layers:
+            layer.attn = backend
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T]
+        kv_caches: torch.Tensor,  # [L, 2, NB, BS, KVH, D]
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [T, hidden]
+        x = self.embed_tokens(input_ids)
+        if not self.attention.varlen and meta.is_uniform and meta.uniform_mask is None:
+            prepare_uniform_mask(meta, self.block_size, x.dtype)
+        rope = self.rotary.table(positions, x.dtype)
+        residual = None
+        for i, layer in enumerate(self.layers):
+            x, residual = layer(x, residual, rope, kv_caches[i], meta)
+        if residual is None:  # no layers
+            return self.ops.rms_norm(x, self.norm.weight, self.cfg.rms_norm_eps)
+        return self.ops.add_rms_norm(x, residual, self.norm.weight, self.cfg.rms_norm_eps)[0]
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, V] fp32
+        if self.ops.exact:  # fp32 straight from the accumulator, rows batch-invariant
+            return self.ops.linear(hidden, self.lm_head.weight, out_dtype=torch.float32)
+        return self.lm_head(hidden).float()
+
+    def allocate_kv_cache(
+        self, num_blocks: int, dtype: torch.dtype | None = None, device=None
+    ) -> torch.Tensor:
+        p = self.embed_tokens.weight
+        return torch.zeros(
+            self.cfg.num_layers,
+            2,
+            num_blocks,
+            self.block_size,
+            self.cfg.num_kv_heads,
+            self.cfg.head_dim,
+            dtype=dtype or p.dtype,
+            device=device or p.device,
+        )
+
+    def load_hf_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Load weights named as in Hugging Face's LlamaForCausalLM, fusing qkv and gate/up."""
+        own = dict(self.named_parameters())
+        fused: dict[str, torch.Tensor] = {}
+        for i in range(self.cfg.num_layers):
+            p = f"model.layers.{i}."
+            fused[f"layers.{i}.qkv_proj.weight"] = torch.cat(
+                [tensors.pop(p + f"self_attn.{n}_proj.weight") for n in "qkv"]
+            )
+            if self.cfg.attention_bias:
+                fused[f"layers.{i}.qkv_proj.bias"] = torch.cat(
+                    [tensors.pop(p + f"self_attn.{n}_proj.bias") for n in "qkv"]
+                )
+            fused[f"layers.{i}.o_proj.weight"] = tensors.pop(p + "self_attn.o_proj.weight")
+            fused[f"layers.{i}.gate_up_proj.weight"] = torch.cat(
+                [tensors.pop(p + "mlp.gate_proj.weight"), tensors.pop(p + "mlp.up_proj.weight")]
+            )
+            fused[f"layers.{i}.down_proj.weight"] = tensors.pop(p + "mlp.down_proj.weight")
+            for n in ("input_layernorm", "post_attention_layernorm"):
+                fused[f"layers.{i}.{n}.weight"] = tensors.pop(p + f"{n}.weight")
+        fused["embed_tokens.weight"] = tensors.pop("model.embed_tokens.weight")
+        fused["norm.weight"] = tensors.pop("model.norm.weight")
+        head = tensors.pop("lm_head.weight", None)
+        if not self.cfg.tie_word_embeddings:
+            if head is None:
+                raise KeyError("lm_head.weight")
+            fused["lm_head.weight"] = head
+        for name, value in fused.items():
+            param = own[name]
+            if tuple(param.shape) != tuple(value.shape):
+                raise ValueError(
+                    f"weight {name} has shape {tuple(value.shape)}, expected {tuple(param.shape)}"
+                )
+            with torch.no_grad():
+                param.copy_(value.to(param.dtype))

@@ -1,0 +1,84 @@
+"""The decoder's elementwise and matrix ops, as one swappable object per model.
+
+- `TorchOps`: plain PyTorch (the CPU and the reference).
+- `TritonOps`: our Triton kernels (`triton_ops.py`) for the small ops a layer is made of —
+  RMSNorm with the residual add fused in, RoPE in place on the fused q/k buffer, SiLU·up — so a
+  layer is ~10 kernels instead of ~25. GEMMs stay on cuBLAS...
+- ...unless `exact=True`: then every GEMM (projections and LM head) is our batch-invariant
+  Triton GEMM, whose rows are bitwise independent of how many rows the step has. With the
+  Triton attention (numerics a function of the row only) and per-row norms, a position's logits
+  are the same whether it is decoded alone or verified in a 1+K row in any batch: greedy bf16
+  with speculation equals greedy bf16 without it.
+
+Every op keeps the rounding order of the PyTorch formula it replaces.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+class TorchOps:
+    name = "torch"
+    exact = False
+
+    @staticmethod
+    def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        # Normalise in fp32 like the reference implementation, then cast back.
+        return weight * F.rms_norm(x.float(), x.shape[-1:], eps=eps).to(x.dtype)
+
+    def add_rms_norm(self, x, residual, weight, eps):
+        """(rms_norm(x + residual), x + residual)."""
+        residual = x + residual
+        return self.rms_norm(residual, weight, eps), residual
+
+    @staticmethod
+    def rope(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # qk: [T, heads, D]; cos, sin: [T, 1, D] (rotate-half convention, like HF)
+        half = qk.shape[-1] // 2
+        rotated = torch.cat([-qk[..., half:], qk[..., :half]], dim=-1)
+        return qk * cos + rotated * sin
+
+    @staticmethod
+    def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    @staticmethod
+    def linear(x, weight, bias=None, out_dtype=None):
+        out = F.linear(x, weight, bias)
+        return out if out_dtype is None else out.to(out_dtype)
+
+
+class TritonOps(TorchOps):
+    name = "triton"
+
+    def __init__(self, exact: bool = False) -> None:
+        from specwire.common.model import triton_ops  # imports triton: GPU machines only
+
+        self._k = triton_ops
+        self.exact = exact
+        if exact:
+            self.name = "triton-exact"
+
+    def rms_norm(self, x, weight, eps):
+        return self._k.rms_norm(x, weight, eps)
+
+    def add_rms_norm(self, x, residual, weight, eps):
+        return self._k.add_rms_norm(x, residual, weight, eps)
+
+    def rope(self, qk, cos, sin):
+        return self._k.rope(qk, cos, sin, inplace=True)
+
+    def silu_mul(self, gate_up):
+        return self._k.silu_mul(gate_up)
+
+    def linear(self, x, weight, bias=None, out_dtype=None):
+        if self.exact:
+            # Row tiles of 16, 32 or 64 rows give every row the same bits (the same mma.sync
+            # chain per row; GPU test test_gpu_block_m_keeps_bits); 64 re-reads the weight far
+            # less for wide steps (H200: 1.5-1.7x faster at M >= 40).
+            block_m = 16 if x.shape[0] <= 16 else 64
+            return self._k.linear(x, weight, bias, out_dtype=out_dtype, block_m=block_m)
+        return super().linear(x, weight, bias, out_dtype)

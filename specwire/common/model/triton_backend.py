@@ -1,0 +1,81 @@
+"""The GPU attention backend: our Triton kernels (`triton_attention.py`) behind the backend seam.
+
+One launch per layer stores the step's K/V by slot (slot -1 = padding, skipped) and one launch
+attends for every row of the step — prefill chunks, decode rows and verify rows together —
+reading only each row's real context through its block table. The launch grid depends only on
+tensor shapes, so any step can be captured in a CUDA graph keyed by its padded token count,
+and no shape is compiled or planned at serving time. Each query's result depends only on its
+own row (fixed key tiles from position 0, split-KV only at fixed absolute key positions and
+merged in a fixed order): the same logits whether a position is
+verified alone, in a 1+K verify row or in a prefill chunk.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specwire.common.model.attention import AttentionMetadata
+
+
+class TritonPagedAttention:
+    name = "triton"
+    varlen = True
+    graphs = True
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int):
+        from specwire.common.model import triton_attention  # imports triton: only on GPU machines
+
+        self._ops = triton_attention
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.block_size = block_size
+        self.scale = head_dim**-0.5
+
+    def forward(
+        self,
+        q: torch.Tensor,  # [T, H, D]
+        k: torch.Tensor,  # [T, KVH, D]
+        v: torch.Tensor,  # [T, KVH, D]
+        kv_cache: torch.Tensor,  # [2, NB, BS, KVH, D]
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [T, H, D]
+        assert meta.cu_seqlens_q is not None, "the Triton backend needs varlen metadata"
+        self._ops.store_kv(k, v, kv_cache, meta.slot_mapping)
+        return self._ops.paged_attention(
+            q, kv_cache, meta.block_tables, meta.cu_seqlens_q, meta.context_lens, self.scale
+        )
+
+
+def make_backend(kind: str, model, device: torch.device):
+    """The attention backend for `kind` ("auto" = Triton on CUDA, SDPA elsewhere)."""
+    from specwire.common.errors import UserError
+    from specwire.common.model.attention import TorchPagedAttention
+
+    cfg = model.cfg
+    args = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, model.block_size)
+    if kind == "auto":
+        kind = "triton" if device.type == "cuda" else "sdpa"
+    if kind == "sdpa":
+        return TorchPagedAttention(*args)
+    if kind == "triton":
+        if device.type != "cuda":
+            raise UserError("--attention triton needs a CUDA device (use sdpa on the CPU)")
+        try:
+            return TritonPagedAttention(*args)
+        except ImportError as exc:
+            raise UserError(f"--attention triton needs the triton package ({exc})") from exc
+    raise UserError(f"unknown attention backend {kind!r} (use auto, triton or sdpa)")
+
+
+def make_ops(attention, exact: bool = False):
+    """The model's ops to go with its attention backend: our fused Triton kernels beside the
+    Triton attention (batch-invariant GEMMs too when `exact`), plain PyTorch otherwise."""
+    from specwire.common.errors import UserError
+    from specwire.common.model.ops import TorchOps, TritonOps
+
+    if attention.name == "triton":
+        return TritonOps(exact=exact)
+    if exact:
+        raise UserError("--exact needs the Triton kernels (--device cuda --attention triton)")
+    return TorchOps()

@@ -1,0 +1,127 @@
+"""The one server builder and the one channel factory every specwire service and client uses.
+
+Servers are `grpc.aio` servers: a call that waits (for the engine, or for a client that does not
+read) holds a coroutine, not a thread, so slow or idle clients cannot starve health checks or
+other callers. Each server runs on its own event loop in a background thread (`LoopThread`), so
+the rest of the code, the CLI and the tests stay synchronous.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine, Sequence
+from typing import Any, TypeVar
+
+import grpc
+
+from specwire.common.errors import UserError
+from specwire.common.grpc_errors import ErrorInterceptor
+from specwire.common.security import AuthInterceptor, ClientSecurity, ServerSecurity
+
+T = TypeVar("T")
+
+
+class LoopThread:
+    """An asyncio event loop running in a daemon thread; `run(coro)` waits for its result."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=5)
+
+
+def build_server(
+    host: str,
+    port: int,
+    security: ServerSecurity,
+    *,
+    options: Sequence[tuple[str, Any]] = (),
+) -> tuple[grpc.aio.Server, int]:
+    """An aio server bound to host:port with TLS/mTLS and token auth as `security` says.
+
+    Must be called on the event loop that will run the server. Raises UserError when the
+    address cannot be bound or plaintext is asked for on a non-loopback address.
+    """
+    security.check_bind(host)
+    interceptors: list[grpc.aio.ServerInterceptor] = []
+    if security.tokens:
+        interceptors.append(AuthInterceptor(security.tokens))
+    interceptors.append(ErrorInterceptor())
+    server = grpc.aio.server(
+        interceptors=interceptors,
+        # A second service on the same port must fail rather than share it.
+        options=[("grpc.so_reuseport", 0), *options],
+    )
+    address = f"{host}:{port}"
+    creds = security.credentials()
+    try:
+        bound = (
+            server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
+        )
+    except RuntimeError as exc:
+        raise UserError(f"cannot listen on {address}: {exc}") from exc
+    if bound == 0:
+        raise UserError(f"cannot listen on {address} (address in use?)")
+    return server, bound
+
+
+class _TokenInterceptor(
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
+    """Adds `authorization: Bearer <token>` to every call (plaintext loopback channels too, where
+    gRPC's own call credentials are not allowed)."""
+
+    def __init__(self, token: str) -> None:
+        self._header = ("authorization", f"Bearer {token}")
+
+    def _details(self, details):
+        # grpc passes its own namedtuple of call details here.
+        return details._replace(metadata=[*(details.metadata or ()), self._header])
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._details(details), request)
+
+    def intercept_stream_unary(self, continuation, details, request_iterator):
+        return continuation(self._details(details), request_iterator)
+
+    def intercept_stream_stream(self, continuation, details, request_iterator):
+        return continuation(self._details(details), request_iterator)
+
+
+def make_channel(
+    address: str,
+    security: ClientSecurity | None = None,
+    options: Sequence[tuple[str, Any]] = (),
+) -> grpc.Channel:
+    """A channel to `address`: TLS when `security.ca` is set (mTLS with a client certificate),
+    and a bearer token on every call when `security.token` is set."""
+    security = security or ClientSecurity()
+    opts = list(options)
+    if security.server_name:
+        opts.append(("grpc.ssl_target_name_override", security.server_name))
+    if security.tls:
+        creds = grpc.ssl_channel_credentials(
+            root_certificates=security.ca,
+            private_key=security.key,
+            certificate_chain=security.cert,
+        )
+        channel = grpc.secure_channel(address, creds, options=opts)
+    else:
+        channel = grpc.insecure_channel(address, options=opts)
+    if security.token:
+        channel = grpc.intercept_channel(channel, _TokenInterceptor(security.token))
+    return channel

@@ -1,0 +1,92 @@
+"""`specwire drafter`: run the drafter service.
+
+Every flag can also come from an environment variable (for docker compose); a flag on the
+command line wins over the environment, which wins over the default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+
+from specwire.common.cli_env import Flag, add_config_flags, add_env_flag, config_kwargs
+from specwire.common.security import add_server_flags, server_security_from_args
+from specwire.drafter_service.config import DRAFTER_KINDS, DrafterServiceConfig
+
+# The DrafterServiceConfig fields a user sets; type and default come from the field. The
+# service's own host/port/device/... variables carry DRAFTER so one environment can hold both
+# services' settings.
+FLAGS = {
+    "host": Flag("address to listen on", env="SPECWIRE_DRAFTER_HOST"),
+    "port": Flag("port to listen on (0 = any free port)", env="SPECWIRE_DRAFTER_PORT"),
+    "drafter": Flag(DRAFTER_KINDS),
+    "max_draft_len": Flag("most draft tokens per sequence per step"),
+    "max_ngram": Flag("ngram: longest n-gram matched"),
+    "prefer": Flag(
+        "ngram: which earlier match wins", env="SPECWIRE_NGRAM_PREFER", choices=("latest", "oldest")
+    ),
+    "device": Flag("model drafters: cpu | cuda[:N]", env="SPECWIRE_DRAFTER_DEVICE"),
+    "dtype": Flag(
+        "model drafters: auto (float32 on CPU, bfloat16 on CUDA) | float32 | bfloat16 | ...",
+        env="SPECWIRE_DRAFTER_DTYPE",
+    ),
+    "kv_blocks": Flag(
+        "model drafters: KV cache blocks shared by all sessions", env="SPECWIRE_DRAFTER_KV_BLOCKS"
+    ),
+    "draft_probs_top_n": Flag(
+        "model drafters: 0 = greedy, no draft probabilities; N > 0 = sample each draft token "
+        "from the top-N softmax and send that distribution (for rejection sampling)"
+    ),
+    "seed": Flag("seed for sampling drafters", env="SPECWIRE_DRAFTER_SEED"),
+    "session_ttl_s": Flag(
+        "seconds an idle session is kept", flag="--session-ttl", env="SPECWIRE_SESSION_TTL"
+    ),
+    "delay_ms": Flag(
+        "injected delay per draft call, for tests and benchmarks", env="SPECWIRE_DRAFTER_DELAY_MS"
+    ),
+    "max_sessions": Flag("sessions held at once"),
+    "max_session_tokens": Flag("tokens one session may hold"),
+    "max_streams_per_peer": Flag(
+        "concurrent DraftStreams per caller (token, client certificate or IP address)"
+    ),
+}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "drafter",
+        help="run the drafter service",
+        description="Serve draft tokens over gRPC (specwire.v1.DrafterService).",
+    )
+    add_config_flags(p, DrafterServiceConfig, FLAGS)
+    add_server_flags(p, prefix="SPECWIRE_DRAFTER")
+    add_env_flag(
+        p,
+        "--drain-timeout",
+        "SPECWIRE_DRAIN_TIMEOUT",
+        30.0,
+        "on SIGTERM, seconds open calls get to finish",
+        float,
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from specwire.drafter_service.server import serve
+
+    config = DrafterServiceConfig(
+        **config_kwargs(args, FLAGS), security=server_security_from_args(args)
+    )
+    running = serve(config)
+    print(
+        f"specwire drafter listening on {config.host}:{running.port} "
+        f"(drafter={running.engine.drafter.name} security={config.security.describe()})",
+        flush=True,
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    running.drain(args.drain_timeout)
+    return 0

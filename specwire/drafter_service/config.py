@@ -1,0 +1,61 @@
+"""The drafter service's configuration: one frozen dataclass, validated once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specwire.common.errors import UserError
+from specwire.common.security import ServerSecurity
+
+DRAFTER_KINDS = "ngram, model:NAME or module:Class"
+
+
+@dataclass(frozen=True)
+class DrafterServiceConfig:
+    """Everything `specwire drafter` needs; built from flags/environment by cli.py."""
+
+    drafter: str = "ngram"  # ngram | model:NAME | module:Class
+    max_draft_len: int = 4
+    host: str = "127.0.0.1"  # loopback unless told otherwise (compose sets 0.0.0.0)
+    port: int = 50152  # 0 = pick a free port (tests)
+    max_ngram: int = 3
+    prefer: str = "latest"  # n-gram match preference: latest | oldest
+    device: str = "cpu"
+    dtype: str = "auto"  # model drafters: auto (float32 on CPU, bfloat16 on CUDA) | float32 | ...
+    kv_blocks: int = 512  # model drafters: KV blocks for all sessions together
+    draft_probs_top_n: int = 0  # model drafters: >0 samples from top-N and sends q (see model.py)
+    seed: int = 0
+    session_ttl_s: float = 300.0
+    delay_ms: float = 0.0  # injected latency per Draft call / stream message (tests, benchmarks)
+    max_workers: int = 8  # threads running draft steps (calls wait as coroutines, not threads)
+    max_sessions: int = 4096  # sessions held at once; more -> RESOURCE_EXHAUSTED
+    max_session_tokens: int = 1 << 17  # tokens one session may hold
+    max_streams_per_peer: int = 16  # concurrent DraftStreams per caller (token/cert/IP)
+    security: ServerSecurity = field(default_factory=ServerSecurity)
+
+    def __post_init__(self) -> None:
+        kind, _, arg = self.drafter.partition(":")
+        if not (self.drafter == "ngram" or (kind and arg)):
+            raise UserError(f"--drafter {self.drafter!r}: expected {DRAFTER_KINDS}")
+        if not 0 <= self.port <= 65535:
+            raise UserError(f"--port must be in 0..65535, got {self.port}")
+        checks = {
+            "--max-draft-len": (self.max_draft_len, 1),
+            "--max-ngram": (self.max_ngram, 1),
+            "--kv-blocks": (self.kv_blocks, 1),
+            "--draft-probs-top-n": (self.draft_probs_top_n, 0),
+            "--delay-ms": (self.delay_ms, 0),
+            "max_workers": (self.max_workers, 1),
+            "--max-sessions": (self.max_sessions, 1),
+            "--max-session-tokens": (self.max_session_tokens, 1),
+            "--max-streams-per-peer": (self.max_streams_per_peer, 1),
+        }
+        for flag, (value, low) in checks.items():
+            if value < low:
+                raise UserError(f"{flag} must be >= {low}, got {value}")
+        if self.session_ttl_s <= 0:
+            raise UserError(f"--session-ttl must be > 0, got {self.session_ttl_s}")
+        if self.prefer not in ("latest", "oldest"):
+            raise UserError(f"--prefer must be latest or oldest, got {self.prefer!r}")
+        if self.device != "cpu" and not self.device.startswith("cuda"):
+            raise UserError(f"--device must be cpu or cuda[:N], got {self.device!r}")

@@ -1,0 +1,122 @@
+"""The drafter service's domain layer: one batched step in, one batched answer out.
+
+The servicer converts protobuf to `SeqUpdate`s, calls `DraftEngine.draft` once, and converts
+the `SeqDraft`s back. Problems with the request as a whole (empty or duplicate request ids,
+negative lengths) raise `UserError` (-> INVALID_ARGUMENT); a problem with one sequence's tokens,
+or a drafter failure, costs only the drafts it concerns.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from specwire.common.drafting import SessionDrafter, SparseDist
+from specwire.common.errors import UserError
+from specwire.drafter_service.sessions import SessionStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SeqUpdate:
+    request_id: str
+    base_len: int
+    new_tokens: list[int]
+    max_draft_tokens: int
+    finished: bool = False
+
+
+@dataclass
+class SeqDraft:
+    request_id: str
+    base_len: int  # the length the draft continues: update.base_len + len(new_tokens)
+    tokens: list[int] = field(default_factory=list)
+    resync: bool = False
+    probs: list[SparseDist] | None = None
+
+
+def validate(updates: list[SeqUpdate]) -> None:
+    """Raise UserError naming the first malformed update."""
+    seen: set[str] = set()
+    for i, u in enumerate(updates):
+        where = f"sequences[{i}]"
+        if not u.request_id:
+            raise UserError(f"{where}: request_id is empty")
+        if u.request_id in seen:
+            raise UserError(f"{where}: request_id {u.request_id!r} appears twice")
+        seen.add(u.request_id)
+        if u.base_len < 0:
+            raise UserError(f"{where} ({u.request_id}): base_len must be >= 0, got {u.base_len}")
+        if u.max_draft_tokens < 0:
+            raise UserError(
+                f"{where} ({u.request_id}): max_draft_tokens must be >= 0, got {u.max_draft_tokens}"
+            )
+
+
+class DraftEngine:
+    """Applies a step's updates to the sessions and drafts for all of them together."""
+
+    def __init__(
+        self,
+        drafter: SessionDrafter,
+        store: SessionStore,
+        max_draft_len: int,
+        delay_ms: float = 0.0,
+    ) -> None:
+        self.drafter = drafter
+        self.store = store
+        self.max_draft_len = max_draft_len
+        self.delay_s = delay_ms / 1000.0
+
+    def draft(
+        self, updates: list[SeqUpdate], want_probs: bool = False, owner: str = ""
+    ) -> list[SeqDraft]:
+        """One draft (maybe empty, maybe resync) per non-finished update. Sessions are the
+        `owner`'s own (see sessions.py)."""
+        validate(updates)
+        if self.delay_s:
+            time.sleep(self.delay_s)  # injected latency, outside the lock like a slow network
+        with self.store.lock:  # the drafter is not thread-safe; one step at a time
+            self.store.expire()
+            out: list[SeqDraft] = []
+            todo: list[tuple[SeqDraft, object, int]] = []
+            for u in updates:
+                if u.finished:
+                    self.store.finish(u.request_id, owner)
+                    continue
+                answer = SeqDraft(u.request_id, u.base_len + len(u.new_tokens))
+                out.append(answer)
+                try:
+                    session = self.store.apply(u.request_id, u.base_len, u.new_tokens, owner)
+                except ValueError as exc:
+                    log.warning("request %s: no draft: %s", u.request_id, exc)
+                    continue
+                if session is None:
+                    answer.resync = True
+                    continue
+                budget = min(u.max_draft_tokens, self.max_draft_len)
+                if budget > 0:
+                    todo.append((answer, session.state, budget))
+            if todo:
+                self._propose(todo, want_probs)
+            return out
+
+    def _propose(self, todo: list[tuple[SeqDraft, object, int]], want_probs: bool) -> None:
+        try:
+            proposals = self.drafter.propose_batch(
+                [state for _, state, _ in todo], [b for _, _, b in todo], want_probs
+            )
+            if len(proposals) != len(todo):
+                raise ValueError(f"{len(proposals)} proposals for {len(todo)} sequences")
+        except Exception:  # a drafter bug costs this step's drafts, not the service
+            log.exception("drafter %s failed; answering without drafts", self.drafter.name)
+            return
+        for (answer, _, budget), (tokens, probs) in zip(todo, proposals, strict=True):
+            answer.tokens = [int(t) for t in tokens][:budget]
+            if want_probs and probs is not None and len(probs) >= len(answer.tokens):
+                answer.probs = list(probs)[: len(answer.tokens)]
+
+    def check_integrity(self) -> None:
+        self.store.check_integrity()

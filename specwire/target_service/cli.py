@@ -1,0 +1,144 @@
+"""`specwire target`: serve specwire.v1.GenerationService."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+
+from specwire.common.cli_env import Flag, add_config_flags, add_env_flag, config_kwargs
+from specwire.common.security import (
+    add_client_flags,
+    add_server_flags,
+    client_security_from_args,
+    server_security_from_args,
+)
+from specwire.target_service.config import TargetConfig
+
+# The TargetConfig fields a user sets; flag, variable, type and default come from the field.
+ENGINE_FLAGS = {
+    "model": Flag("smollm2-135m, tiny-random, a HF folder or a .gguf file"),
+    "drafter": Flag("none | ngram | model:NAME | module:Class | grpc://HOST:PORT"),
+    "max_draft_len": Flag("most draft tokens per sequence per step"),
+    "max_ngram": Flag("ngram drafter: longest n-gram matched"),
+    "device": Flag("cpu | cuda[:N]"),
+    "dtype": Flag(
+        "float32 | bfloat16 | float16 (unset: float32 on CPU, bfloat16 on GPU)", default=None
+    ),
+    "cuda_graphs": Flag("run every step eagerly, without CUDA graphs"),
+    "attention": Flag(
+        "auto (triton on CUDA, sdpa on CPU) | triton | sdpa", choices=("auto", "triton", "sdpa")
+    ),
+    "exact": Flag("GPU: batch-invariant kernels, so bf16 output with speculation equals without"),
+    "draft_policy": Flag(
+        "adaptive (K per step from measured costs and acceptance; GPU) | static",
+        choices=("adaptive", "static"),
+    ),
+    "max_batch_size": Flag("most requests in one step"),
+    "max_num_tokens": Flag("most tokens (prompt chunks + drafts) in one step"),
+    "max_context_len": Flag("prompt + generated tokens per request"),
+    "num_kv_blocks": Flag("KV cache blocks (0 = enough for max-batch-size full contexts)"),
+    "drafter_mode": Flag("remote drafters: stream | unary", choices=("stream", "unary")),
+    "drafter_deadline_ms": Flag("remote drafters: wait this long for drafts, then go without"),
+    "progress": Flag("no progress bars while loading"),
+    "max_prompt_bytes": Flag("most UTF-8 bytes of a prompt (checked before tokenising)"),
+    "max_stop_strings": Flag("most stop strings per request"),
+    "max_stop_len": Flag("most characters per stop string"),
+    "max_queue": Flag("most requests queued beyond the batch size"),
+}
+
+
+def add_engine_flags(p: argparse.ArgumentParser) -> None:
+    add_config_flags(p, TargetConfig, ENGINE_FLAGS)
+    # The target -> drafter link (grpc:// drafters): --drafter-tls-ca, --drafter-tls-cert,
+    # --drafter-tls-key, --drafter-token-file (or env SPECWIRE_DRAFTER_TOKEN).
+    add_client_flags(p, flag="drafter-", env="SPECWIRE_DRAFTER_CLIENT")
+
+
+def config_from_args(args: argparse.Namespace) -> TargetConfig:
+    kwargs = config_kwargs(args, ENGINE_FLAGS)
+    kwargs["dtype"] = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
+    kwargs["drafter_security"] = client_security_from_args(
+        args, flag="drafter-", token_env="SPECWIRE_DRAFTER_TOKEN"
+    )
+    return TargetConfig(**kwargs)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("target", help="serve the target model (specwire.v1.GenerationService)")
+    add_env_flag(p, "--host", "SPECWIRE_HOST", "127.0.0.1", "address to listen on")
+    add_env_flag(p, "--port", "SPECWIRE_PORT", 50051, "port to listen on (0 = any free port)", int)
+    add_env_flag(
+        p,
+        "--metrics-port",
+        "SPECWIRE_METRICS_PORT",
+        0,
+        "serve Prometheus metrics at /metrics on this port (0 = off)",
+        int,
+    )
+    add_env_flag(
+        p,
+        "--drain-timeout",
+        "SPECWIRE_DRAIN_TIMEOUT",
+        30.0,
+        "on SIGTERM, seconds in-flight requests get to finish before they are cancelled",
+        float,
+    )
+    add_server_flags(p)
+    add_engine_flags(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from specwire.target_service.engine import build_engine
+    from specwire.target_service.server import TargetServer
+
+    cfg = config_from_args(args)
+    # The executor thread is the critical path, and it gives the GIL up during every CUDA
+    # call; with the default 5 ms switch interval the gRPC loop or the output thread can keep
+    # it for milliseconds each time. A short interval bounds that wait.
+    sys.setswitchinterval(2e-4)
+    server = TargetServer(args.host, args.port, server_security_from_args(args))
+    server.start()
+    print(
+        f"specwire target starting on {args.host}:{server.port} (loading {cfg.model})",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        engine = build_engine(cfg)
+    except BaseException:
+        server.stop(0)
+        raise
+    server.attach(engine)
+    if args.metrics_port:
+        engine.executor.metrics.serve(args.metrics_port, args.host)
+    print(
+        f"specwire target listening on {args.host}:{server.port} "
+        f"(model={cfg.model} drafter={cfg.drafter} K={engine.executor.max_draft_len} "
+        f"device={cfg.device} graphs={engine.runner.graphs is not None} "
+        f"security={server.security.describe()})",
+        flush=True,
+    )
+    stopped = threading.Event()
+
+    def _stop(*_):
+        stopped.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    # The supervisor: a dead executor turns health NOT_SERVING (in `attach`) and ends the
+    # process with a non-zero code, so an orchestrator restarts it.
+    engine.executor.on_death = lambda exc: (server.mark_dead(exc), stopped.set())
+    if engine.executor.death is not None:  # died before the hook was set
+        stopped.set()
+    stopped.wait()
+    death = engine.executor.death
+    if death is not None:
+        server.stop(0)
+        print(f"specwire: error: the executor stopped: {death!r}", file=sys.stderr, flush=True)
+        return 1
+    print(f"specwire target draining (up to {args.drain_timeout:g}s)", file=sys.stderr, flush=True)
+    server.drain(args.drain_timeout)
+    return 0

@@ -1,0 +1,98 @@
+"""Target service configuration: one frozen dataclass, built once from flags/environment."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from specwire.common.errors import UserError
+from specwire.common.model.paged import blocks_for
+from specwire.common.security import ClientSecurity
+
+if TYPE_CHECKING:  # torch loads when a config is built, not when the CLI reads this class
+    import torch
+
+DTYPES = ("float32", "bfloat16", "float16")  # names of torch dtypes
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    model: str = "smollm2-135m"
+    drafter: str = "ngram"  # none | ngram | model:NAME | module:Class | grpc://HOST:PORT
+    max_draft_len: int = 4
+    max_ngram: int = 3
+    device: str = "cpu"
+    dtype: str = "float32"
+    cuda_graphs: bool = True
+    attention: str = "auto"  # auto (triton on CUDA, sdpa on CPU) | triton | sdpa
+    exact: bool = False  # batch-invariant GEMMs: bf16 speculation token-exact (GPU)
+    draft_policy: str = "adaptive"  # adaptive (needs CUDA graphs' cost table) | static
+    max_batch_size: int = 16
+    max_num_tokens: int = 1024
+    max_context_len: int = 2048
+    block_size: int = 16
+    num_kv_blocks: int = 0  # 0 = enough for max_batch_size full contexts
+    drafter_mode: str = "stream"  # stream | unary (remote drafters)
+    drafter_deadline_ms: float = 50.0
+    progress: bool = True
+    drafter_security: ClientSecurity = field(default_factory=ClientSecurity)  # grpc:// drafters
+    # Admission limits (checked by the servicer before any work; see docs/security.md).
+    max_prompt_bytes: int = 1 << 20  # UTF-8 bytes of a prompt or of all chat contents
+    max_stop_strings: int = 16
+    max_stop_len: int = 256  # characters per stop string
+    max_queue: int = 256  # requests admitted beyond max_batch_size; more -> RESOURCE_EXHAUSTED
+
+    def __post_init__(self) -> None:
+        if self.max_draft_len < 0:
+            raise UserError(f"--max-draft-len must be >= 0, got {self.max_draft_len}")
+        if self.dtype not in DTYPES:
+            raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise UserError(f"--device must be cpu or cuda[:N], got {self.device!r}")
+        import torch
+
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise UserError("--device cuda was asked for but no CUDA GPU is available")
+        if self.max_batch_size < 1:
+            raise UserError("--max-batch-size must be >= 1")
+        if self.max_context_len < 2:
+            raise UserError("--max-context-len must be >= 2")
+        if self.max_num_tokens < 1 + self.max_draft_len:
+            raise UserError("--max-num-tokens must be at least 1 + --max-draft-len")
+        if self.attention not in ("auto", "triton", "sdpa"):
+            raise UserError(f"--attention must be auto, triton or sdpa, got {self.attention!r}")
+        if self.draft_policy not in ("adaptive", "static"):
+            raise UserError(f"--draft-policy must be adaptive or static, got {self.draft_policy!r}")
+        if self.drafter_mode not in ("stream", "unary"):
+            raise UserError(f"--drafter-mode must be stream or unary, got {self.drafter_mode!r}")
+        if self.drafter_deadline_ms <= 0:
+            raise UserError("--drafter-deadline-ms must be > 0")
+        for flag, value in (
+            ("--max-prompt-bytes", self.max_prompt_bytes),
+            ("--max-stop-len", self.max_stop_len),
+        ):
+            if value < 1:
+                raise UserError(f"{flag} must be >= 1, got {value}")
+        if self.max_stop_strings < 0 or self.max_queue < 0:
+            raise UserError("--max-stop-strings and --max-queue must be >= 0")
+
+    @property
+    def max_in_flight(self) -> int:
+        """Generate calls admitted at once: running plus queued."""
+        return self.max_batch_size + self.max_queue
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        import torch
+
+        return getattr(torch, self.dtype)
+
+    @property
+    def blocks_per_seq(self) -> int:
+        return blocks_for(self.max_context_len, self.block_size)
+
+    @property
+    def kv_pool_blocks(self) -> int:
+        """KV blocks of the target's pool: --num-kv-blocks, or max_batch_size full contexts
+        plus the dummy block."""
+        return self.num_kv_blocks or (self.max_batch_size * self.blocks_per_seq + 1)

@@ -1,0 +1,40 @@
+"""The drafter interface (in-process). Remote drafters implement it too.
+
+A drafter proposes UNPADDED drafts: for each request it sets `request.draft_tokens` to 0..
+`request.draft_budget` tokens (maybe none) and may set `request.draft_probs`. It never pads:
+padding to `max_draft_len` for CUDA-graph shapes is the executor's job.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+from specwire.target_service.request import Request
+from specwire.target_service.resources.base import ResourceManager, ResourceRegistry
+
+
+class Drafter(ABC):
+    """Base class for drafters.
+
+    `spec_resource_manager`, when not None, is registered with the executor's resource registry
+    before the drafter is used; it receives prepare/update/free for every request (e.g. the
+    n-gram pool, or the remote drafter's session bookkeeping).
+    """
+
+    name: str = "drafter"
+    spec_resource_manager: ResourceManager | None = None
+
+    def __init__(self, max_draft_len: int) -> None:
+        if max_draft_len < 0:
+            raise ValueError(f"max_draft_len must be >= 0, got {max_draft_len}")
+        self.max_draft_len = max_draft_len
+
+    @abstractmethod
+    def prepare_draft_tokens(
+        self, requests: Sequence[Request], resources: ResourceRegistry
+    ) -> None:
+        """Set `draft_tokens` (0..draft_budget tokens, unpadded) on each decoding request."""
+
+    def close(self) -> None:
+        """Release connections/threads (called at executor shutdown)."""

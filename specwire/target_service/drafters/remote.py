@@ -1,0 +1,342 @@
+"""`--drafter grpc://HOST:PORT`: drafts from a drafter service (drafter.proto), fail-open.
+
+One message per step (a DraftStreamRequest, or a DraftRequest in unary mode) carries every decoding
+request's delta (`base_len` = what the drafter already holds, `new_tokens` = the rest). The step
+waits at most `deadline_ms`; a late, failed or malformed reply costs that step its drafts, never its
+output.
+
+Stream mode (default) keeps one DraftStream open: a queue feeds the request iterator, a reader
+thread hands replies to the waiting step. At most one message is in flight: while the drafter
+has not answered the previous step, a step sends nothing (its deltas ride along next time), so
+a slow drafter drafts every other step instead of building an ever-growing backlog. A stream
+that breaks, or stays silent for `stall_s`, is dropped and re-opened in the background with
+exponential back-off, after re-checking the handshake (the drafter may have restarted with
+another model); every sequence is then re-sent from base_len 0.
+
+Deadline default, 50 ms: about one CPU decode step of the default 135M target. Drafts slower
+than a target step cost more than they save, and a loopback n-gram reply takes ~1 ms, so the
+deadline only fires for a drafter that is genuinely too slow. On a GPU target, whose step is a
+few ms, lower it (`--drafter-deadline-ms`).
+
+Pieces: `remote_channel.py` (config, handshake checks, the DraftStream call) and
+`remote_sessions.py` (what the drafter holds per request, a resource manager).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+
+import grpc
+
+from specwire.common.errors import UserError
+from specwire.common.protogen import drafter_pb2, drafter_pb2_grpc
+from specwire.common.security import ClientSecurity
+from specwire.common.transport import make_channel
+from specwire.target_service.drafters.base import Drafter
+from specwire.target_service.drafters.remote_channel import (
+    CHANNEL_OPTIONS,
+    DEFAULT_DEADLINE_MS,
+    PROTOCOL_VERSION,
+    DraftStreamCall,
+    RemoteDrafterConfig,
+    handshake,
+)
+from specwire.target_service.drafters.remote_sessions import RemoteSessions
+from specwire.target_service.request import Request
+from specwire.target_service.resources.base import ResourceRegistry
+
+log = logging.getLogger(__name__)
+
+# Re-exported: the names this module has always offered.
+__all__ = [
+    "COUNTERS",
+    "PROTOCOL_VERSION",
+    "RemoteDrafter",
+    "RemoteDrafterConfig",
+    "RemoteSessions",
+]
+
+COUNTERS = ("late", "failed", "stale", "resynced", "unknown_request", "reconnects")
+
+
+class RemoteDrafter(Drafter):
+    """A `Drafter` backed by a drafter service; see the module docstring."""
+
+    def __init__(
+        self,
+        address: str,
+        max_draft_len: int,
+        vocab_size: int,
+        tokenizer_fingerprint: str,
+        mode: str = "stream",
+        deadline_ms: float = DEFAULT_DEADLINE_MS,
+        connect_timeout_s: float = 5.0,
+        security: ClientSecurity | None = None,
+    ) -> None:
+        super().__init__(max_draft_len)
+        self.config = RemoteDrafterConfig(address, mode, deadline_ms, connect_timeout_s)
+        self.security = security or ClientSecurity()
+        self.name = f"grpc://{self.config.target}"
+        self.vocab_size = vocab_size
+        self.tokenizer_fingerprint = tokenizer_fingerprint
+        self.spec_resource_manager = self.sessions = RemoteSessions(self._send_finished)
+        self._counters = dict.fromkeys(COUNTERS, 0)
+        self._cv = threading.Condition()  # guards everything below and the counters
+        self._step = 0
+        self._inflight: int | None = None  # stream: step sent and not yet answered
+        self._inflight_since = 0.0
+        self._reply: drafter_pb2.DraftStreamResponse | None = None
+        self._connected = False
+        self._stream: DraftStreamCall | None = None
+        self._lost_sync = False  # set on failure: every sequence restarts from base_len 0
+        self._reconnecting = False
+        self._closed = threading.Event()
+        self._notices: set[grpc.Future] = set()  # unary finished notices in flight
+        self._channel = make_channel(self.config.target, self.security, CHANNEL_OPTIONS)
+        self._stub = drafter_pb2_grpc.DrafterServiceStub(self._channel)
+        try:
+            self.info = self._handshake(self.config.connect_timeout_s)
+        except BaseException:
+            self._channel.close()
+            raise
+        self.mode = self.config.mode
+        if self.mode == "stream" and "stream" not in self.info.capabilities:
+            log.warning("drafter %s does not offer streams; using unary calls", self.name)
+            self.mode = "unary"
+        self.want_probs = "draft_probs" in self.info.capabilities
+        self._connect()
+
+    # -- connection ---------------------------------------------------------------------------
+
+    def _handshake(self, timeout_s: float, wait: bool = True) -> drafter_pb2.GetInfoResponse:
+        """See `remote_channel.handshake`; raises UserError."""
+        return handshake(
+            self._stub, self.name, self.vocab_size, self.tokenizer_fingerprint, timeout_s, wait
+        )
+
+    def _connect(self) -> None:
+        stream = DraftStreamCall(self._stub, self._read_stream) if self.mode == "stream" else None
+        with self._cv:
+            if self._closed.is_set():  # close() won the race with a reconnect
+                if stream is not None:
+                    stream.close()
+                return
+            self._stream, self._connected, self._inflight = stream, True, None
+            self._counters["reconnects"] += 1
+
+    def _disconnect(self, why: str) -> None:
+        """Drop the connection (any thread) and re-open it in the background."""
+        with self._cv:
+            if not self._connected or self._closed.is_set():
+                return
+            log.warning("drafter %s: %s; reconnecting in the background", self.name, why)
+            stream, self._stream, self._connected = self._stream, None, False
+            self._inflight, self._lost_sync = None, True
+            self._cv.notify_all()
+            start = not self._reconnecting
+            self._reconnecting = True
+        if stream is not None:
+            stream.close()
+        if start:
+            threading.Thread(
+                target=self._reconnect_loop, daemon=True, name="drafter-reconnect"
+            ).start()
+
+    def _reconnect_loop(self) -> None:
+        delay = self.config.backoff_initial_s
+        while not self._closed.wait(delay):
+            try:
+                self._handshake(min(self.config.connect_timeout_s, 1.0), wait=False)
+                self._connect()
+                break
+            except (UserError, grpc.RpcError, ValueError) as exc:  # ValueError: channel closed
+                log.info("drafter %s: still down: %s", self.name, exc)
+                delay = min(2 * delay, self.config.backoff_max_s)
+        with self._cv:
+            self._reconnecting = False
+
+    def _read_stream(self, stream: DraftStreamCall, call: grpc.Call) -> None:
+        try:
+            for reply in call:
+                with self._cv:
+                    if stream is not self._stream:
+                        return
+                    if reply.step == self._inflight:  # anything else is junk: wait for ours
+                        self._inflight, self._reply = None, reply
+                        self._cv.notify_all()
+            why = "the drafter ended the stream"
+        except grpc.RpcError as exc:
+            why = f"stream failed ({exc.code().name}: {exc.details()})"
+        with self._cv:
+            current = stream is self._stream
+        if current:
+            self._disconnect(why)
+
+    # -- the step -----------------------------------------------------------------------------
+
+    def prepare_draft_tokens(
+        self, requests: Sequence[Request], resources: ResourceRegistry
+    ) -> None:
+        for r in requests:
+            r.draft_tokens, r.draft_probs = [], None
+        with self._cv:
+            self._step += 1
+            step, connected, lost = self._step, self._connected, self._lost_sync
+            self._lost_sync = False
+            busy = self._inflight is not None
+            stalled = busy and time.monotonic() - self._inflight_since > self.config.stall_s
+        if lost:
+            self.sessions.resync_all()
+        if not requests and not self.sessions.finished:
+            return
+        if not connected:
+            return self._count("failed" if requests else None)
+        if stalled:
+            self._disconnect(f"no reply for {self.config.stall_s:.1f} s")
+            return self._count("failed")
+        if busy:  # the drafter has not answered the previous step yet: skip, keep the deltas
+            return self._count("late")
+        msg, lengths = self._build(step, requests)
+        reply = self._exchange_stream(msg) if self.mode == "stream" else self._exchange_unary(msg)
+        if reply is not None and requests:
+            self._apply(reply, requests, lengths)
+
+    def _build(self, step: int, requests: Sequence[Request]):
+        # The two message types are field for field the same (drafter.proto).
+        kind = drafter_pb2.DraftStreamRequest if self.mode == "stream" else drafter_pb2.DraftRequest
+        msg = kind(step=step, want_probs=self.want_probs)
+        for rid in self.sessions.take_finished():
+            msg.sequences.add(request_id=rid, finished=True)
+        lengths: dict[str, int] = {}
+        for r in requests:
+            tokens = r.token_ids
+            base = self.sessions.synced_len(r.request_id)
+            base = base if base <= len(tokens) else 0
+            msg.sequences.add(
+                request_id=r.request_id,
+                base_len=base,
+                new_tokens=tokens[base:],
+                max_draft_tokens=r.draft_budget,
+            )
+            # Optimistic: if this message is lost, the drafter answers resync (or the stream
+            # breaks and everything restarts from 0); lengths only grow, so nothing goes wrong.
+            self.sessions.synced[r.request_id] = lengths[r.request_id] = len(tokens)
+        return msg, lengths
+
+    def _exchange_stream(
+        self, msg: drafter_pb2.DraftStreamRequest
+    ) -> drafter_pb2.DraftStreamResponse | None:
+        end = time.monotonic() + self.config.deadline_ms / 1000
+        with self._cv:
+            stream = self._stream
+            if stream is None:
+                return self._count("failed", locked=True)
+            self._inflight, self._inflight_since = msg.step, time.monotonic()
+            stream.send(msg)
+            if not msg.sequences or all(s.finished for s in msg.sequences):
+                return None  # only `finished` notices: nothing to wait for
+            while True:
+                if self._reply is not None and self._reply.step == msg.step:
+                    return self._reply
+                if self._stream is not stream:
+                    return self._count("failed", locked=True)
+                left = end - time.monotonic()
+                if left <= 0:
+                    return self._count("late", locked=True)
+                self._cv.wait(left)
+
+    def _exchange_unary(self, msg: drafter_pb2.DraftRequest) -> drafter_pb2.DraftResponse | None:
+        deadline_s = self.config.deadline_ms / 1000
+        future = self._stub.Draft.future(msg, timeout=deadline_s)
+        try:
+            return future.result(timeout=deadline_s + 0.05)
+        except grpc.FutureTimeoutError:
+            future.cancel()
+            return self._count("late")
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                return self._count("late")
+            self._disconnect(f"Draft failed ({exc.code().name}: {exc.details()})")
+            return self._count("failed")
+
+    def _apply(self, reply, requests: Sequence[Request], lengths: dict[str, int]) -> None:
+        by_id = {r.request_id: r for r in requests}
+        seen: set[str] = set()
+        for d in reply.drafts:
+            req = by_id.get(d.request_id)
+            if req is None:
+                self._count("unknown_request")
+            elif d.request_id in seen:
+                self._count("stale")  # a second draft for the same sequence
+            elif d.resync:
+                self._count("resynced")
+                self.sessions.resync(d.request_id)
+            elif d.base_len != lengths[d.request_id]:
+                self._count("stale")
+            else:
+                req.draft_tokens = list(d.tokens)
+                if d.probs and len(d.probs) == len(d.tokens):
+                    req.draft_probs = [(list(p.ids), list(p.probs)) for p in d.probs]
+            seen.add(d.request_id)
+
+    # -- finished notices ---------------------------------------------------------------------
+
+    def _send_finished(self) -> None:
+        """Tell the drafter now that requests finished, so it frees their sessions even when
+        the target goes idle (no next step to carry the notice). Runs on the executor thread
+        when the registry frees a request; sends one small message and waits for nothing.
+
+        Stream mode: the notice goes on the stream, after the request's last update (order
+        kept); its empty reply carries a step nobody waits for and is dropped. Unary mode: a
+        `Draft` call whose reply is ignored. Disconnected: the notices stay queued and ride on
+        the first step after reconnecting.
+        """
+        with self._cv:
+            if not self._connected or self._closed.is_set():
+                return
+            rids = self.sessions.take_finished()
+            if not rids:
+                return
+            self._step += 1
+            step = self._step
+            updates = [drafter_pb2.SequenceUpdate(request_id=r, finished=True) for r in rids]
+            if self.mode == "stream":
+                if self._stream is not None:
+                    notice = drafter_pb2.DraftStreamRequest(step=step, sequences=updates)
+                    self._stream.send(notice)
+                return
+        msg = drafter_pb2.DraftRequest(step=step, sequences=updates)
+        try:
+            future = self._stub.Draft.future(msg, timeout=self.config.connect_timeout_s)
+        except ValueError:  # the channel closed under us (shutdown): the drafter's TTL is left
+            log.debug("drafter %s: finished notice not sent: channel closed", self.name)
+            return
+        self._notices.add(future)  # held until done; a lost notice only leaves it to the TTL
+        future.add_done_callback(self._notices.discard)
+
+    def _count(self, name: str | None, locked: bool = False) -> None:
+        if name is None:
+            return
+        if locked:
+            self._counters[name] += 1
+        else:
+            with self._cv:
+                self._counters[name] += 1
+
+    def counters(self) -> dict[str, int]:
+        """late, failed, stale, resynced, unknown_request, reconnects (the first connection
+        counts: the wire field is "(re)connections made")."""
+        with self._cv:
+            return dict(self._counters)
+
+    def close(self) -> None:
+        self._closed.set()
+        with self._cv:
+            stream, self._stream, self._connected = self._stream, None, False
+            self._cv.notify_all()
+        if stream is not None:
+            stream.close()
+        self._channel.close()

@@ -1,0 +1,129 @@
+"""The gRPC side of `RemoteDrafter`: its configuration, the handshake and the stream call.
+
+`handshake` is GetInfo plus the compatibility checks the target makes before trusting a
+drafter (protocol version, vocabulary size, tokenizer fingerprint). `DraftStreamCall` is one
+open DraftStream: a queue feeds its request iterator and a reader thread consumes the replies.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import grpc
+
+from specwire.common.drafting import PROTOCOL_VERSION, check_compatible
+from specwire.common.errors import UserError
+from specwire.common.protogen import drafter_pb2, drafter_pb2_grpc
+
+DEFAULT_DEADLINE_MS = 50.0
+CHANNEL_OPTIONS = [  # notice a restarted drafter within ~1 s (gRPC's default waits up to 120 s)
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
+
+@dataclass(frozen=True)
+class RemoteDrafterConfig:
+    address: str  # "grpc://host:port" or "host:port"
+    mode: str = "stream"  # stream | unary
+    deadline_ms: float = DEFAULT_DEADLINE_MS
+    connect_timeout_s: float = 5.0
+    backoff_initial_s: float = 0.05
+    backoff_max_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not self.target or ":" not in self.target:
+            raise UserError(f"--drafter {self.address!r}: expected grpc://HOST:PORT")
+        if self.mode not in ("stream", "unary"):
+            raise UserError(f"drafter mode must be stream or unary, got {self.mode!r}")
+        if self.deadline_ms <= 0 or self.connect_timeout_s <= 0:
+            raise UserError("drafter deadline and connect timeout must be > 0")
+
+    @property
+    def target(self) -> str:
+        return self.address.removeprefix("grpc://")
+
+    @property
+    def stall_s(self) -> float:
+        return max(1.0, 20 * self.deadline_ms / 1000)
+
+
+def handshake(
+    stub: drafter_pb2_grpc.DrafterServiceStub,
+    name: str,
+    vocab_size: int,
+    tokenizer_fingerprint: str,
+    timeout_s: float,
+    wait: bool = True,
+) -> drafter_pb2.GetInfoResponse:
+    """GetInfo and the compatibility checks; raise UserError (one line) on any mismatch.
+
+    `wait`: at start-up, wait up to `timeout_s` for a drafter that is still starting. The
+    background reconnect probes once instead (its own back-off paces the attempts), so no
+    thread sits in a long blocking call that would hold up shutdown.
+    """
+    end = time.monotonic() + timeout_s
+    while True:
+        try:
+            info = stub.GetInfo(
+                drafter_pb2.GetInfoRequest(protocol_version=PROTOCOL_VERSION),
+                timeout=max(0.01, end - time.monotonic()),
+                wait_for_ready=wait,
+            )
+            break
+        except grpc.RpcError as exc:
+            if not wait or exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() >= end:
+                raise UserError(
+                    f"drafter at {name} is unreachable ({exc.code().name}: {exc.details()})"
+                ) from None
+            time.sleep(0.05)
+    if info.protocol_version != PROTOCOL_VERSION:
+        raise UserError(
+            f"drafter at {name} speaks protocol version {info.protocol_version}, "
+            f"this target speaks {PROTOCOL_VERSION}"
+        )
+    check_compatible(
+        f"drafter at {name}",
+        info.name,
+        info.vocab_size,
+        info.tokenizer_fingerprint,
+        vocab_size,
+        tokenizer_fingerprint,
+    )
+    return info
+
+
+class DraftStreamCall:
+    """One DraftStream call: a sender queue feeding its request iterator, and a reader thread.
+
+    `read(self, call)` runs on the reader thread ("drafter-rx") and iterates the replies; it
+    returns when the stream ends or fails.
+    """
+
+    def __init__(
+        self,
+        stub: drafter_pb2_grpc.DrafterServiceStub,
+        read: Callable[[DraftStreamCall, grpc.Call], None],
+    ) -> None:
+        self._queue: queue.SimpleQueue[drafter_pb2.DraftStreamRequest | None] = queue.SimpleQueue()
+        self._call = stub.DraftStream(self._requests())
+        self._reader = threading.Thread(
+            target=read, args=(self, self._call), daemon=True, name="drafter-rx"
+        )
+        self._reader.start()
+
+    def _requests(self) -> Iterator[drafter_pb2.DraftStreamRequest]:
+        while (msg := self._queue.get()) is not None:
+            yield msg
+
+    def send(self, msg: drafter_pb2.DraftStreamRequest) -> None:
+        self._queue.put(msg)
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._call.cancel()

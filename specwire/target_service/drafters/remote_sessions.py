@@ -1,0 +1,49 @@
+"""The remote drafter's resource manager: what the drafter service holds, per request."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from specwire.target_service.request import Request
+from specwire.target_service.resources.base import ResourceManager
+
+
+class RemoteSessions(ResourceManager):
+    """Per request, how many committed tokens the drafter holds (as far as we know).
+
+    Invariant: synced lengths are >= 0, and a request is never both live and awaiting its
+    `finished` notice. Only the executor thread calls it. `on_finished` runs after a request
+    the drafter holds is freed (the remote drafter sends the notice at once).
+    """
+
+    name = "remote_drafter"
+
+    def __init__(self, on_finished: Callable[[], None] | None = None) -> None:
+        self.synced: dict[str, int] = {}  # request_id -> tokens the drafter holds
+        self.finished: list[str] = []  # freed requests the drafter has not been told about
+        self.on_finished = on_finished
+
+    def synced_len(self, request_id: str) -> int:
+        return self.synced.get(request_id, 0)
+
+    def resync(self, request_id: str) -> None:
+        if request_id in self.synced:
+            self.synced[request_id] = 0  # the full prefix goes out next step
+
+    def resync_all(self) -> None:
+        for rid in self.synced:
+            self.synced[rid] = 0
+
+    def free(self, request: Request) -> None:
+        if self.synced.pop(request.request_id, None) is not None:
+            self.finished.append(request.request_id)
+            if self.on_finished is not None:
+                self.on_finished()
+
+    def take_finished(self) -> list[str]:
+        out, self.finished = self.finished, []
+        return out
+
+    def check_integrity(self) -> None:
+        assert all(n >= 0 for n in self.synced.values()), "negative synced length"
+        assert not set(self.finished) & self.synced.keys(), "a live request is marked finished"

@@ -1,0 +1,358 @@
+"""The executor: one thread owns the model and runs the step lifecycle.
+
+    batch = scheduler.schedule()
+    resources.prepare(batch)
+    drafter.prepare_draft_tokens(decode rows, resources)   # unpadded
+    pad_drafts(decode rows)                                # executor-owned
+    logits = runner.forward(batch)
+    new_tokens = verifier.verify(decode rows, logits)
+    resources.update(batch, accepted)
+    emit(batch)
+
+Requests arrive and are cancelled from other threads through `submit`/`cancel`; both take
+effect between steps. A failing step fails only the requests in it (their blocks are freed),
+and the executor keeps serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import numbers
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+
+import torch
+
+from specwire.target_service.drafters.base import Drafter
+from specwire.target_service.metrics import TargetMetrics
+from specwire.target_service.output import OutputStream, OutputWorker
+from specwire.target_service.request import Request, RequestState, SpecStats
+from specwire.target_service.resources.base import ResourceRegistry
+from specwire.target_service.resources.kv_cache import KVCacheManager
+from specwire.target_service.runner.model_runner import ModelRunner
+from specwire.target_service.scheduler import Row, ScheduledBatch, Scheduler
+from specwire.target_service.verifier import TokenLogprob, Verifier
+
+log = logging.getLogger(__name__)
+
+
+class Executor:
+    def __init__(
+        self,
+        *,
+        scheduler: Scheduler,
+        resources: ResourceRegistry,
+        drafter: Drafter | None,
+        runner: ModelRunner,
+        verifier: Verifier,
+        make_stream,  # Request -> OutputStream
+        max_draft_len: int,
+        vocab_size: int,
+        metrics: TargetMetrics | None = None,  # the one make_stream's streams report to
+    ) -> None:
+        self.scheduler = scheduler
+        self.resources = resources
+        self.kv: KVCacheManager = resources["kv_cache"]  # type: ignore[assignment]
+        self.drafter = drafter
+        self.runner = runner
+        self.verifier = verifier
+        self.make_stream = make_stream
+        self.max_draft_len = max_draft_len
+        self.vocab_size = vocab_size
+        self.streams: dict[str, OutputStream] = {}
+        self.stats = SpecStats(histogram=[0] * (max_draft_len + 1))
+        self.step_no = 0
+        self.drafter_errors = 0
+        self.metrics = metrics or TargetMetrics()
+        self.metrics.watch(scheduler, self.kv, drafter)
+        self._inbox: deque[tuple[str, object]] = deque()
+        self._wake = threading.Condition()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self.death: BaseException | None = None  # why the executor thread stopped, if it did
+        self._gpu_wait = 0.0  # seconds this step waited for the device
+        # Detokenising and streaming run on their own thread, off the step's critical path.
+        self.output = OutputWorker(on_stopped=self._stopped)
+        self.on_death = None  # called (from the executor thread) with that exception
+
+    # -- called from other threads -------------------------------------------------------------
+    def submit(self, request: Request) -> OutputStream:
+        stream = self.make_stream(request)
+        request.arrival_time = time.monotonic()
+        if request.sampling.seed is not None:
+            request.generator = torch.Generator().manual_seed(request.sampling.seed)
+        elif not request.sampling.greedy:
+            request.generator = torch.Generator()
+            request.generator.seed()
+        self.metrics.on_arrival(request)
+        with self._wake:
+            self._inbox.append(("add", stream))
+            self._wake.notify()
+        return stream
+
+    def cancel(self, request_id: str) -> None:
+        with self._wake:
+            self._inbox.append(("cancel", request_id))
+            self._wake.notify()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="specwire-executor", daemon=True)
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        with self._wake:
+            self._stop = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        for stream in list(self.streams.values()):
+            self._finish(stream.request, "cancelled")
+        self.output.flush()
+        self.output.close()
+        if self.drafter is not None:
+            self.drafter.close()
+
+    # -- the executor thread ---------------------------------------------------------------------
+    def _loop(self) -> None:
+        """The executor thread. It must never die quietly: anything that escapes a step (a
+        plugin calling sys.exit, a bug in the executor itself) is recorded in `death` and
+        reported through `on_death`, so the server can turn NOT_SERVING and exit non-zero."""
+        try:
+            self._serve()
+        except BaseException as exc:  # noqa: BLE001 - the supervisor must see everything
+            log.critical("executor thread died: %r", exc, exc_info=True)
+            self.death = exc
+            for stream in list(self.streams.values()):
+                stream.fail("INTERNAL", f"the target's executor stopped: {exc!r}")
+            if self.on_death is not None:
+                self.on_death(exc)
+
+    def _serve(self) -> None:
+        while True:
+            with self._wake:
+                while not self._stop and not self._inbox and not self.scheduler.has_work:
+                    self._wake.wait(timeout=1.0)
+                if self._stop:
+                    return
+            self._drain_inbox()
+            if self.scheduler.has_work:
+                self.step()
+
+    def _drain_inbox(self) -> None:
+        with self._wake:
+            items = list(self._inbox)
+            self._inbox.clear()
+        for kind, payload in items:
+            if kind == "add":
+                stream = payload
+                assert isinstance(stream, OutputStream)
+                self.streams[stream.request.request_id] = stream
+                self.scheduler.add(stream.request)
+            elif kind == "cancel" and payload in self.streams:
+                self.metrics.on_cancelled(self.streams[payload].request)
+                self._finish(self.streams[payload].request, "cancelled")
+            elif kind == "stopped" and payload in self.streams:
+                self._release(self.streams[payload].request)  # its stream already completed
+
+    def run_until_idle(self, max_steps: int = 1_000_000) -> None:
+        """Drive steps on the caller's thread (tests and benchmarks without the server)."""
+        for _ in range(max_steps):
+            self.output.flush()  # stop strings found by the output thread release requests
+            self._drain_inbox()
+            if not self.scheduler.has_work:
+                break
+            self.step()
+        self.output.flush()
+
+    def step(self) -> None:
+        batch = self.scheduler.schedule()
+        if not batch:
+            time.sleep(0.001)  # waiting for KV blocks held by finishing requests
+            return
+        self.metrics.on_scheduled(batch.requests)
+        self.step_no += 1
+        t0 = time.perf_counter()
+        self._gpu_wait = 0.0
+        self._run_isolated(batch.rows, draft=True)
+        elapsed = time.perf_counter() - t0
+        tokens = sum(
+            r.num_committed + (r.request.num_real_drafts if r.decode else 0) for r in batch.rows
+        )
+        self.scheduler.policy.observe_step(tokens, elapsed)
+        m = self.metrics
+        m.steps.inc()
+        m.step_seconds.observe(elapsed)
+        m.step_host_seconds.observe(elapsed - self._gpu_wait)
+
+    def _run_isolated(self, rows: list[Row], draft: bool) -> None:
+        """Run a step; if it fails, retry each half without drafts until the failure is
+        pinned on one request, which alone fails. Bystanders finish as if run alone.
+
+        Retrying is safe because nothing before `_commit` changes a request: the forward only
+        rewrites the same cache slots with the same values."""
+        try:
+            new_tokens = self._compute(ScheduledBatch(rows=rows), draft)
+        except Exception as exc:
+            if len(rows) == 1:
+                req = rows[0].request
+                log.exception("step %d failed for request %s", self.step_no, req.request_id)
+                self._fail(req, f"step failed: {exc}")
+                return
+            log.warning(
+                "step %d failed (%r); retrying its %d rows in halves", self.step_no, exc, len(rows)
+            )
+            half = len(rows) // 2
+            self._run_isolated(rows[:half], draft=False)
+            self._run_isolated(rows[half:], draft=False)
+            return
+        self._commit(ScheduledBatch(rows=rows), new_tokens)
+
+    def _compute(self, batch: ScheduledBatch, draft: bool) -> list[list[int]]:
+        decode = batch.decode_requests
+        self.resources.prepare(batch.requests)
+        self.prepare_drafts(decode, ask_drafter=draft)
+        logits = self.runner.forward(batch.rows, [self.kv.block_table(r) for r in batch.requests])
+        if logits.graph is None:
+            self.metrics.eager_steps.inc()
+        # Waiting for the GPU is the step's only sync (verify would sync here anyway); timing
+        # it separates the GPU's share of a step from the host's.
+        t0 = time.perf_counter()
+        self.runner.synchronize()
+        self._gpu_wait += time.perf_counter() - t0
+        return self.verifier.verify(decode, logits)
+
+    def _commit(self, batch: ScheduledBatch, verified) -> None:
+        decode = batch.decode_requests
+        new_tokens, logprobs = verified
+        accepted = {r.request_id: len(t) - 1 for r, t in zip(decode, new_tokens, strict=True)}
+        self._advance(batch.rows, accepted)
+        try:
+            self.resources.update(batch.requests, accepted)
+        except Exception as exc:  # a resource manager bug: these requests' state is unknown
+            log.exception("resource update failed at step %d", self.step_no)
+            for req in batch.requests:
+                self._fail(req, f"resource update failed: {exc}")
+            return
+        self.emit(decode, new_tokens, logprobs)
+
+    # -- phases ----------------------------------------------------------------------------------
+    def prepare_drafts(self, requests: Sequence[Request], ask_drafter: bool = True) -> None:
+        """Ask the drafter (unpadded), sanitise, then pad to one length for the whole step."""
+        for req in requests:
+            req.draft_tokens, req.draft_probs = [], None
+        drafting = [r for r in requests if r.draft_budget > 0]
+        if self.drafter is not None and drafting and ask_drafter:
+            try:
+                self.drafter.prepare_draft_tokens(drafting, self.resources)
+            except Exception:  # fail open: a drafter bug costs speed, never output
+                log.exception("drafter failed at step %d; verifying without drafts", self.step_no)
+                self.drafter_errors += 1
+                for req in drafting:
+                    req.draft_tokens, req.draft_probs = [], None
+        for req in requests:
+            self._sanitise(req)
+        # The SDPA backend needs uniform rows: pad to max_draft_len when anyone drafted, else
+        # verify 1 token/row. A varlen backend takes each row as it is; the runner pads the
+        # step's token count to a captured graph instead.
+        if not self.runner.pads_drafts:
+            return
+        pad_to = self.max_draft_len if any(r.num_real_drafts for r in requests) else 0
+        for req in requests:
+            req.draft_tokens = req.draft_tokens + [0] * (pad_to - len(req.draft_tokens))
+
+    def _sanitise(self, req: Request) -> None:
+        drafts = list(req.draft_tokens or [])
+        probs = req.draft_probs
+        budget = req.draft_budget
+        if len(drafts) > budget:
+            req.stats.truncated_draft_tokens += len(drafts) - budget
+            self.stats.truncated_draft_tokens += len(drafts) - budget
+            drafts = drafts[:budget]
+        if probs is not None:
+            probs = list(probs)[: len(drafts)]
+            if len(probs) != len(drafts):
+                probs = None  # incomplete distributions: treat drafts as point masses
+        if not all(self._token_ok(t) for t in drafts) or not self._dists_ok(probs):
+            req.stats.refused_draft_tokens += len(drafts)
+            self.stats.refused_draft_tokens += len(drafts)
+            drafts, probs = [], None
+        drafts = [int(t) for t in drafts]
+        req.draft_tokens, req.draft_probs, req.num_real_drafts = drafts, probs, len(drafts)
+
+    def _token_ok(self, t: object) -> bool:
+        """A real token id: an integer (not a bool) inside the vocabulary."""
+        return (
+            isinstance(t, numbers.Integral)
+            and not isinstance(t, bool)
+            and 0 <= int(t) < self.vocab_size
+        )
+
+    def _dists_ok(self, probs: list | None) -> bool:
+        """Draft distributions: per position, (ids, probs) of equal length, ids in the
+        vocabulary, probabilities finite and >= 0 with a positive sum."""
+        if probs is None:
+            return True
+        try:
+            for ids, ps in probs:
+                ids, ps = list(ids), [float(p) for p in ps]
+                if len(ids) != len(ps) or not all(self._token_ok(t) for t in ids):
+                    return False
+                if not all(math.isfinite(p) and p >= 0 for p in ps) or not sum(ps) > 0:
+                    return False
+        except (TypeError, ValueError):
+            return False
+        return True
+
+    def _advance(self, rows: list[Row], accepted: dict[str, int]) -> None:
+        """KV now holds the fed committed tokens plus each decode row's accepted drafts."""
+        for row in rows:
+            req = row.request
+            req.num_computed += row.num_committed + accepted.get(req.request_id, 0)
+            if row.decode:
+                req.state = RequestState.DECODE
+
+    def emit(
+        self,
+        requests: Sequence[Request],
+        new_tokens: list[list[int]],
+        logprobs: Sequence[list[TokenLogprob] | None],
+    ) -> None:
+        for req, toks, lps in zip(requests, new_tokens, logprobs, strict=True):
+            drafted, acc = req.num_real_drafts, len(toks) - 1
+            req.stats.record(drafted, acc)
+            self.stats.record(drafted, acc)
+            self.scheduler.policy.observe(req, drafted, acc)
+            self.metrics.on_verified(drafted, acc)
+            stream = self.streams[req.request_id]
+            kept, reason = stream.append(toks)
+            self.output.render(stream, kept, reason, drafted, acc, self.step_no, lps)
+            if reason is not None:
+                self._release(req)
+
+    def _stopped(self, request_id: str) -> None:
+        """From the output thread: a stop string finished this request's stream."""
+        with self._wake:
+            self._inbox.append(("stopped", request_id))
+            self._wake.notify()
+
+    def _finish(self, req: Request, reason: str) -> None:
+        self.output.submit(self.streams[req.request_id].finish, reason)
+        self._release(req)
+
+    def _fail(self, req: Request, message: str) -> None:
+        if req.finished:
+            return
+        stream = self.streams.get(req.request_id)
+        if stream is not None:
+            self.output.submit(stream.fail, "INTERNAL", message)
+        self._release(req)
+
+    def _release(self, req: Request) -> None:
+        req.state = RequestState.FINISHED
+        self.scheduler.remove(req)
+        self.scheduler.policy.forget(req)
+        self.resources.free(req)  # never raises; every manager gets its chance
+        self.streams.pop(req.request_id, None)

@@ -1,0 +1,303 @@
+"""Prometheus metrics of one target engine, named and shaped like vLLM's (its own registry, so
+several engines can live in one process, e.g. in tests). `specwire target --metrics-port P`
+serves them over HTTP at /metrics.
+
+Every family carries a constant `model` label (the served model name, as GetModelInfo reports
+it). Names, types and meanings are listed in docs/architecture.md ("Metrics").
+
+The executor and each request's OutputStream report lifecycle events through the `on_*` hooks
+(which also write the request log, `request_log.py`):
+
+    on_arrival    Executor.submit               (any thread)  request log: admitted
+    on_scheduled  Executor.step, after schedule (executor)    queue time, prompt tokens
+    on_verified   Executor.emit, per row        (executor)    drafted/accepted, per position
+    on_committed  OutputStream.append           (executor)    TTFT, inter-token latency
+    on_cancelled  the client cancelled          (executor)    request log: cancelled
+    on_finished   OutputStream.finish / fail    (any thread)  e2e latency, finish reason, log
+
+Gauges (running, waiting, KV blocks) and the remote drafter's counters are read when scraped,
+so they are right whichever path released a request (a finish, a cancel, a failure).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from socketserver import ThreadingMixIn
+from typing import TYPE_CHECKING
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+from specwire.target_service import request_log
+from specwire.target_service.request import Request
+
+if TYPE_CHECKING:
+    from specwire.target_service.resources.kv_cache import KVCacheManager
+    from specwire.target_service.scheduler import Scheduler
+
+METRICS_PATH = "/metrics"
+FINISH_REASONS = ("eos", "length", "stop", "context", "cancelled", "error")
+
+_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5)
+_TTFT_BUCKETS += (5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5)
+_ITL_BUCKETS += (0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
+_LATENCY_BUCKETS += (120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+_TOKEN_BUCKETS = tuple(float(m * 10**e) for e in range(5) for m in (1, 2, 5)) + (100_000.0,)
+_STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2)
+
+# The remote drafter's counters() keys, exported as specwire_drafter_<key>_total.
+DRAFTER_COUNTERS = {
+    "late": "Steps that went without drafts because the drafter answered after the deadline",
+    "failed": "Steps that went without drafts because the drafter link was down or broke",
+    "stale": "Draft replies dropped because they continued an outdated sequence",
+    "resynced": "Sequences the drafter asked to have re-sent from the start",
+    "unknown_request": "Draft replies naming a request the target did not ask about",
+    "reconnects": "Connections to the drafter opened (the first one counts)",
+}
+
+
+class TargetMetrics:
+    def __init__(self, model: str = "") -> None:
+        self.model = model
+        self.registry = CollectorRegistry()
+
+        def family(kind, name: str, doc: str, **kw):
+            return kind(name, doc, ["model"], registry=self.registry, **kw).labels(model)
+
+        # -- steps ----------------------------------------------------------------------------
+        self.steps = family(Counter, "specwire_steps", "Executor steps run")
+        self.eager_steps = family(
+            Counter,
+            "specwire_eager_steps",
+            "Steps whose forward ran eagerly instead of replaying a CUDA graph",
+        )
+        self.step_seconds = family(
+            Histogram,
+            "specwire_step_seconds",
+            "Wall time of one executor step",
+            buckets=_STEP_BUCKETS,
+        )
+        self.step_host_seconds = family(
+            Histogram,
+            "specwire_step_host_seconds",
+            "Host time on a step's critical path: the step's wall time minus the time it "
+            "waited for the device (scheduling, drafting, input preparation, verification)",
+            buckets=(0.0001, 0.0002, 0.0003, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05),
+        )
+        # -- tokens ---------------------------------------------------------------------------
+        self.prompt_tokens = family(
+            Counter, "specwire_prompt_tokens", "Prompt tokens of requests scheduled (counted once)"
+        )
+        self.tokens = family(
+            Counter, "specwire_generated_tokens", "Generated tokens committed to requests"
+        )
+        self.drafted = family(Counter, "specwire_draft_tokens", "Real draft tokens proposed")
+        self.accepted = family(Counter, "specwire_accepted_tokens", "Draft tokens accepted")
+        # -- requests -------------------------------------------------------------------------
+        self.ttft = family(
+            Histogram,
+            "specwire_time_to_first_token_seconds",
+            "Seconds from a request's arrival to its first committed token",
+            buckets=_TTFT_BUCKETS,
+        )
+        self.itl = family(
+            Histogram,
+            "specwire_inter_token_latency_seconds",
+            "Per committed chunk after the first: seconds since the request's previous chunk "
+            "divided by the chunk's tokens (speculation commits several tokens at once)",
+            buckets=_ITL_BUCKETS,
+        )
+        self.e2e = family(
+            Histogram,
+            "specwire_e2e_request_latency_seconds",
+            "Seconds from a request's arrival to its end (any finish reason)",
+            buckets=_LATENCY_BUCKETS,
+        )
+        self.queue_time = family(
+            Histogram,
+            "specwire_request_queue_time_seconds",
+            "Seconds from a request's arrival to its first scheduled step",
+            buckets=_LATENCY_BUCKETS,
+        )
+        self.request_prompt_tokens = family(
+            Histogram,
+            "specwire_request_prompt_tokens",
+            "Prompt tokens per finished request",
+            buckets=_TOKEN_BUCKETS,
+        )
+        self.request_generation_tokens = family(
+            Histogram,
+            "specwire_request_generation_tokens",
+            "Tokens returned per finished request",
+            buckets=_TOKEN_BUCKETS,
+        )
+        success = Counter(
+            "specwire_request_success",
+            "Requests ended, by finish reason (eos, length, stop, context, cancelled, error); "
+            "a request's n completions count as n",
+            ["model", "reason"],
+            registry=self.registry,
+        )
+        self._success = success
+        for reason in FINISH_REASONS:  # every reason is exported from the start, at 0
+            success.labels(model, reason)
+        # -- engine state, read when scraped (see `watch`) --------------------------------------
+        self.running = family(Gauge, "specwire_running_requests", "Requests in the batch")
+        self.waiting = family(Gauge, "specwire_waiting_requests", "Requests queued")
+        self.kv_free = family(Gauge, "specwire_kv_free_blocks", "Free KV cache blocks")
+        self.kv_usage = family(
+            Gauge,
+            "specwire_kv_cache_usage_ratio",
+            "Fraction of the usable KV cache blocks held by requests (0..1)",
+        )
+        self._arrived: dict[str, float] = {}  # request_id -> arrival time, until first scheduled
+        self._scrape = _ScrapeTimeCollector(model)
+        self.registry.register(self._scrape)
+
+    def watch(self, scheduler: Scheduler, kv: KVCacheManager, drafter: object | None) -> None:
+        """Read the engine's state when scraped: the batch, the queue, the KV pool and, for a
+        drafter with `counters()` (the remote drafter), its counters."""
+        usable = kv.num_blocks - 1  # block 0 is the dummy block
+        self.running.set_function(lambda: len(scheduler.running))
+        self.waiting.set_function(lambda: len(scheduler.waiting))
+        self.kv_free.set_function(lambda: kv.num_free_blocks)
+        self.kv_usage.set_function(lambda: 1.0 - kv.num_free_blocks / usable)
+        self._scrape.drafter_counters = getattr(drafter, "counters", None)
+        self._scrape.grow(scheduler.config.max_draft_len)
+
+    # -- lifecycle hooks ---------------------------------------------------------------------
+    def on_arrival(self, req: Request) -> None:
+        self._arrived[req.request_id] = req.arrival_time
+        request_log.admitted(req)
+
+    def on_scheduled(self, requests: Iterable[Request]) -> None:
+        """A step was scheduled; requests in it for the first time leave the queue."""
+        now = time.monotonic()
+        for req in requests:
+            arrival = self._arrived.pop(req.request_id, None)
+            if arrival is not None:
+                self.queue_time.observe(now - arrival)
+                self.prompt_tokens.inc(len(req.prompt_ids))
+
+    def on_verified(self, drafted: int, accepted: int) -> None:
+        """One row verified `drafted` real drafts and accepted the first `accepted`."""
+        self.drafted.inc(drafted)
+        self.accepted.inc(accepted)
+        self._scrape.record(drafted, accepted)
+
+    def on_committed(self, req: Request, num_tokens: int, previous: float | None, now: float):
+        """`num_tokens` (>= 1) tokens committed at `now`; `previous` is when the request's
+        previous chunk was (None: this is its first)."""
+        self.tokens.inc(num_tokens)
+        if previous is None:
+            self.ttft.observe(now - req.arrival_time)
+        else:
+            self.itl.observe((now - previous) / num_tokens)
+
+    def on_cancelled(self, req: Request) -> None:
+        request_log.cancelled(req)
+
+    def on_finished(self, req: Request, reason: str, completion_tokens: int) -> None:
+        """Called exactly once per request, with what its client was told."""
+        now = time.monotonic()
+        self._arrived.pop(req.request_id, None)  # ended before it was ever scheduled
+        total = now - req.arrival_time
+        self.e2e.observe(total)
+        self.request_prompt_tokens.observe(len(req.prompt_ids))
+        self.request_generation_tokens.observe(completion_tokens)
+        self._success.labels(self.model, reason).inc()
+        ttft = None if req.first_token_time is None else req.first_token_time - req.arrival_time
+        request_log.finished(req, reason, completion_tokens, ttft, total)
+
+    def serve(self, port: int, host: str = "0.0.0.0") -> WSGIServer:
+        """Serve the registry at /metrics (any other path is 404) from a daemon thread.
+        `server.server_port` is the bound port (`port=0` picks a free one)."""
+        server = make_server(
+            host,
+            port,
+            _only_metrics_path(make_wsgi_app(self.registry)),
+            server_class=_ThreadingWSGIServer,
+            handler_class=_QuietHandler,
+        )
+        threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
+        return server
+
+
+class _ScrapeTimeCollector(Collector):
+    """Families kept as plain numbers and turned into samples when scraped: acceptance per
+    draft position (updated on the executor's hot path, where a prometheus Counter per
+    position would cost a lock each) and the remote drafter's counters."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.drafter_counters = None  # () -> dict[str, int], or None
+        self._lock = threading.Lock()
+        self._drafted: list[int] = []  # [i]: steps that drafted a token at position i
+        self._accepted: list[int] = []  # [i]: ... and accepted it
+
+    def grow(self, positions: int) -> None:
+        with self._lock:
+            extra = max(0, positions - len(self._drafted))
+            self._drafted += [0] * extra
+            self._accepted += [0] * extra
+
+    def record(self, drafted: int, accepted: int) -> None:
+        if drafted > len(self._drafted):
+            self.grow(drafted)
+        with self._lock:
+            for i in range(drafted):
+                self._drafted[i] += 1
+            for i in range(accepted):
+                self._accepted[i] += 1
+
+    def collect(self):
+        with self._lock:
+            drafted, accepted = list(self._drafted), list(self._accepted)
+        yield self._by_position(
+            "specwire_draft_tokens_by_position",
+            "Draft tokens proposed at each draft position (0 = the first draft token)",
+            drafted,
+        )
+        yield self._by_position(
+            "specwire_accepted_tokens_by_position",
+            "Draft tokens accepted at each draft position; accepted/drafted at a position is "
+            "its acceptance rate",
+            accepted,
+        )
+        counters = self.drafter_counters() if self.drafter_counters is not None else {}
+        for key, value in counters.items():
+            doc = DRAFTER_COUNTERS.get(key, f"Remote drafter counter {key!r}")
+            family = CounterMetricFamily(f"specwire_drafter_{key}", doc, labels=["model"])
+            family.add_metric([self.model], value)
+            yield family
+
+    def _by_position(self, name: str, doc: str, counts: Sequence[int]) -> CounterMetricFamily:
+        family = CounterMetricFamily(name, doc, labels=["model", "position"])
+        for i, n in enumerate(counts):
+            family.add_metric([self.model, str(i)], n)
+        return family
+
+
+def _only_metrics_path(app):
+    def wsgi(environ, start_response):
+        if environ.get("PATH_INFO") != METRICS_PATH:
+            start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+            return [f"not found; metrics are at {METRICS_PATH}\n".encode()]
+        return app(environ, start_response)
+
+    return wsgi
+
+
+class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002 - no access log on stderr per scrape
+        pass

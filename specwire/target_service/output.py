@@ -1,0 +1,432 @@
+"""Turning committed tokens into what the client sees: text deltas, stop rules, events.
+
+A request finishes at EOS (unless ignored), at max_new_tokens, when the context is full, or
+when its text contains a stop string (the stop string itself is not returned, and text that
+might be the start of a stop string is held back until it is known not to be).
+
+A request's n completions (n > 1) are n Requests whose streams share one event queue; every
+event carries its completion's `index`. `StreamFactory` builds the streams and routes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+from specwire.common.tokenizer import IncrementalDecoder, Tokenizer
+from specwire.target_service.metrics import TargetMetrics
+from specwire.target_service.request import Request, SpecStats
+from specwire.target_service.verifier import TokenLogprob
+
+
+@dataclass(frozen=True)
+class Logprob:
+    """A token's logprob as the client sees it: id, the token decoded on its own, logprob."""
+
+    token_id: int
+    token: str
+    logprob: float
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """A generated token's Logprob and the most likely alternatives at its position."""
+
+    token: Logprob
+    top: list[Logprob]
+
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Chunk:
+    token_ids: list[int]
+    text: str
+    draft_tokens: int
+    accepted_tokens: int
+    step: int
+    logprobs: list[TokenLogprobs] | None = None  # one per token id, when the request asked
+    index: int = 0  # which of the request's n completions
+    num_steps: int = 1  # executor steps in this chunk (see `merge`)
+
+    def merge(self, later: Chunk) -> Chunk:
+        """This chunk and the next one of the same completion as one (counts summed)."""
+        logprobs = None
+        if self.logprobs is not None or later.logprobs is not None:
+            logprobs = (self.logprobs or []) + (later.logprobs or [])
+        return Chunk(
+            self.token_ids + later.token_ids,
+            self.text + later.text,
+            self.draft_tokens + later.draft_tokens,
+            self.accepted_tokens + later.accepted_tokens,
+            later.step,
+            logprobs,
+            self.index,
+            self.num_steps + later.num_steps,
+        )
+
+
+@dataclass
+class Complete:
+    finish_reason: str  # "eos" | "length" | "stop" | "context" | "cancelled"
+    prompt_tokens: int
+    completion_tokens: int
+    stats: SpecStats
+    text: str
+    time_to_first_token_s: float
+    total_time_s: float
+    token_ids: list[int] = field(default_factory=list)
+    index: int = 0
+
+
+@dataclass
+class Failed:
+    code: str  # gRPC status code name
+    message: str
+    index: int = 0
+
+
+Event = Chunk | Complete | Failed
+
+
+class EventQueue:
+    """A request's events: put by the executor thread, read with `get` (threads) or `aget`
+    (the aio servicer; waiting costs no thread)."""
+
+    def __init__(self) -> None:
+        self._q: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future] | None = None
+
+    def put(self, event: Event) -> None:
+        self._q.put(event)
+        with self._lock:
+            waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            deferred = getattr(_DEFERRED, "wakes", None)
+            if deferred is not None:  # inside `deferred_wakeups`: one wake-up per batch
+                deferred.append(waiter)
+            else:
+                loop, fut = waiter
+                loop.call_soon_threadsafe(_wake, fut)
+
+    def get(self, timeout: float | None = None) -> Event:
+        return self._q.get(timeout=timeout)
+
+    def get_nowait(self) -> Event | None:
+        """The next event if one is waiting, else None."""
+        try:
+            return self._q.get_nowait()
+        except queue.Empty:
+            return None
+
+    def empty(self) -> bool:
+        return self._q.empty()
+
+    async def aget(self) -> Event:
+        while True:
+            try:
+                return self._q.get_nowait()
+            except queue.Empty:
+                pass
+            loop = asyncio.get_running_loop()
+            fut = loop.create_future()
+            with self._lock:
+                self._waiter = (loop, fut)
+            if self._q.empty():  # an event put before the waiter was set is not missed
+                await fut
+
+
+def _wake(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _wake_all(futs: list[asyncio.Future]) -> None:
+    for fut in futs:
+        _wake(fut)
+
+
+_DEFERRED = threading.local()
+
+
+@contextlib.contextmanager
+def deferred_wakeups():
+    """Events put by this thread inside the block wake their readers with ONE call per event
+    loop at the end (a step's events for 64 streams: one cross-thread wake-up, not 64)."""
+    _DEFERRED.wakes = []
+    try:
+        yield
+    finally:
+        wakes, _DEFERRED.wakes = _DEFERRED.wakes, None
+        by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future]] = {}
+        for loop, fut in wakes:
+            by_loop.setdefault(loop, []).append(fut)
+        for loop, futs in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # a loop that closed meanwhile
+                loop.call_soon_threadsafe(_wake_all, futs)
+
+
+class OutputStream:
+    """Per-request output state, owned by the executor; events go to `events` (thread-safe)."""
+
+    def __init__(
+        self,
+        request: Request,
+        tokenizer: Tokenizer,
+        eos_ids: set[int],
+        max_context: int,
+        events: EventQueue | None = None,
+        index: int = 0,
+        metrics: TargetMetrics | None = None,
+    ):
+        self.request = request
+        self.metrics = metrics or TargetMetrics()
+        self.events = EventQueue() if events is None else events
+        self.index = index
+        self.tokenizer = tokenizer
+        self.decoder = IncrementalDecoder(tokenizer)
+        self.eos_ids = eos_ids
+        self.max_context = max_context
+        self.text = ""  # everything decoded so far (stop strings cut it)
+        self.sent = 0  # characters of `text` already streamed
+        self.num_rendered = 0  # output tokens rendered (the executor may be a step ahead)
+        self.done = False  # a Complete or Failed event was sent: nothing more goes out
+        self.scanned = 0  # `text[:scanned]` holds no stop string (matching is incremental)
+        self.longest_stop = max((len(s) for s in request.stop), default=0)
+        self.last_commit_time: float | None = None  # when `append` last committed tokens
+
+    def commit(
+        self,
+        new_tokens: list[int],
+        drafted: int,
+        accepted: int,
+        step: int,
+        logprobs: list[TokenLogprob] | None = None,
+    ) -> bool:
+        """Both halves at once (tests and single-threaded use): True when finished."""
+        kept, reason = self.append(new_tokens)
+        return self.render(kept, reason, drafted, accepted, step, logprobs)
+
+    def append(self, new_tokens: list[int]) -> tuple[list[int], str | None]:
+        """The executor's half: append verified tokens and apply the token-level finish rules
+        (EOS, context, length). Returns the tokens kept and the finish reason, if any. Cheap:
+        no text is produced here."""
+        req = self.request
+        now = time.monotonic()
+        if req.first_token_time is None:
+            req.first_token_time = now
+        kept: list[int] = []
+        reason = None
+        for tok in new_tokens:
+            req.output_ids.append(tok)
+            kept.append(tok)
+            if tok in self.eos_ids and not req.ignore_eos:
+                reason = "eos"
+            elif req.num_tokens >= self.max_context:
+                reason = "context"  # before length: a full context is the real reason
+            elif len(req.output_ids) >= req.max_new_tokens:
+                reason = "length"
+            if reason:
+                break
+        self.metrics.on_committed(req, len(kept), self.last_commit_time, now)
+        self.last_commit_time = now
+        return kept, reason
+
+    def render(
+        self,
+        kept: list[int],
+        reason: str | None,
+        drafted: int,
+        accepted: int,
+        step: int,
+        logprobs: list[TokenLogprob] | None = None,
+    ) -> bool:
+        """The output half (the output thread): detokenise, apply stop strings, stream a chunk
+        and, when finished, the completion. True when the request finished here or before;
+        a stream that already finished ignores late tokens."""
+        if self.done:
+            return True
+        self.num_rendered += len(kept)
+        ids_for_text = kept[:-1] if reason == "eos" else kept
+        self.text += self.decoder.feed_many(ids_for_text)
+        if reason:
+            self.text += self.decoder.flush()
+        stop_at = self._find_stop()
+        if stop_at is not None:
+            self.text = self.text[:stop_at]
+            reason = "stop"
+        visible = len(self.text) if reason else len(self.text) - self._held_back()
+        delta = self.text[self.sent : max(self.sent, visible)]
+        self.sent = max(self.sent, visible)
+        lps = self._with_text(logprobs[: len(kept)]) if logprobs is not None else None
+        self.events.put(
+            Chunk(kept, delta, drafted, min(accepted, len(kept)), step, lps, self.index)
+        )
+        if reason:
+            self.finish(reason)
+            return True
+        return False
+
+    def _with_text(self, logprobs: list[TokenLogprob]) -> list[TokenLogprobs]:
+        ids = sorted({t for lp in logprobs for t in (lp.token_id, *(i for i, _ in lp.top))})
+        text = dict(zip(ids, self.tokenizer.core.decode_batch([[i] for i in ids]), strict=True))
+        return [
+            TokenLogprobs(
+                Logprob(lp.token_id, text[lp.token_id], lp.logprob),
+                [Logprob(i, text[i], v) for i, v in lp.top],
+            )
+            for lp in logprobs
+        ]
+
+    def _find_stop(self) -> int | None:
+        """Earliest stop-string match; only the new text (plus a stop's length of the old tail,
+        for matches that straddle) is scanned, so a step costs O(new text x stops)."""
+        start = max(0, self.scanned - self.longest_stop + 1)
+        hits = [i for s in self.request.stop if s and (i := self.text.find(s, start)) >= 0]
+        self.scanned = len(self.text)
+        return min(hits) if hits else None
+
+    def _held_back(self) -> int:
+        """Length of the longest text suffix that is a proper prefix of a stop string."""
+        best = 0
+        for s in self.request.stop:
+            for n in range(min(len(s) - 1, len(self.text)), best, -1):
+                if self.text.endswith(s[:n]):
+                    best = n
+                    break
+        return best
+
+    def finish(self, reason: str) -> None:
+        if self.done:
+            return
+        self.done = True
+        req = self.request
+        now = time.monotonic()
+        req.finish_reason = reason
+        ttft = (req.first_token_time or now) - req.arrival_time
+        # Recorded before the client hears: once it has its completion, the metrics count it.
+        self.metrics.on_finished(req, reason, self.num_rendered)
+        self.events.put(
+            Complete(
+                finish_reason=reason,
+                prompt_tokens=len(req.prompt_ids),
+                completion_tokens=self.num_rendered,
+                stats=copy.deepcopy(req.stats),
+                text=self.text,
+                time_to_first_token_s=ttft,
+                total_time_s=now - req.arrival_time,
+                token_ids=list(req.output_ids[: self.num_rendered]),
+                index=self.index,
+            )
+        )
+
+    def fail(self, code: str, message: str) -> None:
+        if self.done:
+            return
+        self.done = True
+        self.metrics.on_finished(self.request, "error", self.num_rendered)
+        self.events.put(Failed(code, message, self.index))
+
+
+class OutputWorker:
+    """The output thread: renders committed tokens (detokenising, stop strings, events) off
+    the executor's critical path, in the order they were committed. A request that a stop
+    string finishes is reported back through `on_stopped` so the executor releases it."""
+
+    def __init__(self, on_stopped) -> None:
+        self._queue: queue.Queue = queue.Queue()
+        self._on_stopped = on_stopped
+        self._thread = threading.Thread(target=self._run, name="specwire-output", daemon=True)
+        self._thread.start()
+
+    def submit(self, fn, *args) -> None:
+        self._queue.put((fn, args))
+
+    def render(self, stream: OutputStream, kept, reason, drafted, accepted, step, lps) -> None:
+        self.submit(self._render, stream, kept, reason, drafted, accepted, step, lps)
+
+    def _render(self, stream: OutputStream, kept, reason, drafted, accepted, step, lps) -> None:
+        if stream.render(kept, reason, drafted, accepted, step, lps) and reason is None:
+            self._on_stopped(stream.request.request_id)
+
+    def flush(self) -> None:
+        """Wait until everything submitted so far has been rendered."""
+        self._queue.join()
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while True:
+            batch = [self._queue.get()]  # everything waiting: usually one step's rows
+            while True:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                with deferred_wakeups():
+                    for item in batch:
+                        if item is None:
+                            return
+                        self._call(*item)
+            finally:
+                for _ in batch:
+                    self._queue.task_done()
+
+    def _call(self, fn, args) -> None:
+        try:
+            fn(*args)
+        except Exception:  # one request's output bug never stops the others'
+            log.exception("rendering output failed")
+            stream = args[0] if args and isinstance(args[0], OutputStream) else None
+            if stream is not None:
+                stream.fail("INTERNAL", "output failed")
+                self._on_stopped(stream.request.request_id)
+
+
+class StreamFactory:
+    """Builds each request's OutputStream (the executor calls it in `submit`).
+
+    `route` first (same thread, before `executor.submit`) to send a request's events to a shared
+    queue under an index: that is how a request's n completions become one stream."""
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        eos_ids: set[int],
+        max_context: int,
+        metrics: TargetMetrics | None = None,
+    ) -> None:
+        self.metrics = metrics or TargetMetrics()  # the engine's: every stream reports to it
+        self.tokenizer = tokenizer
+        self.eos_ids = eos_ids
+        self.max_context = max_context
+        self._routes: dict[str, tuple[EventQueue, int]] = {}
+        self._lock = threading.Lock()
+
+    def route(self, request_id: str, events: EventQueue, index: int) -> None:
+        with self._lock:
+            self._routes[request_id] = (events, index)
+
+    def __call__(self, request: Request) -> OutputStream:
+        with self._lock:
+            events, index = self._routes.pop(request.request_id, (None, 0))
+        return OutputStream(
+            request,
+            self.tokenizer,
+            self.eos_ids,
+            self.max_context,
+            events=events,
+            index=index,
+            metrics=self.metrics,
+        )

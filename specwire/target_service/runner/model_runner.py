@@ -1,0 +1,157 @@
+"""The model runner: construction, public entry points and the forward path.
+
+Its phases are components built here and handed their dependencies: input preparation
+(`InputPreparer`: rows -> a varlen step or, for the SDPA backend, `PreparedInputs`), CUDA graphs
+(`TokenGraphs`, which also owns the static and pinned buffers), and warm-up (`warmup`).
+
+Two paths, chosen by the model's attention backend:
+- varlen (the Triton backend, on the GPU): rows of any lengths in one launch per layer; every
+  step replays the graph of its padded token count; eager only when graphs are off or a step
+  is larger than the largest bucket.
+- SDPA (the CPU backend and reference): uniform steps (every row 1 + K tokens) or ragged ones,
+  eager. Drafts are padded to one length per step so that a batch stays uniform.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from tqdm import tqdm
+
+from specwire.common.model.attention import AttentionMetadata
+from specwire.common.model.llama import LlamaModel
+from specwire.common.model.paged import blocks_for
+from specwire.target_service.runner.graphs import TokenGraphs
+from specwire.target_service.runner.inputs import InputPreparer, PreparedInputs
+from specwire.target_service.scheduler import Row
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    max_batch_size: int
+    max_draft_len: int
+    max_context_len: int
+    block_size: int
+    dummy_block: int
+    cuda_graphs: bool = True
+    max_num_tokens: int = 1024
+
+    @property
+    def max_blocks_per_seq(self) -> int:
+        return blocks_for(self.max_context_len, self.block_size)
+
+    @property
+    def max_logit_rows(self) -> int:
+        return self.max_batch_size * (1 + self.max_draft_len)
+
+
+@dataclass
+class StepLogits:
+    logits: torch.Tensor  # [N, V] fp32 on the model's device (N may exceed the rows used)
+    spans: list[tuple[int, int]]  # per decode row: (offset into logits, 1 + drafts)
+    graph: object | None  # the graph replayed (its key), or None when eager
+    # The argmax of every logit row when the graph computed it: pinned host memory, valid
+    # once the runner has synchronised (one copy back per step, no separate argmax launch).
+    greedy: torch.Tensor | None = None
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, kv_caches: torch.Tensor, config: RunnerConfig):
+        self.model = model
+        self.kv_caches = kv_caches
+        self.config = config
+        self.device = kv_caches.device
+        self.inputs = InputPreparer(
+            config.block_size, config.max_blocks_per_seq, config.dummy_block, self.device
+        )
+        self.varlen = bool(model.attention.varlen)
+        self.graphs: TokenGraphs | None = None
+        if config.cuda_graphs and self.device.type == "cuda" and model.attention.graphs:
+            self.graphs = TokenGraphs(
+                self._forward_logits,
+                max_tokens=config.max_num_tokens,
+                max_rows=config.max_batch_size,
+                max_blocks=config.max_blocks_per_seq,
+                max_logit_rows=config.max_logit_rows,
+                vocab_size=model.cfg.vocab_size,
+                device=self.device,
+            )
+
+    @property
+    def pads_drafts(self) -> bool:
+        """Whether the executor must pad every decode row's drafts to one length (uniform
+        batches for the SDPA backend). Varlen backends take each row's real drafts."""
+        return not self.varlen
+
+    def synchronize(self) -> None:
+        """Wait for the device to finish the work queued so far (no-op on the CPU)."""
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+
+    def _forward_logits(self, ids, positions, meta: AttentionMetadata, index=None):
+        hidden = self.model(ids, positions, self.kv_caches, meta)
+        if index is not None:
+            hidden = hidden.index_select(0, index)
+        return self.model.compute_logits(hidden)
+
+    def warmup(self, progress: bool = True) -> None:
+        """One eager step to load kernels, then (GPU) capture every graph bucket."""
+        cfg = self.config
+        with torch.inference_mode():
+            q = 1 + cfg.max_draft_len
+            ids = torch.zeros(q, dtype=torch.long, device=self.device)
+            pos = torch.arange(q, device=self.device)
+            base = cfg.dummy_block * cfg.block_size
+            meta = AttentionMetadata(
+                slot_mapping=base + pos % cfg.block_size,
+                block_tables=torch.full(
+                    (1, cfg.max_blocks_per_seq),
+                    cfg.dummy_block,
+                    dtype=torch.int32,
+                    device=self.device,
+                ),
+                context_lens=torch.tensor([q], dtype=torch.int32, device=self.device),
+                uniform_q=q,
+                cu_seqlens_q=torch.tensor([0, q], dtype=torch.int32, device=self.device),
+            )
+            self._forward_logits(ids, pos, meta)
+            if self.graphs is not None:
+                buckets = self.graphs.buckets
+                with tqdm(
+                    total=len(buckets),
+                    desc="capturing CUDA graphs",
+                    disable=not progress,
+                    leave=False,
+                ) as bar:
+                    self.graphs.capture(buckets, progress=bar)
+                log.info("captured %d CUDA graphs (tokens): %s", len(buckets), buckets)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def prepare(self, rows: list[Row], tables: list[list[int]]) -> PreparedInputs:
+        return self.inputs.prepare(rows, tables)
+
+    @torch.inference_mode()
+    def forward(
+        self, rows: list[Row], tables: list[list[int]], allow_graphs: bool = True
+    ) -> StepLogits:
+        """Run the model on the scheduled rows; logits for every decode row's verify span.
+
+        `allow_graphs=False` forces the eager path (tests compare the two)."""
+        if self.varlen:
+            step = self.inputs.prepare_varlen(rows, tables)
+            key = self.graphs.select(step) if allow_graphs and self.graphs else None
+            if key is not None:
+                logits, greedy = self.graphs.replay(key, step)
+                return StepLogits(logits, step.spans, key, greedy)
+            ids, pos, meta, index = self.inputs.varlen_tensors(step)
+            return StepLogits(self._forward_logits(ids, pos, meta, index), step.spans, None)
+        inputs = self.prepare(rows, tables)
+        logits = self._forward_logits(
+            inputs.input_ids, inputs.positions, inputs.meta, inputs.logits_index
+        )
+        return StepLogits(logits=logits, spans=inputs.logit_spans, graph=None)

@@ -1,0 +1,148 @@
+"""Continuous batching: which requests run this step, and with how many tokens.
+
+Every step the scheduler walks the running requests (oldest first), then admits waiting ones,
+within three budgets: `max_batch_size` rows, `max_num_tokens` tokens, and free KV blocks.
+A row feeds the request's committed tokens that are not in the cache yet (one for a steady
+decode, a chunk for a prefill); a row that reaches the last committed token is a *decode row*
+and also carries up to K draft tokens, so it reserves 1+K slots. When blocks run out, the
+youngest running request is preempted: its blocks are freed and it is recomputed later
+(its committed tokens are kept, so the output is unchanged).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from specwire.target_service.draft_policy import DraftLengthPolicy
+from specwire.target_service.request import Request, RequestState
+from specwire.target_service.resources.kv_cache import KVCacheManager
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_batch_size: int = 32
+    max_num_tokens: int = 2048
+    max_draft_len: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1:
+            raise ValueError("max_batch_size must be >= 1")
+        if self.max_num_tokens < 1 + self.max_draft_len:
+            raise ValueError("max_num_tokens must leave room for one decode row (1 + K)")
+
+
+@dataclass
+class Row:
+    """One request's share of a step."""
+
+    request: Request
+    num_committed: int  # committed tokens fed this step, starting at request.num_computed
+    decode: bool  # the row reaches the last committed token: draft, verify, emit
+
+
+@dataclass
+class ScheduledBatch:
+    rows: list[Row] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def requests(self) -> list[Request]:
+        return [r.request for r in self.rows]
+
+    @property
+    def decode_requests(self) -> list[Request]:
+        return [r.request for r in self.rows if r.decode]
+
+    def __bool__(self) -> bool:
+        return bool(self.rows)
+
+
+class Scheduler:
+    def __init__(
+        self, config: SchedulerConfig, kv: KVCacheManager, policy: DraftLengthPolicy | None = None
+    ) -> None:
+        self.config = config
+        self.kv = kv
+        # The owner of K: the draft length of each step and each request's cap.
+        self.policy = policy or DraftLengthPolicy(config.max_draft_len)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def remove(self, request: Request) -> None:
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        tokens_left = self.config.max_num_tokens
+        free_blocks = self.kv.num_free_blocks
+        queue = list(self.running)
+        decode_next = [r for r in queue if r.num_tokens - r.num_computed == 1]
+        prefill = sum(r.num_tokens - r.num_computed for r in queue) - len(decode_next)
+        step_k = self.policy.step_draft_len(decode_next, min(prefill, self.config.max_num_tokens))
+        while queue and len(batch.rows) < self.config.max_batch_size and tokens_left > 0:
+            req = queue.pop(0)
+            row, cost, blocks = self._plan_row(req, tokens_left, step_k)
+            while blocks > free_blocks and queue:
+                victim = queue.pop()  # youngest running request gives its blocks back
+                free_blocks += len(self.kv.block_table(victim))
+                self._preempt(victim, batch)
+            if blocks > free_blocks:
+                if not batch.rows:
+                    # Alone and still too big: wait for blocks (never crash, never leak).
+                    self._preempt(req, batch)
+                break
+            self._commit(row, cost, blocks, batch)
+            tokens_left -= cost
+            free_blocks -= blocks
+        while self.waiting and len(batch.rows) < self.config.max_batch_size and tokens_left > 0:
+            req = self.waiting[0]
+            row, cost, blocks = self._plan_row(req, tokens_left, step_k)
+            if blocks > free_blocks:
+                break
+            self.waiting.popleft()
+            req.state = RequestState.PREFILL
+            self.running.append(req)
+            self._commit(row, cost, blocks, batch)
+            tokens_left -= cost
+            free_blocks -= blocks
+        return batch
+
+    def _plan_row(self, req: Request, tokens_left: int, step_k: int) -> tuple[Row, int, int]:
+        remaining = req.num_tokens - req.num_computed
+        k = self.policy.request_cap(req, step_k)
+        if remaining + k <= tokens_left:
+            row, cost = Row(req, remaining, decode=True), remaining + k
+        elif remaining <= tokens_left:
+            # The whole rest fits but not its drafts: decode without speculation this step.
+            row, cost = Row(req, remaining, decode=True), remaining
+        else:
+            row, cost = Row(req, tokens_left, decode=False), tokens_left
+        slots = req.num_computed + cost
+        return row, cost, self.kv.blocks_needed(req, slots)
+
+    def _commit(self, row: Row, cost: int, blocks: int, batch: ScheduledBatch) -> None:
+        req = row.request
+        self.kv.plan(req, req.num_computed + cost)
+        # The scheduler's budget also caps the drafts the drafter may propose this step.
+        req.step_draft_cap = cost - row.num_committed if row.decode else 0
+        batch.rows.append(row)
+
+    def _preempt(self, req: Request, batch: ScheduledBatch) -> None:
+        self.kv.free(req)
+        req.num_computed = 0
+        req.state = RequestState.WAITING
+        if req in self.running:
+            self.running.remove(req)
+        self.waiting.appendleft(req)
+        batch.preempted.append(req)
