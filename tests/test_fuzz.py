@@ -53,11 +53,14 @@ def requests(draw) -> pb.GenerateRequest:
     if draw(st.booleans()):
         req.max_new_tokens = draw(st.integers(-2, 600))
     if draw(st.booleans()):
-        req.sampling.temperature = draw(st.floats(-1, 3, allow_nan=False))
+        # NaN, infinities and tiny values too: validated at the boundary (issue 10).
+        req.sampling.temperature = draw(
+            st.one_of(st.floats(-1, 3), st.floats(allow_nan=True), st.sampled_from([1e-39, 1e9]))
+        )
     if draw(st.booleans()):
         req.sampling.top_k = draw(st.integers(-2, 700))
     if draw(st.booleans()):
-        req.sampling.top_p = draw(st.floats(-0.5, 1.5, allow_nan=False))
+        req.sampling.top_p = draw(st.one_of(st.floats(-0.5, 1.5), st.floats(allow_nan=True)))
     if draw(st.booleans()):
         req.sampling.seed = draw(st.integers(0, 2**64 - 1))
     req.stop.extend(draw(st.lists(st.text(max_size=6), max_size=5)))
