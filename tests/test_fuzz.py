@@ -7,6 +7,9 @@ boundary validation (tested with it)."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -119,3 +122,53 @@ def test_fuzzed_requests_get_clean_answers_and_leave_the_server_whole(target):
         what="every KV block back in the pool",
     )
     srv.servicer.engine.kv.check_integrity()
+
+
+BYSTANDERS = ["the cat sat on the mat. the cat sat on the", "def f(x):\n    return f(x", "a b c a"]
+
+
+def _bystander(channel, prompt: str) -> list[int]:
+    req = pb.GenerateRequest(prompt=prompt, max_new_tokens=24, ignore_eos=True)
+    replies = list(pb_grpc.GenerationServiceStub(channel).Generate(req, timeout=120))
+    assert replies[-1].WhichOneof("response") == "complete", replies[-1:]
+    return [t for r in replies if r.WhichOneof("response") == "chunk" for t in r.chunk.token_ids]
+
+
+@settings(
+    max_examples=12,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(batch=st.lists(requests(), min_size=4, max_size=8))
+def fuzz_beside_bystanders(target, alone, batch):
+    """Fuzzed requests sent at once with greedy bystanders: the bystanders' tokens are exactly
+    what they get alone, whatever the fuzzed requests do to their own steps."""
+    _, channel = target
+    results: dict[str, list[int]] = {}
+
+    def fuzz(req):
+        with contextlib.suppress(grpc.RpcError):  # clean statuses are checked by the test above
+            list(pb_grpc.GenerationServiceStub(channel).Generate(req, timeout=60))
+
+    def bystand(prompt):
+        results[prompt] = _bystander(channel, prompt)
+
+    threads = [threading.Thread(target=fuzz, args=(r,)) for r in batch]
+    threads += [threading.Thread(target=bystand, args=(p,)) for p in BYSTANDERS]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    assert results == alone
+
+
+def test_bystanders_finish_as_if_alone_beside_concurrent_fuzz(target):
+    _, channel = target
+    alone = {p: _bystander(channel, p) for p in BYSTANDERS}
+    fuzz_beside_bystanders(target, alone)
+    wait_until(
+        lambda: (i := _info(channel)).kv_blocks_free == i.kv_blocks_total - 1,
+        30,
+        what="every KV block back in the pool",
+    )
