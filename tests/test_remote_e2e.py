@@ -163,6 +163,9 @@ def test_remote_drafter_is_lossless_over_50_prompts(tiny, baseline, drafters, ki
     assert sum(results[i].stats.accepted_tokens for i in CODE) > 0, "no drafts accepted on code"
     c = eng.drafter.counters()
     assert c["failed"] == c["stale"] == c["unknown_request"] == 0 and c["reconnects"] == 1
+    # Drafting off the critical path: most steps' drafts were asked for when the previous step
+    # committed its tokens (`submit`) and only collected by the step that uses them.
+    assert c["prefetched"] > 0
     stats = eng.executor.stats
     assert 0 < stats.accepted_tokens <= stats.draft_tokens and stats.refused_draft_tokens == 0
     # The target is idle now, and no step will carry another message: the `finished` notices

@@ -237,6 +237,7 @@ class Executor:
                 self._fail(req, f"resource update failed: {exc}")
             return
         self.emit(decode, new_tokens, logprobs)
+        self._submit_to_drafter(decode)
 
     # -- phases ----------------------------------------------------------------------------------
     def prepare_drafts(self, requests: Sequence[Request], ask_drafter: bool = True) -> None:
@@ -281,6 +282,19 @@ class Executor:
             drafts, probs = [], None
         drafts = [int(t) for t in drafts]
         req.draft_tokens, req.draft_probs, req.num_real_drafts = drafts, probs, len(drafts)
+
+    def _submit_to_drafter(self, decode: Sequence[Request]) -> None:
+        """Drafting off the critical path: a drafter with `submit` (the remote one) hears what
+        this step committed right away and drafts while the executor finishes the step; the
+        next step's `prepare_draft_tokens` collects. Fails open like drafting itself."""
+        submit = getattr(self.drafter, "submit", None)
+        if submit is None:
+            return
+        try:
+            submit([r for r in decode if not r.finished])
+        except Exception:
+            log.exception("drafter submit failed at step %d", self.step_no)
+            self.drafter_errors += 1
 
     def _token_ok(self, t: object) -> bool:
         """A real token id: an integer (not a bool) inside the vocabulary."""

@@ -28,6 +28,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import grpc
 
@@ -59,7 +60,17 @@ __all__ = [
     "RemoteSessions",
 ]
 
-COUNTERS = ("late", "failed", "stale", "resynced", "unknown_request", "reconnects")
+COUNTERS = ("late", "failed", "stale", "resynced", "unknown_request", "reconnects", "prefetched")
+
+
+@dataclass
+class _Prefetch:
+    """Drafts asked for at the end of a step (`submit`), to be collected by the next one."""
+
+    step: int
+    lengths: dict[str, int]  # request -> tokens the drafter was sent
+    stream: object | None  # stream mode: the stream it went on (the reader fills `_reply`)
+    future: grpc.Future | None  # unary mode: the call
 
 
 class RemoteDrafter(Drafter):
@@ -95,6 +106,7 @@ class RemoteDrafter(Drafter):
         self._reconnecting = False
         self._closed = threading.Event()
         self._notices: set[grpc.Future] = set()  # unary finished notices in flight
+        self._prefetch: _Prefetch | None = None  # drafts in flight since the last step ended
         self._channel = make_channel(self.config.target, self.security, CHANNEL_OPTIONS)
         self._stub = drafter_pb2_grpc.DrafterServiceStub(self._channel)
         try:
@@ -177,11 +189,82 @@ class RemoteDrafter(Drafter):
 
     # -- the step -----------------------------------------------------------------------------
 
+    def submit(self, requests: Sequence[Request]) -> None:
+        """Called by the executor the moment a step has committed its tokens: send what it
+        learnt and ask for the next step's drafts now (each up to the request's useful
+        drafts), so the round trip runs while the executor finishes the step and schedules the
+        next; `prepare_draft_tokens` collects them. Never blocks; skipped while a message is
+        in flight or the connection is down (the next step then asks the usual way)."""
+        live = [r for r in requests if not r.finished and r.useful_drafts > 0]
+        if not live:
+            return
+        with self._cv:
+            if (
+                not self._connected
+                or self._lost_sync
+                or self._inflight is not None
+                or self._prefetch is not None
+            ):
+                return
+            self._step += 1
+            step = self._step
+        msg, lengths = self._build(step, live, budget=lambda r: r.useful_drafts)
+        if self.mode == "stream":
+            with self._cv:
+                stream = self._stream
+                if stream is None:
+                    return
+                self._inflight, self._inflight_since = step, time.monotonic()
+                stream.send(msg)
+            self._prefetch = _Prefetch(step, lengths, stream, None)
+        else:
+            future = self._stub.Draft.future(msg, timeout=self.config.deadline_ms / 1000 + 1.0)
+            self._prefetch = _Prefetch(step, lengths, None, future)
+
+    def _collect(self, pre: _Prefetch):
+        """The reply to a `submit`, waiting at most the step deadline; None if late/failed."""
+        deadline_s = self.config.deadline_ms / 1000
+        if pre.future is not None:
+            try:
+                return pre.future.result(timeout=deadline_s)
+            except grpc.FutureTimeoutError:
+                pre.future.cancel()
+                return self._count("late")
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    return self._count("late")
+                self._disconnect(f"Draft failed ({exc.code().name}: {exc.details()})")
+                return self._count("failed")
+        end = time.monotonic() + deadline_s
+        with self._cv:
+            while True:
+                if self._reply is not None and self._reply.step == pre.step:
+                    return self._reply
+                if self._stream is not pre.stream:
+                    return self._count("failed", locked=True)
+                left = end - time.monotonic()
+                if left <= 0:
+                    return self._count("late", locked=True)
+                self._cv.wait(left)
+
     def prepare_draft_tokens(
         self, requests: Sequence[Request], resources: ResourceRegistry
     ) -> None:
         for r in requests:
             r.draft_tokens, r.draft_probs = [], None
+        pre, self._prefetch = self._prefetch, None
+        if pre is not None:
+            # Requests whose tokens have not moved since `submit` take the prefetched drafts
+            # (cut to this step's budget); the rest go the usual way below.
+            covered = [r for r in requests if pre.lengths.get(r.request_id) == r.num_tokens]
+            reply = self._collect(pre) if covered else None
+            if reply is not None:
+                self._apply(reply, covered, pre.lengths)
+                self._count("prefetched")
+            done = {r.request_id for r in covered}
+            requests = [r for r in requests if r.request_id not in done]
+            if not requests:
+                return
         with self._cv:
             self._step += 1
             step, connected, lost = self._step, self._connected, self._lost_sync
@@ -204,8 +287,10 @@ class RemoteDrafter(Drafter):
         if reply is not None and requests:
             self._apply(reply, requests, lengths)
 
-    def _build(self, step: int, requests: Sequence[Request]):
-        # The two message types are field for field the same (drafter.proto).
+    def _build(self, step: int, requests: Sequence[Request], budget=None):
+        """The message for `requests` (each up to `budget(r)` drafts, default its
+        `draft_budget`). The two message types are field for field the same (drafter.proto)."""
+        budget = budget or (lambda r: r.draft_budget)
         kind = drafter_pb2.DraftStreamRequest if self.mode == "stream" else drafter_pb2.DraftRequest
         msg = kind(step=step, want_probs=self.want_probs)
         for rid in self.sessions.take_finished():
@@ -219,7 +304,7 @@ class RemoteDrafter(Drafter):
                 request_id=r.request_id,
                 base_len=base,
                 new_tokens=tokens[base:],
-                max_draft_tokens=r.draft_budget,
+                max_draft_tokens=budget(r),
             )
             # Optimistic: if this message is lost, the drafter answers resync (or the stream
             # breaks and everything restarts from 0); lengths only grow, so nothing goes wrong.
@@ -277,9 +362,10 @@ class RemoteDrafter(Drafter):
             elif d.base_len != lengths[d.request_id]:
                 self._count("stale")
             else:
-                req.draft_tokens = list(d.tokens)
+                n = req.draft_budget  # a prefetch asked for more than this step may use
+                req.draft_tokens = list(d.tokens)[:n]
                 if d.probs and len(d.probs) == len(d.tokens):
-                    req.draft_probs = [(list(p.ids), list(p.probs)) for p in d.probs]
+                    req.draft_probs = [(list(p.ids), list(p.probs)) for p in d.probs][:n]
             seen.add(d.request_id)
 
     # -- finished notices ---------------------------------------------------------------------
