@@ -129,8 +129,9 @@ def test_triton_backend_matches_sdpa_reference_on_mixed_steps(loaded):
 def test_no_eager_steps_in_steady_state(loaded):
     eng = build_engine(_cfg(), loaded=loaded)
     _run(eng, lossless_prompts(20))
-    steps = eng.executor.metrics.steps._value.get()
-    eager = eng.executor.metrics.eager_steps._value.get()
+    registry, labels = eng.executor.metrics.registry, {"model": eng.config.model}
+    steps = registry.get_sample_value("specwire_steps_total", labels)
+    eager = registry.get_sample_value("specwire_eager_steps_total", labels)
     print(f"steps {steps:.0f}, eager {eager:.0f}")
     assert steps > 0 and eager == 0
 

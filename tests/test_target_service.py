@@ -255,27 +255,21 @@ def test_chunks_waiting_to_be_sent_go_out_together():
     """When the servicer falls behind the executor (a loaded server), the chunks waiting in a
     stream's queue go out as one message with their counts summed; a completion never merges
     and the other completions' chunks keep their own messages."""
-    import asyncio
-
-    from specwire.target_service.output import Chunk, Complete, EventQueue
+    from specwire.target_service.events import Chunk, Complete, EventQueue, next_message
     from specwire.target_service.request import SpecStats
-    from specwire.target_service.server import GenerationServicer
 
     events = EventQueue()
     for step, (toks, drafted, acc) in enumerate([([1, 2], 3, 1), ([3], 0, 0), ([4, 5, 6], 4, 2)]):
         events.put(Chunk(toks, f"t{step}", drafted, acc, step))
-    events.put(Chunk([9], "other", 0, 0, 3, index=1))
-    events.put(Complete("length", 3, 6, SpecStats(), "t0t1t2", 0.1, 0.2))
-    events.put(Complete("length", 3, 1, SpecStats(), "other", 0.1, 0.2, index=1))
+    other = Chunk([9], "other", 0, 0, 3, index=1)
+    events.put(other)
+    done = Complete("length", 3, 6, SpecStats(), "t0t1t2", 0.1, 0.2)
+    events.put(done)
 
-    async def collect():
-        return [r async for r in GenerationServicer()._responses(events, 2, "rid")]
-
-    out = asyncio.run(collect())
-    kinds = [r.WhichOneof("response") for r in out]
-    assert kinds == ["chunk", "chunk", "complete", "complete"]
-    merged = out[0].chunk
-    assert list(merged.token_ids) == [1, 2, 3, 4, 5, 6] and merged.text == "t0t1t2"
+    merged, pending = next_message(events, events.get_nowait())
+    assert merged.token_ids == [1, 2, 3, 4, 5, 6] and merged.text == "t0t1t2"
     assert (merged.num_steps, merged.draft_tokens, merged.accepted_tokens) == (3, 7, 3)
     assert len(merged.token_ids) == merged.num_steps + merged.accepted_tokens
-    assert merged.step == 2 and out[1].chunk.index == 1 and out[1].chunk.num_steps == 1
+    assert merged.step == 2 and pending is other  # another completion's chunk: not merged
+    assert next_message(events, pending) == (other, done)  # a completion never merges
+    assert next_message(events, done) == (done, None)

@@ -48,7 +48,6 @@ class DraftLengthPolicy:
     buckets: list[int] = field(default_factory=list)
     costs: list[float] = field(default_factory=list)
     _est: dict[str, _Estimate] = field(default_factory=dict)
-    last_k: int = 0
 
     # -- cost table ------------------------------------------------------------------------------
     def seed_costs(self, table: dict[int, float]) -> None:
@@ -104,7 +103,6 @@ class DraftLengthPolicy:
         if not self.adaptive or not decode:
             # Static, or only prefills finishing this step (their drafts cost little next to
             # the chunk): the maximum, which request caps then trim.
-            self.last_k = self.max_draft_len
             return self.max_draft_len
         ests = [self._est.get(r.request_id) or _Estimate() for r in decode]
         caps = [r.useful_drafts for r in decode]
@@ -119,7 +117,6 @@ class DraftLengthPolicy:
             goodput = committed / max(self.cost(tokens), 1e-9)
             if goodput > best * 1.0001:  # ties go to the shorter draft
                 best_k, best = k, goodput
-        self.last_k = best_k
         return best_k
 
     def request_cap(self, req: Request, step_k: int) -> int:

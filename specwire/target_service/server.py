@@ -25,15 +25,16 @@ from specwire.common.security import ServerSecurity
 from specwire.common.transport import LoopThread, build_server
 from specwire.target_service.config import TargetConfig
 from specwire.target_service.engine import Engine
-from specwire.target_service.output import (
+from specwire.target_service.events import (
     Chunk,
     Complete,
     Event,
     EventQueue,
     Failed,
-    OutputStream,
     TokenLogprobs,
+    next_message,
 )
+from specwire.target_service.output import OutputStream
 from specwire.target_service.params import GenerationParams
 from specwire.target_service.request import SpecStats
 
@@ -220,16 +221,9 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         completion is done; a failure ends the whole stream (the rest are cancelled)."""
         pending: Event | None = None
         while running:
-            ev, pending = (pending, None) if pending is not None else (await events.aget(), None)
+            first = pending if pending is not None else await events.aget()
+            ev, pending = next_message(events, first)
             if isinstance(ev, Chunk):
-                # Chunks that queued up while the client (or this loop) was busy go out as one
-                # message: fewer writes exactly when the server is loaded.
-                while (nxt := events.get_nowait()) is not None:
-                    if isinstance(nxt, Chunk) and nxt.index == ev.index:
-                        ev = ev.merge(nxt)
-                    else:
-                        pending = nxt
-                        break
                 yield pb.GenerateResponse(request_id=rid, chunk=chunk_to_proto(ev))
             elif isinstance(ev, Complete):
                 running -= 1

@@ -164,14 +164,9 @@ class InputPreparer:
     def varlen_tensors(self, step: VarlenStep):
         """The step as device tensors, unpadded (the eager path): ids, positions, meta, index."""
         dev = self.device
-        width = max(1, max((len(t) for t in step.tables), default=1))
-        tables = torch.zeros((step.num_rows, width), dtype=torch.int32)
-        for i, t in enumerate(step.tables):
-            if t:
-                tables[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(step.slots, dtype=torch.long, device=dev),
-            block_tables=tables.to(dev),
+            block_tables=self.block_table_tensor(step.tables, step.seq_lens),
             context_lens=torch.tensor(step.seq_lens, dtype=torch.int32, device=dev),
             cu_seqlens_q=torch.tensor(step.cu_seqlens, dtype=torch.int32, device=dev),
         )
