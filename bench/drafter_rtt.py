@@ -137,7 +137,7 @@ def run_batch(eng: Engine, prompt_ids: list[list[int]], max_new_tokens: int) -> 
     while True:
         ts = time.perf_counter()
         ex.run_until_idle(max_steps=1)
-        if not ex.scheduler.has_work:
+        if ex.idle:
             step_s.append(time.perf_counter() - ts)
             break
         step_s.append(time.perf_counter() - ts)

@@ -30,7 +30,15 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from procs import free_port, output_tail, start_service, stop_service  # noqa: E402
 
 # Configuration name -> the target's --drafter value ("remote" = a drafter service started here).
-CONFIGS = {"none": "none", "ngram": "ngram", "remote-ngram": "remote"}
+# configuration -> drafter; a "-sync" configuration runs the same with --no-overlap (every
+# step synchronous), to measure overlapped steps side by side.
+CONFIGS = {
+    "none": "none",
+    "none-sync": "none",
+    "ngram": "ngram",
+    "ngram-sync": "ngram",
+    "remote-ngram": "remote",
+}
 TARGET_READY = r"specwire target listening on (\S+):(\d+)"
 DRAFTER_READY = r"specwire drafter listening on (\S+):(\d+)"
 
@@ -139,6 +147,8 @@ def running_config(config: str, args: argparse.Namespace) -> Iterator[Server]:
             drafter = f"grpc://127.0.0.1:{m.group(2)}"
         metrics_port = free_port() if args.metrics else 0
         cmd = target_command(args, drafter, metrics_port)
+        if config.endswith("-sync"):
+            cmd.append("--no-overlap")
         proc, m = start_service(cmd, _env(), TARGET_READY, timeout=args.ready_timeout, cwd=ROOT)
         procs.append(proc)
         commands.append(cmd)

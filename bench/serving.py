@@ -50,6 +50,7 @@ from specwire.common.protogen import generation_pb2 as pb  # noqa: E402
 from specwire.common.protogen import generation_pb2_grpc as pb_grpc  # noqa: E402
 
 EAGER = "specwire_eager_steps_total"
+OVERLAPPED = "specwire_overlapped_steps_total"
 STEPS = "specwire_steps_total"
 
 
@@ -196,6 +197,7 @@ async def run_server(server, plans: list[PassPlan], args) -> dict:
                     if any(r.kind == k for r in records)
                 },
                 eager_steps=_counter_delta(before, after, EAGER),
+                overlapped_steps=_counter_delta(before, after, OVERLAPPED),
                 steps=_counter_delta(before, after, STEPS),
                 step_ms=_mean_ms(before, after, "specwire_step_seconds"),
                 host_ms=_mean_ms(before, after, "specwire_step_host_seconds"),

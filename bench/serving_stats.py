@@ -142,8 +142,8 @@ def pass_table(passes: list[dict]) -> str:
         "| pass | c | reqs | tokens | tok/s | req/s | TTFT p50 ms | TTFT p99 ms | "
         "srv TTFT p50 ms | ITL p50 ms | "
         "ITL p99 ms | TPOT p50 ms | E2E p50 s | acceptance | mean acc len | eager steps | "
-        "steps | step ms | host ms/step | errors |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "steps | overlapped | step ms | host ms/step | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in passes:
         s = p["summary"]
@@ -154,7 +154,8 @@ def pass_table(passes: list[dict]) -> str:
             f"{_ms(s['itl_p99_s'])} | "
             f"{_ms(s['tpot_p50_s'])} | {_f(s['e2e_p50_s'])} | {s['acceptance_rate']:.2f} | "
             f"{_f(s['mean_accepted_length'])} | {_delta(p['eager_steps'])} | "
-            f"{_delta(p['steps'])} | {_f(p.get('step_ms'), '.3f')} | "
+            f"{_delta(p['steps'])} | {_delta(p.get('overlapped_steps'))} | "
+            f"{_f(p.get('step_ms'), '.3f')} | "
             f"{_f(p.get('host_ms'), '.3f')} | {s['errors']} |"
         )
     return "\n".join(lines) + "\n"

@@ -206,3 +206,27 @@ def test_bf16_speculation_equals_plain_decoding(exact):
     assert stats.accepted_tokens > 0
     if exact:
         assert not batched and not single, (batched, single)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_overlapped_graph_steps_equal_synchronous_ones(dtype):
+    """Overlapped steps on the GPU: graph replays whose fed tokens are gathered, inside the
+    graph, from the previous replay's argmax. Same tokens as synchronous steps (same kernels,
+    same shapes), with end-of-sequence seen one step late and KV blocks all returned."""
+    from specwire.common.model.loader import load_model
+
+    dt = getattr(torch, dtype)
+    loaded = load_model(GPU_MODEL, device="cuda", dtype=dt, progress=False, max_positions=2048)
+    prompts = lossless_prompts(40)
+    outs, eos = {}, None
+    for overlap in (False, True):
+        eng = build_engine(_cfg(dtype=dtype, drafter="none", overlap=overlap), loaded=loaded)
+        if eos is None:  # tokens that occur mid-output become EOS for both runs
+            base = _run(eng, prompts[:4], max_new_tokens=12)
+            eos = {c.token_ids[6] for c in base}
+        eng.executor.make_stream.eos_ids = eos
+        outs[overlap] = [c.token_ids for c in _run(eng, prompts)]
+        overlapped = eng.executor.metrics.overlapped_steps._value.get()
+        assert (overlapped > 0) == overlap
+    assert outs[True] == outs[False]
+    assert any(len(t) < 32 for t in outs[True]), "some requests should end at the new EOS"

@@ -27,6 +27,7 @@ ENGINE_FLAGS = {
         "float32 | bfloat16 | float16 (unset: float32 on CPU, bfloat16 on GPU)", default=None
     ),
     "cuda_graphs": Flag("run every step eagerly, without CUDA graphs"),
+    "overlap": Flag("run every step synchronously (no step launched before the last is read)"),
     "attention": Flag(
         "auto (triton on CUDA, sdpa on CPU) | triton | sdpa", choices=("auto", "triton", "sdpa")
     ),

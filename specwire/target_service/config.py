@@ -24,6 +24,7 @@ class TargetConfig:
     device: str = "cpu"
     dtype: str = "float32"
     cuda_graphs: bool = True
+    overlap: bool = True  # launch plain greedy steps before the previous one is read
     attention: str = "auto"  # auto (triton on CUDA, sdpa on CPU) | triton | sdpa
     exact: bool = False  # batch-invariant GEMMs: bf16 speculation token-exact (GPU)
     draft_policy: str = "adaptive"  # adaptive (needs CUDA graphs' cost table) | static

@@ -287,9 +287,11 @@ def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine
         max_draft_len=k,
         vocab_size=loaded.config.vocab_size,
         metrics=metrics,
+        overlap=cfg.overlap,
     )
     log.info(
-        "engine ready: model=%s device=%s drafter=%s K=%d graphs=%s attention=%s ops=%s policy=%s",
+        "engine ready: model=%s device=%s drafter=%s K=%d graphs=%s attention=%s ops=%s policy=%s"
+        " overlap=%s",
         cfg.model,
         cfg.device,
         cfg.drafter,
@@ -298,5 +300,6 @@ def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine
         model.attention.name,
         model.ops.name,
         "adaptive" if policy.adaptive else "static",
+        cfg.overlap,
     )
     return Engine(cfg, loaded, kv, resources, drafter, runner, executor)

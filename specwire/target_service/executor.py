@@ -1,13 +1,23 @@
 """The executor: one thread owns the model and runs the step lifecycle.
 
+A step that speculates (or samples, or reports logprobs) runs synchronously:
+
     batch = scheduler.schedule()
     resources.prepare(batch)
     drafter.prepare_draft_tokens(decode rows, resources)   # unpadded
     pad_drafts(decode rows)                                # executor-owned
-    logits = runner.forward(batch)
+    logits = runner.forward(batch); runner.wait(logits)
     new_tokens = verifier.verify(decode rows, logits)
     resources.update(batch, accepted)
     emit(batch)
+
+A plain greedy step (no drafts: the policy chose k = 0, or there is no drafter) is overlapped:
+its outcome is known before it runs (every decode row commits exactly one token), so the
+executor commits it optimistically (a placeholder token per decode row), launches it, and only
+then reads the previous step's tokens, which the GPU computed while this one was being
+prepared. The next step feeds those placeholders from the previous step's argmax on the device
+(`Row.feed_src`). A request that ends by EOS or a stop string is found one step late; its extra
+row is computed and dropped. A speculative step first finishes the step in flight.
 
 Requests arrive and are cancelled from other threads through `submit`/`cancel`; both take
 effect between steps. A failing step fails only the requests in it (their blocks are freed),
@@ -23,6 +33,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 
@@ -32,11 +43,26 @@ from specwire.target_service.output import OutputStream, OutputWorker
 from specwire.target_service.request import Request, RequestState, SpecStats
 from specwire.target_service.resources.base import ResourceRegistry
 from specwire.target_service.resources.kv_cache import KVCacheManager
-from specwire.target_service.runner.model_runner import ModelRunner
+from specwire.target_service.runner.model_runner import ModelRunner, StepLogits
 from specwire.target_service.scheduler import Row, ScheduledBatch, Scheduler
 from specwire.target_service.verifier import TokenLogprob, Verifier
 
 log = logging.getLogger(__name__)
+
+PENDING = -1  # an output token whose step is in flight (overlapped steps)
+
+
+@dataclass
+class _InFlight:
+    """An overlapped step: launched and committed optimistically, its tokens not read yet."""
+
+    step_no: int
+    logits: StepLogits
+    # per decode row: (request, index of its placeholder in output_ids, logit row)
+    pending: list[tuple[Request, int, int]]
+    tokens: int  # tokens the step feeds (the draft policy's cost table)
+    t_launch: float
+    src: dict[str, int] = field(default_factory=dict)  # request id -> its logit row
 
 
 class Executor:
@@ -52,6 +78,7 @@ class Executor:
         max_draft_len: int,
         vocab_size: int,
         metrics: TargetMetrics | None = None,  # the one make_stream's streams report to
+        overlap: bool = True,  # overlap plain greedy steps (see the module docstring)
     ) -> None:
         self.scheduler = scheduler
         self.resources = resources
@@ -62,6 +89,11 @@ class Executor:
         self.make_stream = make_stream
         self.max_draft_len = max_draft_len
         self.vocab_size = vocab_size
+        self.overlap = overlap
+        self._inflight: _InFlight | None = None
+        # Requests whose steps cannot overlap (sampled, or asking for logprobs: their tokens
+        # are chosen on the host from the logits, which the next step would overwrite).
+        self._sync_requests = 0
         self.streams: dict[str, OutputStream] = {}
         self.stats = SpecStats(histogram=[0] * (max_draft_len + 1))
         self.step_no = 0
@@ -133,12 +165,17 @@ class Executor:
     def _serve(self) -> None:
         while True:
             with self._wake:
-                while not self._stop and not self._inbox and not self.scheduler.has_work:
+                while (
+                    not self._stop
+                    and not self._inbox
+                    and not self.scheduler.has_work
+                    and self._inflight is None
+                ):
                     self._wake.wait(timeout=1.0)
                 if self._stop:
                     return
             self._drain_inbox()
-            if self.scheduler.has_work:
+            if self.scheduler.has_work or self._inflight is not None:
                 self.step()
 
     def _drain_inbox(self) -> None:
@@ -150,6 +187,7 @@ class Executor:
                 stream = payload
                 assert isinstance(stream, OutputStream)
                 self.streams[stream.request.request_id] = stream
+                self._sync_requests += self._needs_host(stream.request)
                 self.scheduler.add(stream.request)
             elif kind == "cancel" and payload in self.streams:
                 self.metrics.on_cancelled(self.streams[payload].request)
@@ -157,23 +195,42 @@ class Executor:
             elif kind == "stopped" and payload in self.streams:
                 self._release(self.streams[payload].request)  # its stream already completed
 
+    @property
+    def idle(self) -> bool:
+        """Nothing scheduled and no step in flight."""
+        return not self.scheduler.has_work and self._inflight is None
+
     def run_until_idle(self, max_steps: int = 1_000_000) -> None:
         """Drive steps on the caller's thread (tests and benchmarks without the server)."""
         for _ in range(max_steps):
             self.output.flush()  # stop strings found by the output thread release requests
             self._drain_inbox()
-            if not self.scheduler.has_work:
+            if self.idle:
                 break
             self.step()
         self.output.flush()
 
     def step(self) -> None:
-        batch = self.scheduler.schedule()
+        overlap = self.overlap and self._sync_requests <= 0
+        step_k = self.scheduler.draft_len() if self.drafter is not None else 0
+        if step_k and self.scheduler.wants_drafts(step_k):
+            overlap = False
+        if not overlap:
+            self._finish_inflight()  # drafting and verifying need every token on the host
+        batch = self.scheduler.schedule(step_k=0 if overlap else step_k)
+        if batch.preempted:
+            self.metrics.preemptions.inc(len(batch.preempted))
         if not batch:
-            time.sleep(0.001)  # waiting for KV blocks held by finishing requests
+            if self._inflight is not None:
+                self._finish_inflight()  # its finishing requests may hold the blocks needed
+            else:
+                time.sleep(0.001)  # waiting for KV blocks held by finishing requests
             return
         self.metrics.on_scheduled(batch.requests)
         self.step_no += 1
+        if overlap:
+            self._step_overlapped(batch)
+            return
         t0 = time.perf_counter()
         self._gpu_wait = 0.0
         self._run_isolated(batch.rows, draft=True)
@@ -181,11 +238,105 @@ class Executor:
         tokens = sum(
             r.num_committed + (r.request.num_real_drafts if r.decode else 0) for r in batch.rows
         )
+        self._observe_step(tokens, elapsed)
+
+    def _observe_step(self, tokens: int, elapsed: float) -> None:
         self.scheduler.policy.observe_step(tokens, elapsed)
         m = self.metrics
         m.steps.inc()
         m.step_seconds.observe(elapsed)
-        m.step_host_seconds.observe(elapsed - self._gpu_wait)
+        m.step_host_seconds.observe(max(0.0, elapsed - self._gpu_wait))
+
+    @staticmethod
+    def _needs_host(req: Request) -> bool:
+        return not req.sampling.greedy or req.sampling.logprobs is not None
+
+    # -- overlapped steps ------------------------------------------------------------------------
+    def _step_overlapped(self, batch: ScheduledBatch) -> None:
+        """Launch `batch` (no drafts), commit it optimistically, then read the step before it."""
+        prev = self._inflight
+        t0 = time.perf_counter()
+        if prev is not None:
+            for row in batch.rows:
+                if row.decode:
+                    row.feed_src = prev.src.get(row.request.request_id, -1)
+        try:
+            self.resources.prepare(batch.requests)
+            for req in batch.decode_requests:
+                req.draft_tokens, req.draft_probs, req.num_real_drafts = [], None, 0
+            logits = self.runner.forward(
+                batch.rows, [self.kv.block_table(r) for r in batch.requests]
+            )
+        except Exception:
+            # Run it the careful way: finish the step in flight, then retry in isolation.
+            log.warning("overlapped step %d failed to launch; retrying it", self.step_no)
+            self._finish_inflight()
+            rows = [r for r in batch.rows if not r.request.finished]
+            for row in rows:
+                row.feed_src = -1
+            self._gpu_wait = 0.0
+            self._run_isolated(rows, draft=False)
+            return
+        if logits.graph is None:
+            self.metrics.eager_steps.inc()
+        self.metrics.overlapped_steps.inc()
+        launched = _InFlight(self.step_no, logits, [], 0, t0)
+        for row in batch.rows:
+            req = row.request
+            req.num_computed += row.num_committed
+            launched.tokens += row.num_committed
+            if not row.decode:
+                continue
+            req.state = RequestState.DECODE
+            req.output_ids.append(PENDING)
+            off = logits.spans[len(launched.pending)][0]
+            launched.pending.append((req, len(req.output_ids) - 1, off))
+            launched.src[req.request_id] = off
+            if self.streams[req.request_id].ends_at(len(req.output_ids)):
+                self.scheduler.remove(req)  # its last token is in flight: never run it again
+        self.resources.update(batch.requests, {})
+        self._inflight = launched
+        if prev is not None:
+            self._gpu_wait = 0.0
+            self._complete(prev)
+            self._observe_step(prev.tokens, t0 - prev.t_launch)
+
+    def _finish_inflight(self) -> None:
+        prev, self._inflight = self._inflight, None
+        if prev is None:
+            return
+        self._gpu_wait = 0.0
+        self._complete(prev)
+        self._observe_step(prev.tokens, time.perf_counter() - prev.t_launch)
+
+    def _complete(self, done: _InFlight) -> None:
+        """Read an overlapped step's tokens and commit them (rows of requests that finished in
+        the meantime are dropped)."""
+        if self._inflight is done:
+            self._inflight = None
+        t0 = time.perf_counter()
+        try:
+            self.runner.wait(done.logits)
+            tokens = done.logits.tokens()
+        except Exception as exc:  # the device failed this step: its requests' state is unknown
+            log.exception("overlapped step %d failed", done.step_no)
+            for req, _i, _o in done.pending:
+                self._fail(req, f"step failed: {exc}")
+            return
+        finally:
+            self._gpu_wait += time.perf_counter() - t0
+        for req, index, off in done.pending:
+            if req.finished:
+                continue  # cancelled, stopped or ended by EOS while this step ran
+            stream = self.streams[req.request_id]
+            kept, reason = stream.resolve(index, tokens[off])
+            req.stats.record(0, 0)
+            self.stats.record(0, 0)
+            self.scheduler.policy.observe(req, 0, 0)
+            self.metrics.on_verified(0, 0)
+            self.output.render(stream, kept, reason, 0, 0, done.step_no, None)
+            if reason is not None:
+                self._release(req)
 
     def _run_isolated(self, rows: list[Row], draft: bool) -> None:
         """Run a step; if it fails, retry each half without drafts until the failure is
@@ -220,7 +371,7 @@ class Executor:
         # Waiting for the GPU is the step's only sync (verify would sync here anyway); timing
         # it separates the GPU's share of a step from the host's.
         t0 = time.perf_counter()
-        self.runner.synchronize()
+        self.runner.wait(logits)
         self._gpu_wait += time.perf_counter() - t0
         return self.verifier.verify(decode, logits)
 
@@ -365,6 +516,9 @@ class Executor:
         self._release(req)
 
     def _release(self, req: Request) -> None:
+        if req.finished:
+            return
+        self._sync_requests -= self._needs_host(req)
         req.state = RequestState.FINISHED
         self.scheduler.remove(req)
         self.scheduler.policy.forget(req)

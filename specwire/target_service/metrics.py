@@ -77,6 +77,16 @@ class TargetMetrics:
             "specwire_eager_steps",
             "Steps whose forward ran eagerly instead of replaying a CUDA graph",
         )
+        self.overlapped_steps = family(
+            Counter,
+            "specwire_overlapped_steps",
+            "Steps launched before the previous step's tokens were read (plain greedy steps)",
+        )
+        self.preemptions = family(
+            Counter,
+            "specwire_preemptions",
+            "Requests preempted for KV blocks (their blocks freed; recomputed later)",
+        )
         self.step_seconds = family(
             Histogram,
             "specwire_step_seconds",

@@ -88,17 +88,47 @@ class OutputStream:
         for tok in new_tokens:
             req.output_ids.append(tok)
             kept.append(tok)
-            if tok in self.eos_ids and not req.ignore_eos:
-                reason = "eos"
-            elif req.num_tokens >= self.max_context:
-                reason = "context"  # before length: a full context is the real reason
-            elif len(req.output_ids) >= req.max_new_tokens:
-                reason = "length"
+            reason = self._finish_rule(tok, len(req.output_ids))
             if reason:
                 break
         self.metrics.on_committed(req, len(kept), self.last_commit_time, now)
         self.last_commit_time = now
         return kept, reason
+
+    def _finish_rule(self, token: int, num_output: int) -> str | None:
+        """Why the request ends with `token` as its `num_output`-th output token, if it does."""
+        req = self.request
+        if token in self.eos_ids and not req.ignore_eos:
+            return "eos"
+        if len(req.prompt_ids) + num_output >= self.max_context:
+            return "context"  # before length: a full context is the real reason
+        if num_output >= req.max_new_tokens:
+            return "length"
+        return None
+
+    def ends_at(self, num_output: int) -> bool:
+        """Whether the request ends at its `num_output`-th output token whatever it is (length
+        or context): an overlapped step then never schedules it after that token."""
+        req = self.request
+        return (
+            len(req.prompt_ids) + num_output >= self.max_context or num_output >= req.max_new_tokens
+        )
+
+    def resolve(self, index: int, token: int) -> tuple[list[int], str | None]:
+        """`append` for overlapped steps: output position `index` held a placeholder while its
+        step ran; now its token is known. On a finish, later placeholders (a step launched
+        before this token was read) are dropped."""
+        req = self.request
+        now = time.monotonic()
+        if req.first_token_time is None:
+            req.first_token_time = now
+        req.output_ids[index] = token
+        reason = self._finish_rule(token, index + 1)
+        if reason:
+            del req.output_ids[index + 1 :]
+        self.metrics.on_committed(req, 1, self.last_commit_time, now)
+        self.last_commit_time = now
+        return [token], reason
 
     def render(
         self,

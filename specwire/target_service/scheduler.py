@@ -39,6 +39,9 @@ class Row:
     request: Request
     num_committed: int  # committed tokens fed this step, starting at request.num_computed
     decode: bool  # the row reaches the last committed token: draft, verify, emit
+    # Overlapped steps: the row's last committed token is still being computed by the step in
+    # flight; it is that step's logit row `feed_src` (the runner gathers it on the device).
+    feed_src: int = -1
 
 
 @dataclass
@@ -82,14 +85,31 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> ScheduledBatch:
+    def draft_len(self) -> int:
+        """The draft length the policy picks for the next step (before request caps)."""
+        queue = self.running
+        decode_next = [r for r in queue if r.num_tokens - r.num_computed == 1]
+        prefill = sum(r.num_tokens - r.num_computed for r in queue) - len(decode_next)
+        return self.policy.step_draft_len(decode_next, min(prefill, self.config.max_num_tokens))
+
+    def wants_drafts(self, step_k: int) -> bool:
+        """Whether any request that may run next step would get a draft budget at `step_k`."""
+        if step_k <= 0:
+            return False
+        cap = self.policy.request_cap
+        waiting = list(self.waiting)[: self.config.max_batch_size]
+        return any(cap(r, step_k) > 0 for r in self.running) or any(
+            cap(r, step_k) > 0 for r in waiting
+        )
+
+    def schedule(self, step_k: int | None = None) -> ScheduledBatch:
+        """Plan the next step. `step_k` overrides the policy's draft length (0: no drafts)."""
         batch = ScheduledBatch()
         tokens_left = self.config.max_num_tokens
         free_blocks = self.kv.num_free_blocks
         queue = list(self.running)
-        decode_next = [r for r in queue if r.num_tokens - r.num_computed == 1]
-        prefill = sum(r.num_tokens - r.num_computed for r in queue) - len(decode_next)
-        step_k = self.policy.step_draft_len(decode_next, min(prefill, self.config.max_num_tokens))
+        if step_k is None:
+            step_k = self.draft_len()
         while queue and len(batch.rows) < self.config.max_batch_size and tokens_left > 0:
             req = queue.pop(0)
             row, cost, blocks = self._plan_row(req, tokens_left, step_k)

@@ -138,10 +138,7 @@ class Verifier:
         greedy = [r.sampling.greedy for r in requests]
         argmax: list[int] = []
         if any(greedy):
-            if step.greedy is not None:  # computed in the graph, already on the host
-                argmax = step.greedy.tolist()
-            else:
-                argmax = step.logits.argmax(dim=-1).tolist()  # one device sync for the step
+            argmax = step.tokens()
         results: list[list[int]] = []
         for req, (off, _n) in zip(requests, step.spans, strict=False):
             drafts = req.draft_tokens[: req.num_real_drafts]

@@ -10,6 +10,12 @@ rows are empty (no queries, context 0).
 Static device buffers are allocated once at the largest shape and each graph reads views of
 them; host inputs are staged in pinned buffers and copied without blocking. Graphs are captured
 largest first with one warm-up each and share one memory pool.
+
+Two steps may be in flight (overlapped execution: step n+1 is launched before step n's tokens
+are read), so every host-side buffer has two twins used alternately: a step never stages its
+inputs over a copy the GPU has not made yet, nor copies its tokens over ones the executor has
+not read. A token that step n+1 feeds but step n computes (a placeholder on the host) is
+gathered on the device, inside the graph, from step n's argmax (`feed`).
 """
 
 from __future__ import annotations
@@ -34,30 +40,31 @@ def token_buckets(max_tokens: int) -> list[int]:
 
 
 class _Packed:
-    """Graph inputs of one dtype packed in one device buffer with a pinned host twin: a step
-    stages them on the host and uploads them in ONE copy (each CUDA call costs host time,
-    and a virtualised driver makes it dear). `field(name)` is a (device view, host view)."""
+    """Graph inputs of one dtype packed in one device buffer with two pinned host twins: a step
+    stages them on the host and uploads them in ONE copy (each CUDA call costs host time, and a
+    virtualised driver makes it dear). `field(name)` is (device view, [host view per twin])."""
 
     def __init__(self, shapes: dict[str, tuple[int, ...]], dtype, device) -> None:
         sizes = {name: math.prod(shape) for name, shape in shapes.items()}
-        self.dev = torch.zeros(sum(sizes.values()), dtype=dtype, device=device)
-        self.host = torch.zeros(sum(sizes.values()), dtype=dtype, pin_memory=True)
-        self.views: dict[str, tuple[torch.Tensor, object]] = {}
+        total = sum(sizes.values())
+        self.dev = torch.zeros(total, dtype=dtype, device=device)
+        self.host = [torch.zeros(total, dtype=dtype, pin_memory=True) for _ in range(2)]
+        self.views: dict[str, tuple[torch.Tensor, list]] = {}
         offset = 0
-        host_np = self.host.numpy()
+        host_np = [h.numpy() for h in self.host]
         for name, shape in shapes.items():
             n = sizes[name]
             self.views[name] = (
                 self.dev[offset : offset + n].view(shape),
-                host_np[offset : offset + n].reshape(shape),
+                [h[offset : offset + n].reshape(shape) for h in host_np],
             )
             offset += n
 
     def field(self, name: str):
         return self.views[name]
 
-    def upload(self) -> None:
-        self.dev.copy_(self.host, non_blocking=True)
+    def upload(self, twin: int) -> None:
+        self.dev.copy_(self.host[twin], non_blocking=True)
 
 
 class TokenGraphs:
@@ -78,8 +85,17 @@ class TokenGraphs:
         self.buckets = token_buckets(max_tokens)
         d = device
         t = max_tokens
+        # ids has one extra scratch slot: unused feed entries write there.
+        self.scratch = t
         self.longs = _Packed(
-            {"ids": (t,), "pos": (t,), "slots": (t,), "logit_rows": (max_logit_rows,)},
+            {
+                "ids": (t + 1,),
+                "pos": (t,),
+                "slots": (t,),
+                "logit_rows": (max_logit_rows,),
+                "feed_dst": (max_rows,),
+                "feed_src": (max_rows,),
+            },
             torch.long,
             d,
         )
@@ -88,7 +104,10 @@ class TokenGraphs:
             torch.int32,
             d,
         )
-        self.ids, self.h_ids = self.longs.field("ids")
+        self.ids_ext, self.h_ids = self.longs.field("ids")
+        self.ids = self.ids_ext[:t]
+        self.feed_dst, self.h_feed_dst = self.longs.field("feed_dst")
+        self.feed_src, self.h_feed_src = self.longs.field("feed_src")
         self.pos, self.h_pos = self.longs.field("pos")
         self.slots, self.h_slots = self.longs.field("slots")
         self.logit_rows, self.h_logit_rows = self.longs.field("logit_rows")
@@ -96,10 +115,14 @@ class TokenGraphs:
         self.seq_lens, self.h_seq_lens = self.ints.field("seq_lens")
         self.tables, self.h_tables = self.ints.field("tables")
         self.logits = torch.zeros(max_logit_rows, vocab_size, dtype=torch.float32, device=d)
-        # The greedy token of every logit row, computed inside the graph, and its pinned host
-        # twin: one small copy back per step instead of an argmax launch plus a copy.
+        # The greedy token of every logit row, computed inside the graph (no separate argmax
+        # launch); the next step's feed reads it there, and the host reads a pinned twin.
         self.argmax = torch.zeros(max_logit_rows, dtype=torch.long, device=d)
-        self.h_argmax = torch.zeros(max_logit_rows, dtype=torch.long, pin_memory=True)
+        self.h_argmax = [
+            torch.zeros(max_logit_rows, dtype=torch.long, pin_memory=True) for _ in range(2)
+        ]
+        self.done = [torch.cuda.Event() for _ in range(2)]
+        self.twin = 0  # the host twin the next replay stages into
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.pool = None
 
@@ -123,10 +146,12 @@ class TokenGraphs:
             context_lens=self.seq_lens,
             cu_seqlens_q=self.cu,
         )
+        # Tokens the previous step computed and this one feeds: gathered from its argmax
+        # (still in `self.argmax`) before this step overwrites it; unused entries hit scratch.
+        self.ids_ext.index_copy_(0, self.feed_dst, self.argmax.index_select(0, self.feed_src))
         out = self.forward(self.ids[:bucket], self.pos[:bucket], meta, self.logit_rows[:n_logits])
         self.logits[:n_logits].copy_(out)
         torch.argmax(self.logits[:n_logits], dim=-1, out=self.argmax[:n_logits])
-        self.h_argmax[:n_logits].copy_(self.argmax[:n_logits], non_blocking=True)
         return self.logits[:n_logits]
 
     def capture(self, buckets: Iterable[int] | None = None, progress=None) -> None:
@@ -163,34 +188,52 @@ class TokenGraphs:
         return out
 
     def _stage_empty(self) -> None:
-        self.longs.host.zero_()
-        self.h_slots[:] = -1
-        self.ints.host.zero_()
-        self.longs.upload()
-        self.ints.upload()
+        for twin in range(2):
+            self.longs.host[twin].zero_()
+            self.h_slots[twin][:] = -1
+            self.h_feed_dst[twin][:] = self.scratch
+            self.ints.host[twin].zero_()
+        self.longs.upload(0)
+        self.ints.upload(0)
         torch.cuda.synchronize()
 
-    def replay(self, bucket: int, step: VarlenStep) -> tuple[torch.Tensor, torch.Tensor]:
-        """Stage the step's inputs (padded to `bucket`), upload them in two copies, replay.
-        Returns (logits [L, V], greedy tokens [L] in pinned host memory), views whose first
-        len(step.logit_rows) rows are the step's; the host tokens are valid after a sync."""
+    def replay(
+        self, bucket: int, step: VarlenStep
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.cuda.Event]:
+        """Stage the step's inputs (padded to `bucket`) in the next host twin, upload them in two
+        copies, replay, copy the argmax back. Returns (logits [L, V], greedy tokens [L] in
+        pinned host memory, the event after which those tokens are valid); the first
+        len(step.logit_rows) rows are the step's. Nothing here waits for the device."""
+        w = self.twin
+        self.twin ^= 1
         t, b, n_logits = step.num_tokens, step.num_rows, len(step.logit_rows)
-        self.h_ids[:t] = step.ids
-        self.h_ids[t:bucket] = 0
-        self.h_pos[:t] = step.positions
-        self.h_pos[t:bucket] = 0
-        self.h_slots[:t] = step.slots
-        self.h_slots[t:bucket] = -1
-        self.h_logit_rows[:n_logits] = step.logit_rows
-        self.h_logit_rows[n_logits : self._logit_rows_for(bucket)] = 0
-        self.h_cu[: b + 1] = step.cu_seqlens
-        self.h_cu[b + 1 :] = t  # empty rows after the real ones
-        self.h_seq_lens[:b] = step.seq_lens
-        self.h_seq_lens[b:] = 0
+        h_ids, h_pos, h_slots = self.h_ids[w], self.h_pos[w], self.h_slots[w]
+        h_ids[:t] = step.ids
+        h_ids[t:bucket] = 0
+        h_pos[:t] = step.positions
+        h_pos[t:bucket] = 0
+        h_slots[:t] = step.slots
+        h_slots[t:bucket] = -1
+        h_logit_rows = self.h_logit_rows[w]
+        h_logit_rows[:n_logits] = step.logit_rows
+        h_logit_rows[n_logits : self._logit_rows_for(bucket)] = 0
+        f = len(step.feed)
+        h_dst, h_src = self.h_feed_dst[w], self.h_feed_src[w]
+        if f:
+            h_dst[:f], h_src[:f] = zip(*step.feed, strict=True)
+        h_dst[f:] = self.scratch
+        h_src[f:] = 0
+        h_cu, h_seq_lens, h_tables = self.h_cu[w], self.h_seq_lens[w], self.h_tables[w]
+        h_cu[: b + 1] = step.cu_seqlens
+        h_cu[b + 1 :] = t  # empty rows after the real ones
+        h_seq_lens[:b] = step.seq_lens
+        h_seq_lens[b:] = 0
         for i, table in enumerate(step.tables):
-            self.h_tables[i, : len(table)] = table
-        self.longs.upload()
-        self.ints.upload()
+            h_tables[i, : len(table)] = table
+        self.longs.upload(w)
+        self.ints.upload(w)
         self.graphs[bucket].replay()
         n = self._logit_rows_for(bucket)
-        return self.logits[:n], self.h_argmax[:n]
+        self.h_argmax[w][:n].copy_(self.argmax[:n], non_blocking=True)
+        self.done[w].record()
+        return self.logits[:n], self.h_argmax[w][:n], self.done[w]

