@@ -3,7 +3,7 @@
 # it travels in two halves on one warm machine:
 #   PART=stage1: install the carried wheels, keep the first half, run the GPU tests (tiny-random)
 #   PART=stage2: join the halves where the loader finds the model, run the serving benchmark
-#                (SERVING_ARGS) and, with VERIFY=1, verify_step.
+#                (SERVING_ARGS, then SERVING_ARGS2 if set) and, with VERIFY=1, verify_step.
 # .model/part_* is the half carried by this call; results land in $OUT.
 export PYTHONUNBUFFERED=1
 : "${OUT:?set OUT}"
@@ -36,5 +36,8 @@ stage2)
   run serving "${SERVING_LIMIT:-420}" "$PY" bench/serving.py --model smollm2-135m \
     --device cuda --max-batch-size 64 --max-num-tokens 1024 --metrics \
     --json "$OUT/serving.json" ${SERVING_ARGS:-}
+  [ -z "$SERVING_ARGS2" ] || run serving2 "${SERVING_LIMIT:-420}" "$PY" bench/serving.py \
+    --model smollm2-135m --device cuda --max-batch-size 64 --max-num-tokens 1024 --metrics \
+    --json "$OUT/serving2.json" $SERVING_ARGS2
   ;;
 esac

@@ -51,6 +51,7 @@ from specwire.common.protogen import generation_pb2_grpc as pb_grpc  # noqa: E40
 
 EAGER = "specwire_eager_steps_total"
 OVERLAPPED = "specwire_overlapped_steps_total"
+ONE_TOKEN = "specwire_one_token_step_gpu_seconds"
 STEPS = "specwire_steps_total"
 
 
@@ -201,6 +202,7 @@ async def run_server(server, plans: list[PassPlan], args) -> dict:
                 steps=_counter_delta(before, after, STEPS),
                 step_ms=_mean_ms(before, after, "specwire_step_seconds"),
                 host_ms=_mean_ms(before, after, "specwire_step_host_seconds"),
+                one_token_gpu_ms=after.get(ONE_TOKEN) and after[ONE_TOKEN] * 1e3,
                 requests=[r.to_json() for r in records],
             )
             passes.append(rec)
@@ -257,6 +259,16 @@ def config_markdown(rec: dict) -> str:
             f"{ratio(f['ttft_p50_s'], r['ttft_p50_s'])}, TTFT p99 "
             f"{ratio(f['ttft_p99_s'], r['ttft_p99_s'])}, E2E p50 "
             f"{ratio(f['e2e_p50_s'], r['e2e_p50_s'])}\n"
+        )
+    solo = next((p for p in timed if p["concurrency"] == 1 and p["name"] != "replay"), None)
+    if solo and m["drafter"] == "none" and solo.get("one_token_gpu_ms"):
+        g = solo["one_token_gpu_ms"]
+        bound = 1e3 / g
+        out.append(
+            f"c=1: {solo['summary']['tok_per_s']:.1f} tok/s = "
+            f"{solo['summary']['tok_per_s'] / bound:.0%} of 1 / (1-token graph replay "
+            f"{g:.3f} ms, weights only) = {bound:.0f} tok/s; step period {solo['step_ms']:.3f} "
+            f"ms, so the host adds {solo['step_ms'] - g:.3f} ms a step on the critical path\n"
         )
     out.append("\nPer prompt kind, pooled over the first-sight passes:\n\n")
     out.append(kind_table(rec["per_kind_first_sight"]))

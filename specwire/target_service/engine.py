@@ -272,11 +272,13 @@ def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine
     )
     # The draft-length policy: adaptive where a measured cost table exists (CUDA graphs).
     policy = DraftLengthPolicy(k, adaptive=cfg.draft_policy == "adaptive")
-    if runner.graphs is not None and k > 0:
-        policy.seed_costs(runner.graphs.measure())
-    else:
-        policy.adaptive = False
     metrics = TargetMetrics(cfg.model)  # streams and the executor report to the same one
+    if runner.graphs is not None:
+        replay = runner.graphs.measure()
+        metrics.one_token_gpu.set(replay[min(replay)])
+        policy.seed_costs(replay)
+    if runner.graphs is None or k == 0:
+        policy.adaptive = False
     executor = Executor(
         scheduler=Scheduler(SchedulerConfig(cfg.max_batch_size, cfg.max_num_tokens, k), kv, policy),
         resources=resources,

@@ -212,6 +212,7 @@ class Executor:
 
     def step(self) -> None:
         overlap = self.overlap and self._sync_requests <= 0
+        self.scheduler.policy.overlap = overlap  # what a plain step costs depends on it
         step_k = self.scheduler.draft_len() if self.drafter is not None else 0
         if step_k and self.scheduler.wants_drafts(step_k):
             overlap = False
@@ -238,10 +239,10 @@ class Executor:
         tokens = sum(
             r.num_committed + (r.request.num_real_drafts if r.decode else 0) for r in batch.rows
         )
-        self._observe_step(tokens, elapsed)
+        self.scheduler.policy.observe_sync(len(batch.rows), tokens, elapsed, self._gpu_wait)
+        self._count_step(elapsed)
 
-    def _observe_step(self, tokens: int, elapsed: float) -> None:
-        self.scheduler.policy.observe_step(tokens, elapsed)
+    def _count_step(self, elapsed: float) -> None:
         m = self.metrics
         m.steps.inc()
         m.step_seconds.observe(elapsed)
@@ -299,7 +300,7 @@ class Executor:
         if prev is not None:
             self._gpu_wait = 0.0
             self._complete(prev)
-            self._observe_step(prev.tokens, t0 - prev.t_launch)
+            self._observed_plain(prev, t0 - prev.t_launch)
 
     def _finish_inflight(self) -> None:
         prev, self._inflight = self._inflight, None
@@ -307,7 +308,11 @@ class Executor:
             return
         self._gpu_wait = 0.0
         self._complete(prev)
-        self._observe_step(prev.tokens, time.perf_counter() - prev.t_launch)
+        self._observed_plain(prev, time.perf_counter() - prev.t_launch)
+
+    def _observed_plain(self, done: _InFlight, period: float) -> None:
+        self.scheduler.policy.observe_plain(done.tokens, period)
+        self._count_step(period)
 
     def _complete(self, done: _InFlight) -> None:
         """Read an overlapped step's tokens and commit them (rows of requests that finished in

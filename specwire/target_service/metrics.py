@@ -161,6 +161,12 @@ class TargetMetrics:
         self.running = family(Gauge, "specwire_running_requests", "Requests in the batch")
         self.waiting = family(Gauge, "specwire_waiting_requests", "Requests queued")
         self.kv_free = family(Gauge, "specwire_kv_free_blocks", "Free KV cache blocks")
+        self.one_token_gpu = family(
+            Gauge,
+            "specwire_one_token_step_gpu_seconds",
+            "Device time of a 1-token step's graph replay, measured at warm-up (weights only, "
+            "no context): the bound on one stream's decoding speed",
+        )
         self.kv_usage = family(
             Gauge,
             "specwire_kv_cache_usage_ratio",
