@@ -36,6 +36,11 @@ stage2)
   run serving "${SERVING_LIMIT:-420}" "$PY" bench/serving.py --model smollm2-135m \
     --device cuda --max-batch-size 64 --max-num-tokens 1024 --metrics \
     --json "$OUT/serving.json" ${SERVING_ARGS:-}
+  if [ -n "$PROFILE" ]; then  # where the target's host time goes at c=64 (py-spy, 1 kHz)
+    run profile 240 "$SITE/bin/py-spy" record --rate 1000 --threads --subprocesses \
+      --format raw -o "$OUT/profile.txt" -- "$PY" bench/serving.py --model smollm2-135m \
+      --device cuda --max-batch-size 64 --max-num-tokens 1024 --configs none --concurrency 64
+  fi
   [ -z "$SERVING_ARGS2" ] || run serving2 "${SERVING_LIMIT:-420}" "$PY" bench/serving.py \
     --model smollm2-135m --device cuda --max-batch-size 64 --max-num-tokens 1024 --metrics \
     --json "$OUT/serving2.json" $SERVING_ARGS2

@@ -22,7 +22,9 @@ The two kinds of step cost differently, so each has its own measured model:
 - a plain step (k = 0) is overlapped with the next one's preparation when the executor can
   (`overlap`): cost = its measured launch-to-launch period per token bucket (until one is
   seen, the GPU time: optimistic, so it gets tried). Without overlap it costs what a
-  synchronous step does.
+  synchronous step does. A speculative step after an overlapped one first waits for the step
+  in flight; the executor charges that wait to the speculative step, so the switch's cost is
+  learnt too, and drafting must beat plain steps by `switch_margin` to be chosen.
 
 A request whose drafts are almost never accepted (a < `min_accept`) stops drafting and is
 re-tried now and then (`explore_every`); a policy that stopped drafting altogether tries the
@@ -63,6 +65,7 @@ class DraftLengthPolicy:
     explore_steps: int = 64  # steps between forced tries when no request drafts
     min_accept: float = 0.1  # below this per-draft acceptance a request stops drafting
     population_ema: float = 0.02  # weight of one request's step in the population estimate
+    switch_margin: float = 0.05  # drafting must beat overlapped plain steps by this much
     overlap: bool = True  # plain steps are overlapped (the executor sets this every step)
     # token bucket -> seconds; `buckets` is sorted
     buckets: list[int] = field(default_factory=list)
@@ -188,7 +191,10 @@ class DraftLengthPolicy:
             goodput.append(committed / max(cost, 1e-9))
         best_k = 0
         for k in range(1, len(goodput)):
-            if goodput[k] > goodput[best_k] * 1.0001:  # ties go to the shorter draft
+            # Ties go to the shorter draft; leaving overlapped plain steps needs a clear gain
+            # (the estimates are noisy and every switch drains the pipeline).
+            margin = 1.0 + (self.switch_margin if best_k == 0 and self.overlap else 0.0001)
+            if goodput[k] > goodput[best_k] * margin:
                 best_k = k
         if best_k == 0 and len(goodput) > 1 and self._decisions % self.explore_steps == 0:
             best_k = max(range(1, len(goodput)), key=goodput.__getitem__)  # look again

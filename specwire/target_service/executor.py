@@ -216,8 +216,13 @@ class Executor:
         step_k = self.scheduler.draft_len() if self.drafter is not None else 0
         if step_k and self.scheduler.wants_drafts(step_k):
             overlap = False
+        t0 = time.perf_counter()
+        self._gpu_wait = 0.0
         if not overlap:
-            self._finish_inflight()  # drafting and verifying need every token on the host
+            # Drafting and verifying need every token on the host: wait for the step in
+            # flight. That wait is what switching to a synchronous step costs, so it is
+            # charged to this step (the draft policy learns it), not to the plain one.
+            self._finish_inflight(observe=False)
         batch = self.scheduler.schedule(step_k=0 if overlap else step_k)
         if batch.preempted:
             self.metrics.preemptions.inc(len(batch.preempted))
@@ -232,8 +237,6 @@ class Executor:
         if overlap:
             self._step_overlapped(batch)
             return
-        t0 = time.perf_counter()
-        self._gpu_wait = 0.0
         self._run_isolated(batch.rows, draft=True)
         elapsed = time.perf_counter() - t0
         tokens = sum(
@@ -302,9 +305,15 @@ class Executor:
             self._complete(prev)
             self._observed_plain(prev, t0 - prev.t_launch)
 
-    def _finish_inflight(self) -> None:
+    def _finish_inflight(self, observe: bool = True) -> None:
+        """Read the step in flight, if any. `observe`: time it as a plain step (launch to
+        now); otherwise its wait is the caller's to account for."""
         prev, self._inflight = self._inflight, None
         if prev is None:
+            return
+        if not observe:
+            self._complete(prev)
+            self.metrics.steps.inc()
             return
         self._gpu_wait = 0.0
         self._complete(prev)
