@@ -46,6 +46,19 @@ class _Estimate:
     has_draft: float = 1.0  # probability the drafter proposes anything, p
     steps: int = 0
     drafted_steps: int = 0  # steps in which drafts were verified (what `accept` learnt from)
+    # per k = 0..K: (expected committed tokens, tokens fed); rebuilt when the estimate moves
+    table: list[tuple[float, int]] | None = None
+
+    def per_k(self, max_k: int) -> list[tuple[float, int]]:
+        if self.table is None:
+            a, p = self.accept, self.has_draft
+            gain, term, out = 0.0, 1.0, [(1.0, 1)]
+            for k in range(1, max_k + 1):
+                term *= a
+                gain += term
+                out.append((1.0 + p * gain, 1 + round(p * k)))
+            self.table = out
+        return self.table
 
 
 def _ema(old: float | None, new: float, w: float) -> float:
@@ -148,6 +161,7 @@ class DraftLengthPolicy:
         seen = 1.0 if drafted else 0.0
         est.has_draft += w * (seen - est.has_draft)
         pop.has_draft += pw * (seen - pop.has_draft)
+        est.table = None
         if drafted:
             est.drafted_steps += 1
             # Per-draft acceptance from an accepted prefix of length `accepted` out of `drafted`:
@@ -161,32 +175,31 @@ class DraftLengthPolicy:
         self._est.pop(req.request_id, None)
 
     # -- the decision ----------------------------------------------------------------------------
-    def _expected(self, est: _Estimate, k: int) -> float:
-        a, gain, term = est.accept, 0.0, 1.0
-        for _ in range(k):
-            term *= a
-            gain += term
-        return 1.0 + est.has_draft * gain
-
     def step_draft_len(self, decode: list[Request], prefill_tokens: int = 0) -> int:
         """The draft length for a step whose decode rows are `decode` (caps still apply)."""
         if not self.adaptive or not decode:
             # Static, or only prefills finishing this step (their drafts cost little next to
             # the chunk): the maximum, which request caps then trim.
             return self.max_draft_len
-        prior = self._new_estimate()
-        ests = [self._est.get(r.request_id) or prior for r in decode]
-        caps = [r.useful_drafts for r in decode]
+        K = self.max_draft_len
+        prior = self._new_estimate().per_k(K)
+        est = self._est
         rows = len(decode) + (1 if prefill_tokens else 0)
         self._decisions += 1
+        # Per request, (expected committed, tokens fed) at each k its cap allows (hot path:
+        # tables cached on the estimates, rebuilt only when an estimate moves).
+        tables = []
+        for r in decode:
+            e = est.get(r.request_id)
+            tables.append((e.per_k(K) if e is not None else prior, min(r.useful_drafts, K)))
         goodput = []
-        for k in range(self.max_draft_len + 1):
+        for k in range(K + 1):
             tokens = prefill_tokens
             committed = 0.0
-            for est, cap in zip(ests, caps, strict=True):
-                kk = min(k, cap)
-                tokens += 1 + round(est.has_draft * kk)
-                committed += self._expected(est, kk)
+            for table, cap in tables:
+                c, t = table[k if k < cap else cap]
+                committed += c
+                tokens += t
             cost = self.plain_cost(rows, tokens) if k == 0 else self.sync_cost(rows, tokens)
             goodput.append(committed / max(cost, 1e-9))
         best_k = 0

@@ -339,18 +339,23 @@ class Executor:
             return
         finally:
             self._gpu_wait += time.perf_counter() - t0
+        now = time.monotonic()
+        rendered = []
+        observe = self.scheduler.policy.observe
         for req, index, off in done.pending:
             if req.finished:
                 continue  # cancelled, stopped or ended by EOS while this step ran
             stream = self.streams[req.request_id]
-            kept, reason = stream.resolve(index, tokens[off])
+            kept, reason = stream.resolve(index, tokens[off], now)
             req.stats.record(0, 0)
             self.stats.record(0, 0)
-            self.scheduler.policy.observe(req, 0, 0)
-            self.metrics.on_verified(0, 0)
-            self.output.render(stream, kept, reason, 0, 0, done.step_no, None)
+            observe(req, 0, 0)
+            rendered.append((stream, kept, reason, 0, 0, done.step_no, None))
             if reason is not None:
                 self._release(req)
+        # Per step, not per row: each metric update takes a lock, each queued item another.
+        self.metrics.tokens.inc(len(rendered))
+        self.output.render_many(rendered)
 
     def _run_isolated(self, rows: list[Row], draft: bool) -> None:
         """Run a step; if it fails, retry each half without drafts until the failure is
@@ -499,6 +504,7 @@ class Executor:
         new_tokens: list[list[int]],
         logprobs: Sequence[list[TokenLogprob] | None],
     ) -> None:
+        rendered = []
         for req, toks, lps in zip(requests, new_tokens, logprobs, strict=True):
             drafted, acc = req.num_real_drafts, len(toks) - 1
             req.stats.record(drafted, acc)
@@ -507,9 +513,10 @@ class Executor:
             self.metrics.on_verified(drafted, acc)
             stream = self.streams[req.request_id]
             kept, reason = stream.append(toks)
-            self.output.render(stream, kept, reason, drafted, acc, self.step_no, lps)
+            rendered.append((stream, kept, reason, drafted, acc, self.step_no, lps))
             if reason is not None:
                 self._release(req)
+        self.output.render_many(rendered)
 
     def _stopped(self, request_id: str) -> None:
         """From the output thread: a stop string finished this request's stream."""

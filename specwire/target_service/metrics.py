@@ -211,6 +211,10 @@ class TargetMetrics:
         """`num_tokens` (>= 1) tokens committed at `now`; `previous` is when the request's
         previous chunk was (None: this is its first)."""
         self.tokens.inc(num_tokens)
+        self.on_latency(req, num_tokens, previous, now)
+
+    def on_latency(self, req: Request, num_tokens: int, previous: float | None, now: float):
+        """`on_committed` without counting the tokens (the caller counts a step's at once)."""
         if previous is None:
             self.ttft.observe(now - req.arrival_time)
         else:

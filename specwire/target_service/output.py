@@ -114,19 +114,19 @@ class OutputStream:
             len(req.prompt_ids) + num_output >= self.max_context or num_output >= req.max_new_tokens
         )
 
-    def resolve(self, index: int, token: int) -> tuple[list[int], str | None]:
+    def resolve(self, index: int, token: int, now: float) -> tuple[list[int], str | None]:
         """`append` for overlapped steps: output position `index` held a placeholder while its
-        step ran; now its token is known. On a finish, later placeholders (a step launched
-        before this token was read) are dropped."""
+        step ran; now (`now`) its token is known. On a finish, later placeholders (a step
+        launched before this token was read) are dropped. The caller counts the token in the
+        metrics (once for the whole step)."""
         req = self.request
-        now = time.monotonic()
         if req.first_token_time is None:
             req.first_token_time = now
         req.output_ids[index] = token
         reason = self._finish_rule(token, index + 1)
         if reason:
             del req.output_ids[index + 1 :]
-        self.metrics.on_committed(req, 1, self.last_commit_time, now)
+        self.metrics.on_latency(req, 1, self.last_commit_time, now)
         self.last_commit_time = now
         return [token], reason
 
@@ -243,9 +243,18 @@ class OutputWorker:
     def render(self, stream: OutputStream, kept, reason, drafted, accepted, step, lps) -> None:
         self.submit(self._render, stream, kept, reason, drafted, accepted, step, lps)
 
+    def render_many(self, items: list[tuple]) -> None:
+        """`render` for each item (its arguments), in order, queued as one: a step's rows."""
+        if items:
+            self.submit(self._render_many, items)
+
     def _render(self, stream: OutputStream, kept, reason, drafted, accepted, step, lps) -> None:
         if stream.render(kept, reason, drafted, accepted, step, lps) and reason is None:
             self._on_stopped(stream.request.request_id)
+
+    def _render_many(self, items: list[tuple]) -> None:
+        for item in items:
+            self._call(self._render, item)
 
     def flush(self) -> None:
         """Wait until everything submitted so far has been rendered."""

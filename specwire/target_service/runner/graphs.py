@@ -14,8 +14,11 @@ largest first with one warm-up each and share one memory pool.
 Two steps may be in flight (overlapped execution: step n+1 is launched before step n's tokens
 are read), so every host-side buffer has two twins used alternately: a step never stages its
 inputs over a copy the GPU has not made yet, nor copies its tokens over ones the executor has
-not read. A token that step n+1 feeds but step n computes (a placeholder on the host) is
-gathered on the device, inside the graph, from step n's argmax (`feed`).
+not read. Each bucket is captured once per twin, with the upload from that twin's pinned
+inputs and the copy of the argmax back to its pinned outputs inside the graph: a step costs the
+host two CUDA calls (replay, event), which matters on a virtualised driver where each call is
+dear. A token that step n+1 feeds but step n computes (a placeholder on the host) is gathered
+on the device, inside the graph, from step n's argmax (`feed`).
 """
 
 from __future__ import annotations
@@ -123,7 +126,9 @@ class TokenGraphs:
         ]
         self.done = [torch.cuda.Event() for _ in range(2)]
         self.twin = 0  # the host twin the next replay stages into
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        # bucket -> graph, one dict per host twin; `graphs` is twin 0's
+        self.twins: list[dict[int, torch.cuda.CUDAGraph]] = [{}, {}]
+        self.graphs = self.twins[0]
         self.pool = None
 
     def _logit_rows_for(self, bucket: int) -> int:
@@ -138,8 +143,10 @@ class TokenGraphs:
                 return t if len(step.logit_rows) <= self._logit_rows_for(t) else None
         return None
 
-    def _run(self, bucket: int) -> torch.Tensor:
+    def _run(self, bucket: int, twin: int) -> torch.Tensor:
         n_logits = self._logit_rows_for(bucket)
+        self.longs.upload(twin)
+        self.ints.upload(twin)
         meta = AttentionMetadata(
             slot_mapping=self.slots[:bucket],
             block_tables=self.tables,
@@ -152,21 +159,23 @@ class TokenGraphs:
         out = self.forward(self.ids[:bucket], self.pos[:bucket], meta, self.logit_rows[:n_logits])
         self.logits[:n_logits].copy_(out)
         torch.argmax(self.logits[:n_logits], dim=-1, out=self.argmax[:n_logits])
+        self.h_argmax[twin][:n_logits].copy_(self.argmax[:n_logits], non_blocking=True)
         return self.logits[:n_logits]
 
     def capture(self, buckets: Iterable[int] | None = None, progress=None) -> None:
-        """Capture every bucket, largest first, in one memory pool. Inputs are all padding
-        (empty rows), so capture touches no request's cache."""
+        """Capture every bucket for both twins, largest first, in one memory pool. Inputs are
+        all padding (empty rows), so capture touches no request's cache."""
         self._stage_empty()
         for bucket in sorted(buckets or self.buckets, reverse=True):
-            self._run(bucket)  # warm-up (compiles the kernels for this shape)
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                self._run(bucket)
-            if self.pool is None:
-                self.pool = graph.pool()
-            self.graphs[bucket] = graph
+            for twin in range(2):
+                self._run(bucket, twin)  # warm-up (compiles the kernels for this shape)
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool):
+                    self._run(bucket, twin)
+                if self.pool is None:
+                    self.pool = graph.pool()
+                self.twins[twin][bucket] = graph
             if progress is not None:
                 progress.update(1)
         torch.cuda.synchronize()
@@ -193,17 +202,15 @@ class TokenGraphs:
             self.h_slots[twin][:] = -1
             self.h_feed_dst[twin][:] = self.scratch
             self.ints.host[twin].zero_()
-        self.longs.upload(0)
-        self.ints.upload(0)
         torch.cuda.synchronize()
 
     def replay(
         self, bucket: int, step: VarlenStep
     ) -> tuple[torch.Tensor, torch.Tensor, torch.cuda.Event]:
-        """Stage the step's inputs (padded to `bucket`) in the next host twin, upload them in two
-        copies, replay, copy the argmax back. Returns (logits [L, V], greedy tokens [L] in
-        pinned host memory, the event after which those tokens are valid); the first
-        len(step.logit_rows) rows are the step's. Nothing here waits for the device."""
+        """Stage the step's inputs (padded to `bucket`) in the next host twin and replay that
+        twin's graph (which uploads them and copies the argmax back). Returns (logits [L, V],
+        greedy tokens [L] in pinned host memory, the event after which those tokens are
+        valid); the first len(step.logit_rows) rows are the step's. Nothing here waits."""
         w = self.twin
         self.twin ^= 1
         t, b, n_logits = step.num_tokens, step.num_rows, len(step.logit_rows)
@@ -230,10 +237,7 @@ class TokenGraphs:
         h_seq_lens[b:] = 0
         for i, table in enumerate(step.tables):
             h_tables[i, : len(table)] = table
-        self.longs.upload(w)
-        self.ints.upload(w)
-        self.graphs[bucket].replay()
+        self.twins[w][bucket].replay()
         n = self._logit_rows_for(bucket)
-        self.h_argmax[w][:n].copy_(self.argmax[:n], non_blocking=True)
         self.done[w].record()
         return self.logits[:n], self.h_argmax[w][:n], self.done[w]
