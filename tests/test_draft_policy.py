@@ -117,3 +117,22 @@ def test_a_policy_that_stopped_drafting_looks_again():
     _loaded(p, 64, host=5e-3, period=1e-3)
     ks = [p.step_draft_len(reqs) for _ in range(16)]
     assert ks.count(0) == 14 and all(k > 0 for k in ks[7::8])
+
+
+def test_the_cost_of_leaving_overlapped_steps_is_paid_once():
+    """A switch to speculation drains the pipeline: in plain mode a marginal gain does not pay
+    for it, but the same gain keeps a policy that is already speculating where it is."""
+    p = _policy({1: 1e-3, 2: 1e-3, 4: 1e-3, 8: 1e-3})
+    solo = _req("solo")
+    for _ in range(5):
+        _teach(p, solo, drafted=4, accepted=1, times=1)
+        _teach(p, solo, drafted=4, accepted=0, times=1)
+    for _ in range(30):
+        p.observe_sync(1, 3, 0.4e-3 + 1e-3, 1e-3)  # speculative: 1.4 ms for ~1.3 tokens
+        p.observe_plain(1, 1.2e-3)  # plain: 1.2 ms a token
+    p.speculating = True
+    assert p.step_draft_len([solo]) > 0  # already speculating: 0.93 vs 0.83 tokens/ms
+    p.speculating = False
+    for _ in range(10):
+        p.observe_switch(8e-3)  # a drain that costs 1 ms a step over the next 8
+    assert p.step_draft_len([solo]) == 0

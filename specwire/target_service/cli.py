@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import signal
 import sys
 import threading
@@ -112,6 +113,11 @@ def run(args: argparse.Namespace) -> int:
     except BaseException:
         server.stop(0)
         raise
+    # Everything loaded so far (weights, tokenizer, graphs) lives as long as the process:
+    # keep it out of the cyclic collector's full passes, which otherwise stall a step now
+    # and then for as long as it takes to walk it all.
+    gc.collect()
+    gc.freeze()
     server.attach(engine)
     if args.metrics_port:
         engine.executor.metrics.serve(args.metrics_port, args.host)

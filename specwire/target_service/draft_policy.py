@@ -22,9 +22,11 @@ The two kinds of step cost differently, so each has its own measured model:
 - a plain step (k = 0) is overlapped with the next one's preparation when the executor can
   (`overlap`): cost = its measured launch-to-launch period per token bucket (until one is
   seen, the GPU time: optimistic, so it gets tried). Without overlap it costs what a
-  synchronous step does. A speculative step after an overlapped one first waits for the step
-  in flight; the executor charges that wait to the speculative step, so the switch's cost is
-  learnt too, and drafting must beat plain steps by `switch_margin` to be chosen.
+  synchronous step does.
+- switching from overlapped plain steps to speculation first drains the pipeline (waits for the
+  step in flight): a one-off cost (`observe_switch`, an EMA), spread over `switch_run` steps,
+  that a speculative step pays on top when the policy is in plain mode — and it must then
+  beat plain steps by `switch_margin`. Once speculating, steps compare without it.
 
 A request whose drafts are almost never accepted (a < `min_accept`) stops drafting and is
 re-tried now and then (`explore_every`); a policy that stopped drafting altogether tries the
@@ -79,6 +81,9 @@ class DraftLengthPolicy:
     min_accept: float = 0.1  # below this per-draft acceptance a request stops drafting
     population_ema: float = 0.02  # weight of one request's step in the population estimate
     switch_margin: float = 0.05  # drafting must beat overlapped plain steps by this much
+    switch_run: int = 8  # speculative steps a switch's drain is spread over
+    switch_cost: float = 0.0  # seconds a switch to speculation waits for the step in flight
+    speculating: bool = False  # the last decision drafted
     overlap: bool = True  # plain steps are overlapped (the executor sets this every step)
     # token bucket -> seconds; `buckets` is sorted
     buckets: list[int] = field(default_factory=list)
@@ -139,6 +144,10 @@ class DraftLengthPolicy:
         if i is not None:
             self.gpu[i] = _ema(self.gpu[i], device_wait, self.ema)
 
+    def observe_switch(self, seconds: float) -> None:
+        """Leaving overlapped steps waited `seconds` for the step in flight."""
+        self.switch_cost = _ema(self.switch_cost or None, seconds, self.ema)
+
     def observe_plain(self, tokens: int, period: float) -> None:
         """An overlapped plain step of `tokens` tokens: `period` from its launch to the next."""
         i = self._bucket_index(tokens) if self.buckets else None
@@ -186,6 +195,8 @@ class DraftLengthPolicy:
         est = self._est
         rows = len(decode) + (1 if prefill_tokens else 0)
         self._decisions += 1
+        switching = self.overlap and not self.speculating
+        switch = self.switch_cost / self.switch_run if switching else 0.0
         # Per request, (expected committed, tokens fed) at each k its cap allows (hot path:
         # tables cached on the estimates, rebuilt only when an estimate moves).
         tables = []
@@ -200,17 +211,21 @@ class DraftLengthPolicy:
                 c, t = table[k if k < cap else cap]
                 committed += c
                 tokens += t
-            cost = self.plain_cost(rows, tokens) if k == 0 else self.sync_cost(rows, tokens)
+            if k == 0:
+                cost = self.plain_cost(rows, tokens)
+            else:
+                cost = self.sync_cost(rows, tokens) + switch
             goodput.append(committed / max(cost, 1e-9))
         best_k = 0
         for k in range(1, len(goodput)):
             # Ties go to the shorter draft; leaving overlapped plain steps needs a clear gain
             # (the estimates are noisy and every switch drains the pipeline).
-            margin = 1.0 + (self.switch_margin if best_k == 0 and self.overlap else 0.0001)
+            margin = 1.0 + (self.switch_margin if best_k == 0 and switching else 0.0001)
             if goodput[k] > goodput[best_k] * margin:
                 best_k = k
         if best_k == 0 and len(goodput) > 1 and self._decisions % self.explore_steps == 0:
             best_k = max(range(1, len(goodput)), key=goodput.__getitem__)  # look again
+        self.speculating = best_k > 0
         return best_k
 
     def request_cap(self, req: Request, step_k: int) -> int:

@@ -216,13 +216,14 @@ class Executor:
         step_k = self.scheduler.draft_len() if self.drafter is not None else 0
         if step_k and self.scheduler.wants_drafts(step_k):
             overlap = False
+        if not overlap and self._inflight is not None:
+            # Drafting and verifying need every token on the host: wait for the step in
+            # flight. That wait is what leaving overlapped steps costs (the policy learns it).
+            t_drain = time.perf_counter()
+            self._finish_inflight(observe=False)
+            self.scheduler.policy.observe_switch(time.perf_counter() - t_drain)
         t0 = time.perf_counter()
         self._gpu_wait = 0.0
-        if not overlap:
-            # Drafting and verifying need every token on the host: wait for the step in
-            # flight. That wait is what switching to a synchronous step costs, so it is
-            # charged to this step (the draft policy learns it), not to the plain one.
-            self._finish_inflight(observe=False)
         batch = self.scheduler.schedule(step_k=0 if overlap else step_k)
         if batch.preempted:
             self.metrics.preemptions.inc(len(batch.preempted))
@@ -235,6 +236,7 @@ class Executor:
         self.metrics.on_scheduled(batch.requests)
         self.step_no += 1
         if overlap:
+            self.scheduler.policy.speculating = False
             self._step_overlapped(batch)
             return
         self._run_isolated(batch.rows, draft=True)
