@@ -8,11 +8,18 @@ occurrence, up to the budget; a continuation that runs into the end of the seque
 periodically (copy with overlap), so repetitive text gets full-length drafts. With
 `prefer="latest"` (default) the most recent earlier occurrence wins, which suits editing and
 repetitive code; `prefer="oldest"` keeps the first.
-Indexing is incremental: each committed token is indexed once, so a step costs O(new tokens x
-max_ngram), not O(sequence length).
+The pool is implicit: the tokens are kept as a byte string of fixed-width integers, and a query
+searches it (bytes.rfind / find: C speed, aligned matches only) instead of maintaining a dict
+of every n-gram. Appending costs nothing per token in Python, which matters when a request
+drafts only now and then (the adaptive policy) and its tokens would otherwise all be indexed
+at once; a query is a few memory scans of the sequence.
 """
 
 from __future__ import annotations
+
+from array import array
+
+_WIDTH = 8  # bytes per token in the search buffer (array typecode "q")
 
 
 class NGramIndex:
@@ -26,23 +33,31 @@ class NGramIndex:
         self.max_ngram = max_ngram
         self.prefer_latest = prefer == "latest"
         self.tokens: list[int] = []
-        self._pool: dict[tuple[int, ...], int] = {}
-        self._indexed = 0  # continuation starts < _indexed are in the pool
+        self._buf = bytearray()  # the tokens as fixed-width integers
 
     def __len__(self) -> int:
         return len(self.tokens)
 
     def extend(self, new_tokens: list[int]) -> None:
-        """Append committed tokens and index the n-grams they complete."""
+        """Append committed tokens."""
         self.tokens.extend(new_tokens)
-        toks = self.tokens
-        # A continuation start e needs at least one token after it: index e < len(toks).
-        for e in range(max(self._indexed, 1), len(toks)):
-            for n in range(1, min(self.max_ngram, e) + 1):
-                key = tuple(toks[e - n : e])
-                if self.prefer_latest or key not in self._pool:
-                    self._pool[key] = e
-        self._indexed = max(self._indexed, len(toks))
+        self._buf += array("q", new_tokens).tobytes()
+
+    def _start(self, n: int) -> int | None:
+        """Where the tokens after the chosen earlier occurrence of the last `n` tokens begin:
+        the latest (or oldest) occurrence that has at least one token after it."""
+        buf, w = self._buf, _WIDTH
+        pattern = bytes(buf[-n * w :])
+        end = len(buf) - w  # an occurrence must end before the last token
+        if self.prefer_latest:
+            i = buf.rfind(pattern, 0, end)
+            while i >= 0 and i % w:  # a match straddling tokens: look further back
+                i = buf.rfind(pattern, 0, i + len(pattern) - 1)
+        else:
+            i = buf.find(pattern, 0, end)
+            while i >= 0 and i % w:
+                i = buf.find(pattern, i + 1, end)
+        return None if i < 0 else i // w + n
 
     def propose(self, budget: int) -> list[int]:
         """Up to `budget` tokens continuing the longest earlier match of the suffix."""
@@ -50,7 +65,7 @@ class NGramIndex:
         if budget <= 0 or len(toks) < 2:
             return []
         for n in range(min(self.max_ngram, len(toks) - 1), 0, -1):
-            start = self._pool.get(tuple(toks[-n:]))
+            start = self._start(n)
             if start is not None:
                 # Copy with overlap (like LZ77): a match close to the end continues into the
                 # draft itself, so periodic text ("abcabc...") gets full-length drafts.

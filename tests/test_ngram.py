@@ -1,0 +1,57 @@
+"""The n-gram pool: proposals equal a brute-force reading of its definition (longest suffix
+with an earlier occurrence that has a token after it, latest or oldest, copy with overlap)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specwire.common.ngram import NGramIndex
+
+
+def reference(tokens: list[int], max_ngram: int, latest: bool, budget: int) -> list[int]:
+    n_tok = len(tokens)
+    if budget <= 0 or n_tok < 2:
+        return []
+    for n in range(min(max_ngram, n_tok - 1), 0, -1):
+        suffix = tokens[-n:]
+        ends = [e for e in range(n, n_tok) if tokens[e - n : e] == suffix]
+        if ends:
+            start = max(ends) if latest else min(ends)
+            out: list[int] = []
+            for j in range(budget):
+                i = start + j
+                out.append(tokens[i] if i < n_tok else out[i - n_tok])
+            return out
+    return []
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    chunks=st.lists(st.lists(st.integers(0, 6) | st.integers(0, 1 << 40), max_size=12), max_size=8),
+    max_ngram=st.integers(1, 4),
+    latest=st.booleans(),
+    budget=st.integers(0, 6),
+)
+def test_proposals_match_the_definition(chunks, max_ngram, latest, budget):
+    """Small alphabets make many overlapping matches; huge ids make byte patterns that also
+    match across token boundaries, which must never count."""
+    index = NGramIndex(max_ngram, "latest" if latest else "oldest")
+    seen: list[int] = []
+    for chunk in chunks:
+        index.extend(chunk)
+        seen += chunk
+        assert index.propose(budget) == reference(seen, max_ngram, latest, budget)
+
+
+def test_a_match_straddling_two_tokens_is_not_a_match():
+    # 256 = bytes 00 01 00.., so the byte pattern of [1, 0] appears inside [256, 0] shifted.
+    index = NGramIndex(2)
+    index.extend([256, 0, 0, 7, 1])
+    assert index.propose(3) == reference([256, 0, 0, 7, 1], 2, True, 3)
+
+
+def test_periodic_text_gets_full_length_drafts():
+    index = NGramIndex(3)
+    index.extend([1, 2, 3, 1, 2, 3, 1, 2])
+    assert index.propose(5) == [3, 1, 2, 3, 1]
