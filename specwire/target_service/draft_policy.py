@@ -1,36 +1,34 @@
 """The one owner of K: how many drafts each step may verify (adaptive draft length).
 
-Speculation pays when the tokens a step commits grow faster than its cost. Each step the
-policy picks one draft length k for the batch (0 = plain decoding) that maximises expected
-committed tokens per second:
+Two decisions, at two time scales.
 
-    goodput(k) = sum_i E_i(min(k, cap_i)) / cost_k
+**The mode: speculate or not — measured, not modelled.** A speculative step is synchronous
+(drafting needs every token on the host), a plain one is overlapped with the next step's
+preparation, and which one yields more tokens per second depends on everything at once: the
+batch, the drafts' real acceptance (bursty on code), the host's speed, a remote drafter's round
+trip, the cost of draining the pipeline to switch. So the policy runs one mode for a window
+of `mode_window` steps, measures the tokens generated per second over it (the executor reports
+every step, a switch's drain included), keeps an EMA per mode, and then runs the mode with the
+better rate; every `probe_every` windows it runs the other mode for one window to re-measure.
+It starts speculating.
+
+**The draft length inside the speculative mode — modelled per step.** It picks the k that
+maximises expected committed tokens per second:
+
+    goodput(k) = sum_i E_i(min(k, cap_i)) / (host(rows) + gpu(tokens(k)))
 
 - E_i(k) = 1 + p_i * (a_i + a_i^2 + ... + a_i^k): the bonus/next token plus the expected
   accepted prefix, with a_i the request's per-draft acceptance (an EMA over its verified steps)
   and p_i how often its drafter has a draft at all (n-gram lookup often has none). A new request
-  starts from the population's estimate (an EMA over every request's steps), not a fixed guess;
+  starts from the population's estimate (an EMA over every request's steps);
 - tokens(k) = the step's prefill tokens + sum_i (1 + p_i * min(k, cap_i)) (varlen steps are
-  not padded per row).
+  not padded per row);
+- host(rows), gpu(tokens): EMAs per row bucket / token bucket of real synchronous steps (host =
+  the step's time not spent waiting for the device, gpu = that wait); gpu is seeded at warm-up
+  from graph replays, an unmeasured host bucket scales from the nearest measured one.
 
-The two kinds of step cost differently, so each has its own measured model:
-- a speculative step is synchronous: host work (scheduling, drafting, input preparation,
-  verification; grows with the rows) and then the GPU (grows with the tokens):
-  cost = host(rows) + gpu(tokens), each an EMA per bucket of real synchronous steps (host =
-  the step's time not spent waiting for the device, gpu = the wait); gpu is seeded at warm-up
-  from graph replays;
-- a plain step (k = 0) is overlapped with the next one's preparation when the executor can
-  (`overlap`): cost = its measured launch-to-launch period per token bucket (until one is
-  seen, the GPU time: optimistic, so it gets tried). Without overlap it costs what a
-  synchronous step does.
-- switching from overlapped plain steps to speculation first drains the pipeline (waits for the
-  step in flight): a one-off cost (`observe_switch`, an EMA), spread over `switch_run` steps,
-  that a speculative step pays on top when the policy is in plain mode — and it must then
-  beat plain steps by `switch_margin`. Once speculating, steps compare without it.
-
-A request whose drafts are almost never accepted (a < `min_accept`) stops drafting and is
-re-tried now and then (`explore_every`); a policy that stopped drafting altogether tries the
-best k > 0 every `explore_steps` steps, so it notices when drafting starts to pay. With a static
+k = 0 there means a plain step. A request whose drafts are almost never accepted
+(a < `min_accept`) stops drafting and is re-tried now and then (`explore_every`). With a static
 policy (`adaptive=False`, e.g. on the CPU where no cost table exists) k is always the maximum.
 """
 
@@ -77,29 +75,26 @@ class DraftLengthPolicy:
     adaptive: bool = False
     ema: float = 0.2  # weight of the newest observation
     explore_every: int = 16  # steps between forced tries for a request that stopped drafting
-    explore_steps: int = 64  # steps between forced tries when no request drafts
     min_accept: float = 0.1  # below this per-draft acceptance a request stops drafting
     population_ema: float = 0.02  # weight of one request's step in the population estimate
-    switch_margin: float = 0.05  # drafting must beat overlapped plain steps by this much
-    switch_run: int = 8  # speculative steps a switch's drain is spread over
-    switch_cost: float = 0.0  # seconds a switch to speculation waits for the step in flight
-    speculating: bool = False  # the last decision drafted
-    overlap: bool = True  # plain steps are overlapped (the executor sets this every step)
+    mode_window: int = 32  # steps per measured window of one mode
+    probe_every: int = 8  # windows between tries of the mode not in use
+    mode: str = "spec"  # "spec" | "plain"
+    rates: dict[str, float | None] = field(default_factory=lambda: {"spec": None, "plain": None})
     # token bucket -> seconds; `buckets` is sorted
     buckets: list[int] = field(default_factory=list)
     gpu: list[float] = field(default_factory=list)  # synchronous steps: device wait
-    period: list[float | None] = field(default_factory=list)  # overlapped plain steps
     host: dict[int, float] = field(default_factory=dict)  # row bucket -> host seconds
     _est: dict[str, _Estimate] = field(default_factory=dict)
     _population: _Estimate = field(default_factory=_Estimate)
-    _decisions: int = 0
+    _window: list[float] = field(default_factory=lambda: [0.0, 0.0, 0])  # tokens, s, steps
+    _windows: int = 0
 
     # -- cost model ------------------------------------------------------------------------------
     def seed_costs(self, table: dict[int, float]) -> None:
         """Device time per token bucket (seconds), e.g. graph replay times at warm-up."""
         self.buckets = sorted(table)
         self.gpu = [table[b] for b in self.buckets]
-        self.period = [None] * len(self.buckets)
         self.adaptive = self.adaptive and bool(self.buckets)
 
     def _bucket_index(self, tokens: int) -> int | None:
@@ -126,13 +121,6 @@ class DraftLengthPolicy:
     def sync_cost(self, rows: int, tokens: int) -> float:
         return self._host(rows) + self._gpu(tokens)
 
-    def plain_cost(self, rows: int, tokens: int) -> float:
-        if not self.overlap:
-            return self.sync_cost(rows, tokens)
-        i = self._bucket_index(tokens)
-        seen = self.period[i] if i is not None else None
-        return seen if seen is not None else self._gpu(tokens)
-
     def observe_sync(self, rows: int, tokens: int, seconds: float, device_wait: float) -> None:
         """A synchronous step of `rows` rows and `tokens` tokens took `seconds`, of which it
         waited `device_wait` for the device."""
@@ -144,15 +132,25 @@ class DraftLengthPolicy:
         if i is not None:
             self.gpu[i] = _ema(self.gpu[i], device_wait, self.ema)
 
-    def observe_switch(self, seconds: float) -> None:
-        """Leaving overlapped steps waited `seconds` for the step in flight."""
-        self.switch_cost = _ema(self.switch_cost or None, seconds, self.ema)
-
-    def observe_plain(self, tokens: int, period: float) -> None:
-        """An overlapped plain step of `tokens` tokens: `period` from its launch to the next."""
-        i = self._bucket_index(tokens) if self.buckets else None
-        if i is not None:
-            self.period[i] = _ema(self.period[i], period, self.ema)
+    # -- the mode ---------------------------------------------------------------------------------
+    def observe_rate(self, generated: int, seconds: float) -> None:
+        """A step of the current mode generated `generated` tokens in `seconds` (a speculative
+        step's time includes draining the step in flight before it)."""
+        w = self._window
+        w[0] += generated
+        w[1] += seconds
+        w[2] += 1
+        if w[2] < self.mode_window or w[1] <= 0:
+            return
+        rate = w[0] / w[1]
+        self.rates[self.mode] = _ema(self.rates[self.mode], rate, 0.5)
+        self._window = [0.0, 0.0, 0]
+        self._windows += 1
+        other = "plain" if self.mode == "spec" else "spec"
+        if self.rates[other] is None or self._windows % self.probe_every == 0:
+            self.mode = other  # measure it (again)
+        else:
+            self.mode = max(("plain", "spec"), key=lambda m: self.rates[m] or 0.0)
 
     # -- per-request acceptance --------------------------------------------------------------------
     def _new_estimate(self) -> _Estimate:
@@ -186,24 +184,23 @@ class DraftLengthPolicy:
     # -- the decision ----------------------------------------------------------------------------
     def step_draft_len(self, decode: list[Request], prefill_tokens: int = 0) -> int:
         """The draft length for a step whose decode rows are `decode` (caps still apply)."""
-        if not self.adaptive or not decode:
+        if not self.adaptive or (not decode and self.mode == "spec"):
             # Static, or only prefills finishing this step (their drafts cost little next to
             # the chunk): the maximum, which request caps then trim.
             return self.max_draft_len
+        if self.mode == "plain":
+            return 0
         K = self.max_draft_len
         prior = self._new_estimate().per_k(K)
         est = self._est
         rows = len(decode) + (1 if prefill_tokens else 0)
-        self._decisions += 1
-        switching = self.overlap and not self.speculating
-        switch = self.switch_cost / self.switch_run if switching else 0.0
         # Per request, (expected committed, tokens fed) at each k its cap allows (hot path:
         # tables cached on the estimates, rebuilt only when an estimate moves).
         tables = []
         for r in decode:
             e = est.get(r.request_id)
             tables.append((e.per_k(K) if e is not None else prior, min(r.useful_drafts, K)))
-        goodput = []
+        best_k, best = 0, -1.0
         for k in range(K + 1):
             tokens = prefill_tokens
             committed = 0.0
@@ -211,21 +208,9 @@ class DraftLengthPolicy:
                 c, t = table[k if k < cap else cap]
                 committed += c
                 tokens += t
-            if k == 0:
-                cost = self.plain_cost(rows, tokens)
-            else:
-                cost = self.sync_cost(rows, tokens) + switch
-            goodput.append(committed / max(cost, 1e-9))
-        best_k = 0
-        for k in range(1, len(goodput)):
-            # Ties go to the shorter draft; leaving overlapped plain steps needs a clear gain
-            # (the estimates are noisy and every switch drains the pipeline).
-            margin = 1.0 + (self.switch_margin if best_k == 0 and switching else 0.0001)
-            if goodput[k] > goodput[best_k] * margin:
-                best_k = k
-        if best_k == 0 and len(goodput) > 1 and self._decisions % self.explore_steps == 0:
-            best_k = max(range(1, len(goodput)), key=goodput.__getitem__)  # look again
-        self.speculating = best_k > 0
+            goodput = committed / max(self.sync_cost(rows, tokens), 1e-9)
+            if goodput > best * 1.0001:  # ties go to the shorter draft
+                best_k, best = k, goodput
         return best_k
 
     def request_cap(self, req: Request, step_k: int) -> int:

@@ -60,8 +60,9 @@ class _InFlight:
     logits: StepLogits
     # per decode row: (request, index of its placeholder in output_ids, logit row)
     pending: list[tuple[Request, int, int]]
-    tokens: int  # tokens the step feeds (the draft policy's cost table)
+    tokens: int  # tokens the step feeds
     t_launch: float
+    generated: int = 0  # output tokens it committed (known once read)
     src: dict[str, int] = field(default_factory=dict)  # request id -> its logit row
 
 
@@ -91,6 +92,7 @@ class Executor:
         self.vocab_size = vocab_size
         self.overlap = overlap
         self._inflight: _InFlight | None = None
+        self._generated = 0  # output tokens committed so far (the policy's rates)
         # Requests whose steps cannot overlap (sampled, or asking for logprobs: their tokens
         # are chosen on the host from the logits, which the next step would overwrite).
         self._sync_requests = 0
@@ -211,17 +213,17 @@ class Executor:
         self.output.flush()
 
     def step(self) -> None:
+        policy = self.scheduler.policy
         overlap = self.overlap and self._sync_requests <= 0
-        self.scheduler.policy.overlap = overlap  # what a plain step costs depends on it
         step_k = self.scheduler.draft_len() if self.drafter is not None else 0
         if step_k and self.scheduler.wants_drafts(step_k):
             overlap = False
+        t_start = time.perf_counter()
+        generated = self._generated
         if not overlap and self._inflight is not None:
             # Drafting and verifying need every token on the host: wait for the step in
-            # flight. That wait is what leaving overlapped steps costs (the policy learns it).
-            t_drain = time.perf_counter()
+            # flight. That wait is part of what speculating costs (the policy's rates see it).
             self._finish_inflight(observe=False)
-            self.scheduler.policy.observe_switch(time.perf_counter() - t_drain)
         t0 = time.perf_counter()
         self._gpu_wait = 0.0
         batch = self.scheduler.schedule(step_k=0 if overlap else step_k)
@@ -236,15 +238,16 @@ class Executor:
         self.metrics.on_scheduled(batch.requests)
         self.step_no += 1
         if overlap:
-            self.scheduler.policy.speculating = False
             self._step_overlapped(batch)
             return
         self._run_isolated(batch.rows, draft=True)
-        elapsed = time.perf_counter() - t0
+        now = time.perf_counter()
+        elapsed = now - t0
         tokens = sum(
             r.num_committed + (r.request.num_real_drafts if r.decode else 0) for r in batch.rows
         )
-        self.scheduler.policy.observe_sync(len(batch.rows), tokens, elapsed, self._gpu_wait)
+        policy.observe_sync(len(batch.rows), tokens, elapsed, self._gpu_wait)
+        policy.observe_rate(self._generated - generated, now - t_start)
         self._count_step(elapsed)
 
     def _count_step(self, elapsed: float) -> None:
@@ -322,7 +325,7 @@ class Executor:
         self._observed_plain(prev, time.perf_counter() - prev.t_launch)
 
     def _observed_plain(self, done: _InFlight, period: float) -> None:
-        self.scheduler.policy.observe_plain(done.tokens, period)
+        self.scheduler.policy.observe_rate(done.generated, period)
         self._count_step(period)
 
     def _complete(self, done: _InFlight) -> None:
@@ -357,6 +360,8 @@ class Executor:
                 self._release(req)
         # Per step, not per row: each metric update takes a lock, each queued item another.
         self.metrics.tokens.inc(len(rendered))
+        done.generated = len(rendered)
+        self._generated += len(rendered)
         self.output.render_many(rendered)
 
     def _run_isolated(self, rows: list[Row], draft: bool) -> None:
@@ -515,6 +520,7 @@ class Executor:
             self.metrics.on_verified(drafted, acc)
             stream = self.streams[req.request_id]
             kept, reason = stream.append(toks)
+            self._generated += len(kept)
             rendered.append((stream, kept, reason, drafted, acc, self.step_no, lps))
             if reason is not None:
                 self._release(req)
