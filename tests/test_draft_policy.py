@@ -65,10 +65,10 @@ def test_costs_follow_real_steps():
     assert abs(p.sync_cost(8, 5) - (8e-3 + 1e-3)) < 1e-4
 
 
-def _window(p: DraftLengthPolicy, tokens_per_s: float) -> None:
-    """One measured window of the policy's current mode at `tokens_per_s`."""
+def _window(p: DraftLengthPolicy, tokens_per_s: float, rows: int = 8) -> None:
+    """One measured window of the policy's current mode at `tokens_per_s` with `rows` rows."""
     for _ in range(p.mode_window):
-        p.observe_rate(10, 10 / tokens_per_s)
+        p.observe_rate(10, 10 / tokens_per_s, rows)
 
 
 def test_the_mode_follows_measured_rates():
@@ -87,9 +87,24 @@ def test_the_mode_follows_measured_rates():
         modes.append(p.mode)
         _window(p, 6000.0 if p.mode == "plain" else 4000.0)
     assert modes.count("spec") == 2  # one probe window per `probe_every`
-    # The load drops and speculation wins: one probe is enough to switch back.
+    # Speculation gets faster at this load: one probe is enough to switch back.
     while p.mode != "spec":
         _window(p, 6000.0)
     _window(p, 20000.0)
     _window(p, 20000.0)
-    assert p.mode == "spec" and p.rates["spec"] > p.rates["plain"]
+    assert p.mode == "spec" and p.rates[("spec", 8)] > p.rates[("plain", 8)]
+
+
+def test_rates_are_compared_at_the_same_load():
+    """One stream speculating (1,100 tok/s) is not compared with 64 streams decoding plainly
+    (12,000 tok/s): at each load the mode that wins there runs."""
+    p = _policy({1: 1e-3, 64: 1e-3})
+    _window(p, 1100.0, rows=1)  # spec at batch 1
+    _window(p, 800.0, rows=1)  # plain at batch 1
+    assert p.mode == "spec"
+    _window(p, 9000.0, rows=64)  # spec at batch 64: plain not measured there yet
+    assert p.mode == "plain"
+    _window(p, 12000.0, rows=64)
+    assert p.mode == "plain"  # 12,000 > 9,000 at 64 rows
+    _window(p, 800.0, rows=1)  # plain at batch 1 again: spec wins there
+    assert p.mode == "spec"

@@ -8,9 +8,10 @@ preparation, and which one yields more tokens per second depends on everything a
 batch, the drafts' real acceptance (bursty on code), the host's speed, a remote drafter's round
 trip, the cost of draining the pipeline to switch. So the policy runs one mode for a window
 of `mode_window` steps, measures the tokens generated per second over it (the executor reports
-every step, a switch's drain included), keeps an EMA per mode, and then runs the mode with the
-better rate; every `probe_every` windows it runs the other mode for one window to re-measure.
-It starts speculating.
+every step, a switch's drain included), keeps an EMA per mode and batch-size bucket (a rate
+means nothing at another load), and then runs the mode with the better rate at the load just
+seen; at a load where the other mode has no rate yet, or every `probe_every` windows there, it
+runs the other mode for one window to (re-)measure it. It starts speculating.
 
 **The draft length inside the speculative mode — modelled per step.** It picks the k that
 maximises expected committed tokens per second:
@@ -80,15 +81,16 @@ class DraftLengthPolicy:
     mode_window: int = 32  # steps per measured window of one mode
     probe_every: int = 8  # windows between tries of the mode not in use
     mode: str = "spec"  # "spec" | "plain"
-    rates: dict[str, float | None] = field(default_factory=lambda: {"spec": None, "plain": None})
+    # (mode, batch-size bucket) -> generated tokens per second (EMA over windows)
+    rates: dict[tuple[str, int], float] = field(default_factory=dict)
     # token bucket -> seconds; `buckets` is sorted
     buckets: list[int] = field(default_factory=list)
     gpu: list[float] = field(default_factory=list)  # synchronous steps: device wait
     host: dict[int, float] = field(default_factory=dict)  # row bucket -> host seconds
     _est: dict[str, _Estimate] = field(default_factory=dict)
     _population: _Estimate = field(default_factory=_Estimate)
-    _window: list[float] = field(default_factory=lambda: [0.0, 0.0, 0])  # tokens, s, steps
-    _windows: int = 0
+    _window: list[float] = field(default_factory=lambda: [0.0, 0.0, 0, 0])  # tok, s, steps, rows
+    _windows: dict[int, int] = field(default_factory=dict)  # windows seen per load bucket
 
     # -- cost model ------------------------------------------------------------------------------
     def seed_costs(self, table: dict[int, float]) -> None:
@@ -133,24 +135,27 @@ class DraftLengthPolicy:
             self.gpu[i] = _ema(self.gpu[i], device_wait, self.ema)
 
     # -- the mode ---------------------------------------------------------------------------------
-    def observe_rate(self, generated: int, seconds: float) -> None:
-        """A step of the current mode generated `generated` tokens in `seconds` (a speculative
-        step's time includes draining the step in flight before it)."""
+    def observe_rate(self, generated: int, seconds: float, rows: int) -> None:
+        """A step of the current mode with `rows` rows generated `generated` tokens in
+        `seconds` (a speculative step's time includes draining the step in flight)."""
         w = self._window
         w[0] += generated
         w[1] += seconds
         w[2] += 1
+        w[3] += rows
         if w[2] < self.mode_window or w[1] <= 0:
             return
-        rate = w[0] / w[1]
-        self.rates[self.mode] = _ema(self.rates[self.mode], rate, 0.5)
-        self._window = [0.0, 0.0, 0]
-        self._windows += 1
+        # Rates depend on the load as much as on the mode: keep them per batch size.
+        load = _row_bucket(max(1, round(w[3] / w[2])))
+        key = (self.mode, load)
+        self.rates[key] = _ema(self.rates.get(key), w[0] / w[1], 0.5)
+        self._window = [0.0, 0.0, 0, 0]
+        seen = self._windows[load] = self._windows.get(load, 0) + 1
         other = "plain" if self.mode == "spec" else "spec"
-        if self.rates[other] is None or self._windows % self.probe_every == 0:
-            self.mode = other  # measure it (again)
+        if self.rates.get((other, load)) is None or seen % self.probe_every == 0:
+            self.mode = other  # measure it at this load (again)
         else:
-            self.mode = max(("plain", "spec"), key=lambda m: self.rates[m] or 0.0)
+            self.mode = max(("plain", "spec"), key=lambda m: self.rates[(m, load)])
 
     # -- per-request acceptance --------------------------------------------------------------------
     def _new_estimate(self) -> _Estimate:

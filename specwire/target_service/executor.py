@@ -63,6 +63,7 @@ class _InFlight:
     tokens: int  # tokens the step feeds
     t_launch: float
     generated: int = 0  # output tokens it committed (known once read)
+    rows: int = 0
     src: dict[str, int] = field(default_factory=dict)  # request id -> its logit row
 
 
@@ -247,7 +248,7 @@ class Executor:
             r.num_committed + (r.request.num_real_drafts if r.decode else 0) for r in batch.rows
         )
         policy.observe_sync(len(batch.rows), tokens, elapsed, self._gpu_wait)
-        policy.observe_rate(self._generated - generated, now - t_start)
+        policy.observe_rate(self._generated - generated, now - t_start, len(batch.rows))
         self._count_step(elapsed)
 
     def _count_step(self, elapsed: float) -> None:
@@ -289,7 +290,7 @@ class Executor:
         if logits.graph is None:
             self.metrics.eager_steps.inc()
         self.metrics.overlapped_steps.inc()
-        launched = _InFlight(self.step_no, logits, [], 0, t0)
+        launched = _InFlight(self.step_no, logits, [], 0, t0, rows=len(batch.rows))
         for row in batch.rows:
             req = row.request
             req.num_computed += row.num_committed
@@ -325,7 +326,7 @@ class Executor:
         self._observed_plain(prev, time.perf_counter() - prev.t_launch)
 
     def _observed_plain(self, done: _InFlight, period: float) -> None:
-        self.scheduler.policy.observe_rate(done.generated, period)
+        self.scheduler.policy.observe_rate(done.generated, period, done.rows)
         self._count_step(period)
 
     def _complete(self, done: _InFlight) -> None:
