@@ -39,8 +39,8 @@ from specwire.common.model.attention import AttentionMetadata  # noqa: E402
 from specwire.common.model.llama import LlamaModel  # noqa: E402
 from specwire.common.model.loader import LoadedModel, load_model  # noqa: E402
 from specwire.target_service.engine import Engine  # noqa: E402
-from specwire.target_service.request import Request  # noqa: E402
 from specwire.target_service.runner.model_runner import StepLogits  # noqa: E402
+from specwire.target_service.scheduler import Row  # noqa: E402
 from specwire.target_service.verifier import Verified, Verifier  # noqa: E402
 
 BLOCK_SIZE = 16
@@ -59,8 +59,9 @@ class GapRecorder(Verifier):
         super().__init__(vocab_size)
         self.gaps: dict[str, dict[int, Gap]] = defaultdict(dict)  # request id -> pos -> gap
 
-    def verify(self, requests: list[Request], step: StepLogits) -> Verified:
-        results = super().verify(requests, step)
+    def verify(self, rows: list[Row], step: StepLogits) -> Verified:
+        results = super().verify(rows, step)
+        requests = [row.request for row in rows]
         top = torch.topk(step.logits, 2, dim=-1)  # values/indices: [N, 2]
         vals, ids = top.values.tolist(), top.indices.tolist()
         for req, (off, _n), toks in zip(requests, step.spans, results.tokens, strict=True):

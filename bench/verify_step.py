@@ -105,10 +105,9 @@ def make_rows(
             max_draft_len=k,
         )
         req.num_computed = ctx
-        req.draft_tokens = [(3 * i + j + 1) % vocab for j in range(k)]
-        req.num_real_drafts = k
         kv.reserve(req, ctx + 1 + k)
-        rows.append(Row(req, 1, decode=True))
+        drafts = [(3 * i + j + 1) % vocab for j in range(k)]
+        rows.append(Row(req, 1, decode=True, drafts=drafts))
     return rows, [kv.block_table(r.request) for r in rows]
 
 

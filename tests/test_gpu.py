@@ -87,13 +87,11 @@ def _mixed_rows(eng):
     eng.runner.forward(warm, [eng.kv.block_table(r) for r in reqs[1:]], allow_graphs=False)
     for row in warm:
         row.request.num_computed = row.num_committed
-    reqs[3].draft_tokens = [5, 6, 7, 8]
-    reqs[3].num_real_drafts = 4
     rows = [
         Row(reqs[0], 25, decode=False),  # fresh prefill chunk
         Row(reqs[1], 11, decode=True),  # the rest of a prefill: decode row, no drafts
         Row(reqs[2], 1, decode=True),  # plain decode
-        Row(reqs[3], 1, decode=True),  # verify 1 + 4
+        Row(reqs[3], 1, decode=True, drafts=[5, 6, 7, 8]),  # verify 1 + 4
     ]
     return rows, [eng.kv.block_table(r) for r in reqs]
 

@@ -244,9 +244,7 @@ class Executor:
         self._run_isolated(batch.rows, draft=True)
         now = time.perf_counter()
         elapsed = now - t0
-        tokens = sum(
-            r.num_committed + (r.request.num_real_drafts if r.decode else 0) for r in batch.rows
-        )
+        tokens = sum(r.num_committed + len(r.drafts) for r in batch.rows)
         policy.observe_sync(len(batch.rows), tokens, elapsed, self._gpu_wait)
         policy.observe_rate(self._generated - generated, now - t_start, len(batch.rows))
         self._count_step(elapsed)
@@ -272,8 +270,6 @@ class Executor:
                     row.feed_src = prev.src.get(row.request.request_id, -1)
         try:
             self.resources.prepare(batch.requests)
-            for req in batch.decode_requests:
-                req.draft_tokens, req.draft_probs, req.num_real_drafts = [], None, 0
             logits = self.runner.forward(
                 batch.rows, [self.kv.block_table(r) for r in batch.requests]
             )
@@ -389,7 +385,7 @@ class Executor:
         self._commit(ScheduledBatch(rows=rows), new_tokens)
 
     def _compute(self, batch: ScheduledBatch, draft: bool) -> list[list[int]]:
-        decode = batch.decode_requests
+        decode = batch.decode_rows
         self.resources.prepare(batch.requests)
         self.prepare_drafts(decode, ask_drafter=draft)
         logits = self.runner.forward(batch.rows, [self.kv.block_table(r) for r in batch.requests])
@@ -403,9 +399,11 @@ class Executor:
         return self.verifier.verify(decode, logits)
 
     def _commit(self, batch: ScheduledBatch, verified) -> None:
-        decode = batch.decode_requests
+        decode = batch.decode_rows
         new_tokens, logprobs = verified
-        accepted = {r.request_id: len(t) - 1 for r, t in zip(decode, new_tokens, strict=True)}
+        accepted = {
+            r.request.request_id: len(t) - 1 for r, t in zip(decode, new_tokens, strict=True)
+        }
         self._advance(batch.rows, accepted)
         try:
             self.resources.update(batch.requests, accepted)
@@ -415,11 +413,13 @@ class Executor:
                 self._fail(req, f"resource update failed: {exc}")
             return
         self.emit(decode, new_tokens, logprobs)
-        self._submit_to_drafter(decode)
+        self._submit_to_drafter([r.request for r in decode])
 
     # -- phases ----------------------------------------------------------------------------------
-    def prepare_drafts(self, requests: Sequence[Request], ask_drafter: bool = True) -> None:
-        """Ask the drafter (unpadded), sanitise, then pad to one length for the whole step."""
+    def prepare_drafts(self, rows: Sequence[Row], ask_drafter: bool = True) -> None:
+        """Ask the drafter (unpadded), sanitise into the rows, then (SDPA) pad to one length
+        for the whole step."""
+        requests = [row.request for row in rows]
         for req in requests:
             req.draft_tokens, req.draft_probs = [], None
         drafting = [r for r in requests if r.draft_budget > 0]
@@ -431,18 +431,18 @@ class Executor:
                 self.drafter_errors += 1
                 for req in drafting:
                     req.draft_tokens, req.draft_probs = [], None
-        for req in requests:
-            self._sanitise(req)
+        for row in rows:
+            self._sanitise(row)
         # The SDPA backend needs uniform rows: pad to max_draft_len when anyone drafted, else
         # verify 1 token/row. A varlen backend takes each row as it is; the runner pads the
         # step's token count to a captured graph instead.
-        if not self.runner.pads_drafts:
-            return
-        pad_to = self.max_draft_len if any(r.num_real_drafts for r in requests) else 0
-        for req in requests:
-            req.draft_tokens = req.draft_tokens + [0] * (pad_to - len(req.draft_tokens))
+        pad_to = self.max_draft_len if any(r.drafts for r in rows) else 0
+        for row in rows:
+            row.pad = pad_to - len(row.drafts) if self.runner.pads_drafts else 0
 
-    def _sanitise(self, req: Request) -> None:
+    def _sanitise(self, row: Row) -> None:
+        """Move the drafter's output from the request's mailbox into the row, checked."""
+        req = row.request
         drafts = list(req.draft_tokens or [])
         probs = req.draft_probs
         budget = req.draft_budget
@@ -458,8 +458,8 @@ class Executor:
             req.stats.refused_draft_tokens += len(drafts)
             self.stats.refused_draft_tokens += len(drafts)
             drafts, probs = [], None
-        drafts = [int(t) for t in drafts]
-        req.draft_tokens, req.draft_probs, req.num_real_drafts = drafts, probs, len(drafts)
+        row.drafts, row.draft_probs = [int(t) for t in drafts], probs
+        req.draft_tokens, req.draft_probs = [], None
 
     def _submit_to_drafter(self, decode: Sequence[Request]) -> None:
         """Drafting off the critical path: a drafter with `submit` (the remote one) hears what
@@ -508,13 +508,14 @@ class Executor:
 
     def emit(
         self,
-        requests: Sequence[Request],
+        rows: Sequence[Row],
         new_tokens: list[list[int]],
         logprobs: Sequence[list[TokenLogprob] | None],
     ) -> None:
         rendered = []
-        for req, toks, lps in zip(requests, new_tokens, logprobs, strict=True):
-            drafted, acc = req.num_real_drafts, len(toks) - 1
+        for row, toks, lps in zip(rows, new_tokens, logprobs, strict=True):
+            req = row.request
+            drafted, acc = len(row.drafts), len(toks) - 1
             req.stats.record(drafted, acc)
             self.stats.record(drafted, acc)
             self.scheduler.policy.observe(req, drafted, acc)

@@ -93,8 +93,10 @@ class SpecStats:
 class Request:
     """One request as the executor, scheduler, resource managers and drafters see it.
 
-    Drafters read `token_ids` (prompt + committed output) and write `draft_tokens`
-    (UNPADDED, 0..`draft_budget` tokens) and optionally `draft_probs`. The executor pads.
+    Drafters read `token_ids` (prompt + committed output) and `draft_budget`, and write
+    `draft_tokens` (UNPADDED, 0..`draft_budget` tokens) and optionally `draft_probs`: the
+    drafter contract's mailbox. The executor empties it every step into the step's `Row`
+    (sanitised; padded there for the SDPA backend), where the step's drafts live from then on.
     """
 
     # The server-assigned key every internal table uses (KV blocks, streams, drafter sessions).
@@ -112,12 +114,10 @@ class Request:
     output_ids: list[int] = field(default_factory=list)
     state: RequestState = RequestState.WAITING
     num_computed: int = 0  # tokens whose K/V are in the cache
-    # Set by the drafter each step (unpadded), consumed by the executor.
+    # The drafter's output for this step (unpadded); the executor moves it to the Row.
     draft_tokens: list[int] = field(default_factory=list)
     # Optional per-draft-position sparse distributions: list of (ids, probs) pairs.
     draft_probs: list[tuple[list[int], list[float]]] | None = None
-    # Set by the executor when padding: how many of `draft_tokens` are real this step.
-    num_real_drafts: int = 0
     # Set by the scheduler: drafts this step's token budget leaves room for.
     step_draft_cap: int = 0
     stats: SpecStats = field(default_factory=SpecStats)

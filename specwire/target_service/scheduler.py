@@ -42,6 +42,12 @@ class Row:
     # Overlapped steps: the row's last committed token is still being computed by the step in
     # flight; it is that step's logit row `feed_src` (the runner gathers it on the device).
     feed_src: int = -1
+    # This step's drafts for a decode row, as the executor accepted them from the drafter
+    # (real, unpadded), their distributions if any, and (SDPA backend only) how many padding
+    # tokens follow them. Per-step values travel here, never on the Request.
+    drafts: list[int] = field(default_factory=list)
+    draft_probs: list[tuple[list[int], list[float]]] | None = None
+    pad: int = 0
 
 
 @dataclass
@@ -56,6 +62,10 @@ class ScheduledBatch:
     @property
     def decode_requests(self) -> list[Request]:
         return [r.request for r in self.rows if r.decode]
+
+    @property
+    def decode_rows(self) -> list[Row]:
+        return [r for r in self.rows if r.decode]
 
     def __bool__(self) -> bool:
         return bool(self.rows)

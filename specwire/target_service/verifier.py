@@ -22,6 +22,7 @@ import torch
 
 from specwire.target_service.request import Request, SamplingConfig
 from specwire.target_service.runner.model_runner import StepLogits
+from specwire.target_service.scheduler import Row
 
 
 def sampling_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
@@ -132,16 +133,17 @@ class Verifier:
     def __init__(self, vocab_size: int) -> None:
         self.vocab_size = vocab_size
 
-    def verify(self, requests: list[Request], step: StepLogits) -> Verified:
-        """New committed tokens for each decode request (same order as `step.spans`), and their
+    def verify(self, rows: list[Row], step: StepLogits) -> Verified:
+        """New committed tokens for each decode row (same order as `step.spans`), and their
         logprobs for the requests that asked (None for the others)."""
+        requests = [row.request for row in rows]
         greedy = [r.sampling.greedy for r in requests]
         argmax: list[int] = []
         if any(greedy):
             argmax = step.tokens()
         results: list[list[int]] = []
-        for req, (off, _n) in zip(requests, step.spans, strict=False):
-            drafts = req.draft_tokens[: req.num_real_drafts]
+        for row, (off, _n) in zip(rows, step.spans, strict=False):
+            req, drafts = row.request, row.drafts
             if req.sampling.greedy:
                 targets = argmax[off : off + len(drafts) + 1]
                 accepted = 0
@@ -151,7 +153,7 @@ class Verifier:
             else:
                 rows = step.logits[off : off + len(drafts) + 1]
                 probs = sampling_probs(rows, req.sampling).cpu()
-                results.append(rejection_sample(probs, drafts, req.draft_probs, req.generator))
+                results.append(rejection_sample(probs, drafts, row.draft_probs, req.generator))
         return Verified(results, self._logprobs(requests, step, results))
 
     def _logprobs(

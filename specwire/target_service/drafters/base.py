@@ -1,8 +1,9 @@
 """The drafter interface (in-process). Remote drafters implement it too.
 
 A drafter proposes UNPADDED drafts: for each request it sets `request.draft_tokens` to 0..
-`request.draft_budget` tokens (maybe none) and may set `request.draft_probs`. It never pads:
-padding to `max_draft_len` for CUDA-graph shapes is the executor's job.
+`request.draft_budget` tokens (maybe none) and may set `request.draft_probs` — the contract's
+mailbox, which the executor empties into the step's rows (checked, and padded where a backend
+needs it). It never pads.
 """
 
 from __future__ import annotations

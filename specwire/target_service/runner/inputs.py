@@ -73,7 +73,7 @@ class InputPreparer:
         start = req.num_computed
         toks = req.tokens_between(start, start + row.num_committed)
         if row.decode:
-            toks = toks + req.draft_tokens
+            toks = toks + row.drafts + [0] * row.pad
         return toks, start
 
     def prepare(self, rows: list[Row], tables: list[list[int]]) -> PreparedInputs:
@@ -99,7 +99,7 @@ class InputPreparer:
             # read and their slots are the dummy block's, so any valid position will do.
             pos.extend(min(p, self.max_position) for p in range(start, start + len(toks)))
             if row.decode:
-                n = 1 + len(row.request.draft_tokens)
+                n = 1 + len(row.drafts) + row.pad
                 token_spans.append((len(ids) - n, n))
                 logit_rows.extend(range(len(ids) - n, len(ids)))
             qlens.append(len(toks))
@@ -168,7 +168,7 @@ class InputPreparer:
             seq_lens.append(start + n)
             row_tables.append(table[: blocks_for(start + n, bs)])
             if row.decode:
-                m = 1 + len(row.request.draft_tokens)
+                m = 1 + len(row.drafts)
                 spans.append((len(logit_rows), m))
                 logit_rows.extend(range(len(ids) - m, len(ids)))
         return VarlenStep(ids, pos, slots, cu, seq_lens, row_tables, logit_rows, spans, feed)
