@@ -150,7 +150,7 @@ class Scheduler:
 
     def _plan_row(self, req: Request, tokens_left: int, step_k: int) -> tuple[Row, int, int]:
         remaining = req.num_tokens - req.num_computed
-        k = self.policy.request_cap(req, step_k)
+        k = self.policy.request_cap(req, step_k) if step_k > 0 else 0
         if remaining + k <= tokens_left:
             row, cost = Row(req, remaining, decode=True), remaining + k
         elif remaining <= tokens_left:
