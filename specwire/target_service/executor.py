@@ -60,10 +60,9 @@ class _InFlight:
     logits: StepLogits
     # per decode row: (request, index of its placeholder in output_ids, logit row)
     pending: list[tuple[Request, int, int]]
-    tokens: int  # tokens the step feeds
     t_launch: float
+    rows: int  # rows in the step (the policy's rates are per batch size)
     generated: int = 0  # output tokens it committed (known once read)
-    rows: int = 0
     src: dict[str, int] = field(default_factory=dict)  # request id -> its logit row
 
 
@@ -286,11 +285,10 @@ class Executor:
         if logits.graph is None:
             self.metrics.eager_steps.inc()
         self.metrics.overlapped_steps.inc()
-        launched = _InFlight(self.step_no, logits, [], 0, t0, rows=len(batch.rows))
+        launched = _InFlight(self.step_no, logits, [], t0, rows=len(batch.rows))
         for row in batch.rows:
             req = row.request
             req.num_computed += row.num_committed
-            launched.tokens += row.num_committed
             if not row.decode:
                 continue
             req.state = RequestState.DECODE
