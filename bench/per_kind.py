@@ -1,0 +1,54 @@
+"""Per prompt kind speed-up of each configuration over `none`, from a bench/serving.py JSON.
+
+Every configuration's server sees the same prompts in a given pass (each server is fresh), so
+per kind and pass: tok/s = sum(completion tokens) / sum(request end-to-end seconds), and the
+ratio to `none` compares the same requests. Most meaningful at c=1, where requests do not
+share steps.
+
+    python bench/per_kind.py bench/results/round4/final3_serving.json [--passes c=1,c=8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def per_kind(result: dict, pass_name: str) -> dict[str, tuple[int, float]]:
+    """kind -> (tokens, tok/s over its requests' end-to-end times) in one pass."""
+    p = next(p for p in result["passes"] if p["name"] == pass_name)
+    out: dict[str, tuple[int, float]] = {}
+    for kind in sorted({r["kind"] for r in p["requests"]}):
+        reqs = [r for r in p["requests"] if r["kind"] == kind and not r["error"]]
+        tokens = sum(r["tokens"] for r in reqs)
+        seconds = sum(r["e2e_s"] for r in reqs)
+        out[kind] = (tokens, tokens / seconds if seconds else 0.0)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("json")
+    ap.add_argument("--passes", default="c=1")
+    args = ap.parse_args()
+    results = {r["config"]: r for r in json.load(open(args.json))["results"]}
+    base = results.get("none")
+    if base is None:
+        raise SystemExit("the JSON has no `none` configuration to compare with")
+    for name in args.passes.split(","):
+        print(f"\n{name}: tok/s per kind (÷ none)\n")
+        kinds = per_kind(base, name)
+        print("| kind | " + " | ".join(results) + " |")
+        print("|---" * (len(results) + 1) + "|")
+        rows = {c: per_kind(r, name) for c, r in results.items()}
+        for kind in kinds:
+            cells = []
+            for c in results:
+                tokens, tps = rows[c][kind]
+                ratio = tps / kinds[kind][1] if kinds[kind][1] else 0.0
+                cells.append(f"{tps:.0f}" + ("" if c == "none" else f" ({ratio:.2f}×)"))
+            print(f"| {kind} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
