@@ -4,8 +4,7 @@ A step that speculates (or samples, or reports logprobs) runs synchronously:
 
     batch = scheduler.schedule()
     resources.prepare(batch)
-    drafter.prepare_draft_tokens(decode rows, resources)   # unpadded
-    pad_drafts(decode rows)                                # executor-owned
+    drafts.prepare(decode rows)    # drafter.prepare_draft_tokens (unpadded), checked, padded
     logits = runner.forward(batch); runner.wait(logits)
     new_tokens = verifier.verify(decode rows, logits)
     resources.update(batch, accepted)
@@ -27,8 +26,6 @@ and the executor keeps serving.
 from __future__ import annotations
 
 import logging
-import math
-import numbers
 import threading
 import time
 from collections import deque
@@ -38,6 +35,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specwire.target_service.drafters.base import Drafter
+from specwire.target_service.drafts import DraftIntake
 from specwire.target_service.metrics import TargetMetrics
 from specwire.target_service.output import OutputStream, OutputWorker
 from specwire.target_service.request import Request, RequestState, SpecStats
@@ -98,8 +96,16 @@ class Executor:
         self._sync_requests = 0
         self.streams: dict[str, OutputStream] = {}
         self.stats = SpecStats(histogram=[0] * (max_draft_len + 1))
+        # The executor's side of the drafter contract: ask, check, pad (the seeds' rule).
+        self.drafts = DraftIntake(
+            drafter,
+            resources,
+            vocab_size=vocab_size,
+            max_draft_len=max_draft_len,
+            pads=runner.pads_drafts,
+            stats=self.stats,
+        )
         self.step_no = 0
-        self.drafter_errors = 0
         self.metrics = metrics or TargetMetrics()
         self.metrics.watch(scheduler, self.kv, drafter)
         self._inbox: deque[tuple[str, object]] = deque()
@@ -213,37 +219,54 @@ class Executor:
         self.output.flush()
 
     def step(self) -> None:
-        policy = self.scheduler.policy
+        """One step: a plain greedy step overlaps with the next one's preparation; a step that
+        drafts, samples or reports logprobs first reads the step in flight, then runs alone."""
+        overlap, step_k = self._plan()
+        t_start, generated = time.perf_counter(), self._generated
+        if not overlap:
+            self._finish_inflight(observe=False)  # drafting needs every token on the host
+        t0 = time.perf_counter()
+        batch = self._schedule(0 if overlap else step_k)
+        if batch is None:
+            return
+        if overlap:
+            self._step_overlapped(batch)
+        else:
+            self._step_sync(batch, t0, t_start, generated)
+
+    def _plan(self) -> tuple[bool, int]:
+        """(overlap this step?, the policy's draft length)."""
         overlap = self.overlap and self._sync_requests <= 0
         step_k = self.scheduler.draft_len() if self.drafter is not None else 0
         if step_k and self.scheduler.wants_drafts(step_k):
             overlap = False
-        t_start = time.perf_counter()
-        generated = self._generated
-        if not overlap and self._inflight is not None:
-            # Drafting and verifying need every token on the host: wait for the step in
-            # flight. That wait is part of what speculating costs (the policy's rates see it).
-            self._finish_inflight(observe=False)
-        t0 = time.perf_counter()
+        return overlap, step_k
+
+    def _schedule(self, step_k: int) -> ScheduledBatch | None:
+        """The next batch, or None when nothing can run (the step in flight is read: its
+        finishing requests may hold the KV blocks needed)."""
         self._gpu_wait = 0.0
-        batch = self.scheduler.schedule(step_k=0 if overlap else step_k)
+        batch = self.scheduler.schedule(step_k=step_k)
         if batch.preempted:
             self.metrics.preemptions.inc(len(batch.preempted))
         if not batch:
             if self._inflight is not None:
-                self._finish_inflight()  # its finishing requests may hold the blocks needed
+                self._finish_inflight()
             else:
                 time.sleep(0.001)  # waiting for KV blocks held by finishing requests
-            return
+            return None
         self.metrics.on_scheduled(batch.requests)
         self.step_no += 1
-        if overlap:
-            self._step_overlapped(batch)
-            return
+        return batch
+
+    def _step_sync(self, batch: ScheduledBatch, t0: float, t_start: float, generated: int):
+        """Run `batch` synchronously (isolating failures); the policy learns its costs (from
+        `t0`) and its rate (from `t_start`, the drain of the step in flight included)."""
         self._run_isolated(batch.rows, draft=True)
         now = time.perf_counter()
         elapsed = now - t0
         tokens = sum(r.num_committed + len(r.drafts) for r in batch.rows)
+        policy = self.scheduler.policy
         policy.observe_sync(len(batch.rows), tokens, elapsed, self._gpu_wait)
         policy.observe_rate(self._generated - generated, now - t_start, len(batch.rows))
         self._count_step(elapsed)
@@ -385,7 +408,7 @@ class Executor:
     def _compute(self, batch: ScheduledBatch, draft: bool) -> list[list[int]]:
         decode = batch.decode_rows
         self.resources.prepare(batch.requests)
-        self.prepare_drafts(decode, ask_drafter=draft)
+        self.drafts.prepare(decode, ask_drafter=draft, step_no=self.step_no)
         logits = self.runner.forward(batch.rows, [self.kv.block_table(r) for r in batch.requests])
         if logits.graph is None:
             self.metrics.eager_steps.inc()
@@ -411,91 +434,9 @@ class Executor:
                 self._fail(req, f"resource update failed: {exc}")
             return
         self.emit(decode, new_tokens, logprobs)
-        self._submit_to_drafter([r.request for r in decode])
+        self.drafts.submit([r.request for r in decode], self.step_no)
 
     # -- phases ----------------------------------------------------------------------------------
-    def prepare_drafts(self, rows: Sequence[Row], ask_drafter: bool = True) -> None:
-        """Ask the drafter (unpadded), sanitise into the rows, then (SDPA) pad to one length
-        for the whole step."""
-        requests = [row.request for row in rows]
-        for req in requests:
-            req.draft_tokens, req.draft_probs = [], None
-        drafting = [r for r in requests if r.draft_budget > 0]
-        if self.drafter is not None and drafting and ask_drafter:
-            try:
-                self.drafter.prepare_draft_tokens(drafting, self.resources)
-            except Exception:  # fail open: a drafter bug costs speed, never output
-                log.exception("drafter failed at step %d; verifying without drafts", self.step_no)
-                self.drafter_errors += 1
-                for req in drafting:
-                    req.draft_tokens, req.draft_probs = [], None
-        for row in rows:
-            self._sanitise(row)
-        # The SDPA backend needs uniform rows: pad to max_draft_len when anyone drafted, else
-        # verify 1 token/row. A varlen backend takes each row as it is; the runner pads the
-        # step's token count to a captured graph instead.
-        pad_to = self.max_draft_len if any(r.drafts for r in rows) else 0
-        for row in rows:
-            row.pad = pad_to - len(row.drafts) if self.runner.pads_drafts else 0
-
-    def _sanitise(self, row: Row) -> None:
-        """Move the drafter's output from the request's mailbox into the row, checked."""
-        req = row.request
-        drafts = list(req.draft_tokens or [])
-        probs = req.draft_probs
-        budget = req.draft_budget
-        if len(drafts) > budget:
-            req.stats.truncated_draft_tokens += len(drafts) - budget
-            self.stats.truncated_draft_tokens += len(drafts) - budget
-            drafts = drafts[:budget]
-        if probs is not None:
-            probs = list(probs)[: len(drafts)]
-            if len(probs) != len(drafts):
-                probs = None  # incomplete distributions: treat drafts as point masses
-        if not all(self._token_ok(t) for t in drafts) or not self._dists_ok(probs):
-            req.stats.refused_draft_tokens += len(drafts)
-            self.stats.refused_draft_tokens += len(drafts)
-            drafts, probs = [], None
-        row.drafts, row.draft_probs = [int(t) for t in drafts], probs
-        req.draft_tokens, req.draft_probs = [], None
-
-    def _submit_to_drafter(self, decode: Sequence[Request]) -> None:
-        """Drafting off the critical path: a drafter with `submit` (the remote one) hears what
-        this step committed right away and drafts while the executor finishes the step; the
-        next step's `prepare_draft_tokens` collects. Fails open like drafting itself."""
-        submit = getattr(self.drafter, "submit", None)
-        if submit is None:
-            return
-        try:
-            submit([r for r in decode if not r.finished])
-        except Exception:
-            log.exception("drafter submit failed at step %d", self.step_no)
-            self.drafter_errors += 1
-
-    def _token_ok(self, t: object) -> bool:
-        """A real token id: an integer (not a bool) inside the vocabulary."""
-        return (
-            isinstance(t, numbers.Integral)
-            and not isinstance(t, bool)
-            and 0 <= int(t) < self.vocab_size
-        )
-
-    def _dists_ok(self, probs: list | None) -> bool:
-        """Draft distributions: per position, (ids, probs) of equal length, ids in the
-        vocabulary, probabilities finite and >= 0 with a positive sum."""
-        if probs is None:
-            return True
-        try:
-            for ids, ps in probs:
-                ids, ps = list(ids), [float(p) for p in ps]
-                if len(ids) != len(ps) or not all(self._token_ok(t) for t in ids):
-                    return False
-                if not all(math.isfinite(p) and p >= 0 for p in ps) or not sum(ps) > 0:
-                    return False
-        except (TypeError, ValueError):
-            return False
-        return True
-
     def _advance(self, rows: list[Row], accepted: dict[str, int]) -> None:
         """KV now holds the fed committed tokens plus each decode row's accepted drafts."""
         for row in rows:

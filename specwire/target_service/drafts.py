@@ -1,0 +1,126 @@
+"""Drafts into the step: asked from the drafter, checked as untrusted input, padded where the
+backend needs uniform rows — the executor's component for its side of the drafter contract.
+
+Drafters write `Request.draft_tokens` / `draft_probs` (the contract's mailbox, UNPADDED,
+0..`draft_budget` tokens); `DraftIntake.prepare` empties that mailbox into each decode row
+(`Row.drafts`, `Row.draft_probs`, `Row.pad`): over-long drafts are truncated to the budget
+(counted), a draft with an id outside the vocabulary or malformed distributions is refused
+whole (counted), incomplete distributions are dropped (the drafts become point masses). A
+drafter that raises costs that step its drafts, never the output (fail open).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import numbers
+from collections.abc import Sequence
+
+from specwire.target_service.drafters.base import Drafter
+from specwire.target_service.request import Request, SpecStats
+from specwire.target_service.resources.base import ResourceRegistry
+from specwire.target_service.scheduler import Row
+
+log = logging.getLogger(__name__)
+
+
+class DraftIntake:
+    def __init__(
+        self,
+        drafter: Drafter | None,
+        resources: ResourceRegistry,
+        *,
+        vocab_size: int,
+        max_draft_len: int,
+        pads: bool,  # the backend needs every decode row padded to one length (SDPA)
+        stats: SpecStats,  # the executor's totals (truncated / refused drafts)
+    ) -> None:
+        self.drafter = drafter
+        self.resources = resources
+        self.vocab_size = vocab_size
+        self.max_draft_len = max_draft_len
+        self.pads = pads
+        self.stats = stats
+        self.errors = 0  # drafter calls that raised (each cost its step's drafts)
+
+    def prepare(self, rows: Sequence[Row], ask_drafter: bool, step_no: int) -> None:
+        """Ask the drafter (unpadded), check its drafts into the rows, then (SDPA) pad every
+        row to one length for the whole step."""
+        requests = [row.request for row in rows]
+        for req in requests:
+            req.draft_tokens, req.draft_probs = [], None
+        drafting = [r for r in requests if r.draft_budget > 0]
+        if self.drafter is not None and drafting and ask_drafter:
+            try:
+                self.drafter.prepare_draft_tokens(drafting, self.resources)
+            except Exception:  # fail open: a drafter bug costs speed, never output
+                log.exception("drafter failed at step %d; verifying without drafts", step_no)
+                self.errors += 1
+                for req in drafting:
+                    req.draft_tokens, req.draft_probs = [], None
+        for row in rows:
+            self._check_into(row)
+        # The SDPA backend needs uniform rows: pad to max_draft_len when anyone drafted, else
+        # verify 1 token/row. A varlen backend takes each row as it is; the runner pads the
+        # step's token count to a captured graph instead.
+        pad_to = self.max_draft_len if any(r.drafts for r in rows) else 0
+        for row in rows:
+            row.pad = pad_to - len(row.drafts) if self.pads else 0
+
+    def submit(self, decode: Sequence[Request], step_no: int) -> None:
+        """Drafting off the critical path: a drafter with `submit` (the remote one) hears what
+        a step committed right away and drafts while the executor finishes the step; the
+        next step's `prepare_draft_tokens` collects. Fails open like drafting itself."""
+        submit = getattr(self.drafter, "submit", None)
+        if submit is None:
+            return
+        try:
+            submit([r for r in decode if not r.finished])
+        except Exception:
+            log.exception("drafter submit failed at step %d", step_no)
+            self.errors += 1
+
+    def _check_into(self, row: Row) -> None:
+        """Move the drafter's output from the request's mailbox into the row, checked."""
+        req = row.request
+        drafts = list(req.draft_tokens or [])
+        probs = req.draft_probs
+        budget = req.draft_budget
+        if len(drafts) > budget:
+            req.stats.truncated_draft_tokens += len(drafts) - budget
+            self.stats.truncated_draft_tokens += len(drafts) - budget
+            drafts = drafts[:budget]
+        if probs is not None:
+            probs = list(probs)[: len(drafts)]
+            if len(probs) != len(drafts):
+                probs = None  # incomplete distributions: treat drafts as point masses
+        if not all(self._token_ok(t) for t in drafts) or not self._dists_ok(probs):
+            req.stats.refused_draft_tokens += len(drafts)
+            self.stats.refused_draft_tokens += len(drafts)
+            drafts, probs = [], None
+        row.drafts, row.draft_probs = [int(t) for t in drafts], probs
+        req.draft_tokens, req.draft_probs = [], None
+
+    def _token_ok(self, t: object) -> bool:
+        """A real token id: an integer (not a bool) inside the vocabulary."""
+        return (
+            isinstance(t, numbers.Integral)
+            and not isinstance(t, bool)
+            and 0 <= int(t) < self.vocab_size
+        )
+
+    def _dists_ok(self, probs: list | None) -> bool:
+        """Draft distributions: per position, (ids, probs) of equal length, ids in the
+        vocabulary, probabilities finite and >= 0 with a positive sum."""
+        if probs is None:
+            return True
+        try:
+            for ids, ps in probs:
+                ids, ps = list(ids), [float(p) for p in ps]
+                if len(ids) != len(ps) or not all(self._token_ok(t) for t in ids):
+                    return False
+                if not all(math.isfinite(p) and p >= 0 for p in ps) or not sum(ps) > 0:
+                    return False
+        except (TypeError, ValueError):
+            return False
+        return True
