@@ -43,7 +43,12 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from prompt_pool import KINDS, Prompt, build_pool  # noqa: E402
 from servers import CONFIGS, add_target_flags, running_config, scrape_metrics  # noqa: E402
-from serving_stats import RequestRecord, kind_table, pass_table, ratio, summarise  # noqa: E402
+from serving_stats import (  # noqa: E402
+    RequestRecord,
+    config_markdown,
+    summarise,
+    summary_markdown,
+)
 
 from specwire.common.client import FINISH_NAMES, build_request  # noqa: E402
 from specwire.common.protogen import generation_pb2 as pb  # noqa: E402
@@ -239,72 +244,6 @@ def run_config(name: str, plans: list[PassPlan], args) -> dict:
     with running_config(name, args) as server:
         log(f"{name}: target {server.address} ready in {server.startup_s:.1f}s")
         return asyncio.run(run_server(server, plans, args))
-
-
-def config_markdown(rec: dict) -> str:
-    m = rec["model"]
-    timed = [p for p in rec["passes"] if p["timed"]]
-    out = [
-        f"### {rec['config']} (drafter={m['drafter']}, K={m['max_draft_len']}, "
-        f"graphs={m['cuda_graphs']}, {m['device']}, {m['dtype']})\n\n",
-        pass_table(timed),
-    ]
-    replay = next((p for p in timed if p["name"] == "replay"), None)
-    first = next((p for p in timed if p["concurrency"] == (replay or {}).get("concurrency")), None)
-    if replay and first:
-        f, r = first["summary"], replay["summary"]
-        out.append(
-            f"first-sight ÷ replay at c={replay['concurrency']}: tok/s "
-            f"{ratio(f['tok_per_s'], r['tok_per_s'])}, TTFT p50 "
-            f"{ratio(f['ttft_p50_s'], r['ttft_p50_s'])}, TTFT p99 "
-            f"{ratio(f['ttft_p99_s'], r['ttft_p99_s'])}, E2E p50 "
-            f"{ratio(f['e2e_p50_s'], r['e2e_p50_s'])}\n"
-        )
-    solo = next((p for p in timed if p["concurrency"] == 1 and p["name"] != "replay"), None)
-    if solo and m["drafter"] == "none" and solo.get("one_token_gpu_ms"):
-        g = solo["one_token_gpu_ms"]
-        bound = 1e3 / g
-        out.append(
-            f"c=1: {solo['summary']['tok_per_s']:.1f} tok/s = "
-            f"{solo['summary']['tok_per_s'] / bound:.0%} of 1 / (1-token graph replay "
-            f"{g:.3f} ms, weights only) = {bound:.0f} tok/s; step period {solo['step_ms']:.3f} "
-            f"ms, so the host adds {solo['step_ms'] - g:.3f} ms a step on the critical path\n"
-        )
-    out.append("\nPer prompt kind, pooled over the first-sight passes:\n\n")
-    out.append(kind_table(rec["per_kind_first_sight"]))
-    return "".join(out)
-
-
-def summary_markdown(results: list[dict]) -> str:
-    """tok/s of each configuration at each pass, and its ratio to `none` in the same pass."""
-    names = [r["config"] for r in results]
-    base = next((r for r in results if r["config"] == "none"), None)
-    head = "| pass | " + " | ".join(f"{n} tok/s" for n in names)
-    if base:
-        head += " | " + " | ".join(f"{n} ÷ none" for n in names if n != "none")
-    lines = [head + " |", "|---" * (head.count("|")) + "|"]
-    for i, p in enumerate(results[0]["passes"]):
-        if not p["timed"]:
-            continue
-        tps = [r["passes"][i]["summary"]["tok_per_s"] for r in results]
-        row = f"| {p['name']} | " + " | ".join(f"{t:.1f}" for t in tps)
-        if base:
-            b = base["passes"][i]["summary"]["tok_per_s"]
-            row += " | " + " | ".join(
-                ratio(t, b) for n, t in zip(names, tps, strict=True) if n != "none"
-            )
-        lines.append(row + " |")
-    kinds = [k for k in KINDS if k in results[0]["per_kind_first_sight"]]
-    lines += ["", "Mean accepted length (acceptance) per prompt kind, first-sight passes:", ""]
-    lines += ["| kind | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
-    for k in kinds:
-        cells = []
-        for r in results:
-            s = r["per_kind_first_sight"].get(k)
-            mal = s and s["mean_accepted_length"]
-            cells.append("n/a" if not mal else f"{mal:.2f} ({s['acceptance_rate']:.2f})")
-        lines.append(f"| {k} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
 
 
 def environment(args: argparse.Namespace) -> dict:

@@ -108,3 +108,15 @@ def test_rates_are_compared_at_the_same_load():
     assert p.mode == "plain"  # 12,000 > 9,000 at 64 rows
     _window(p, 800.0, rows=1)  # plain at batch 1 again: spec wins there
     assert p.mode == "spec"
+
+
+def test_new_requests_start_from_the_population_estimate():
+    """A request never seen before is judged by what drafts did for the others: after many
+    requests whose drafts all failed, a fresh one is not given drafts where a policy with no
+    history would give it some."""
+    costs = {1: 1e-3, 2: 1.2e-3, 4: 1.4e-3, 8: 1.6e-3}
+    assert _policy(costs).step_draft_len([_req("fresh")]) > 0
+    p = _policy(costs)
+    for i in range(40):
+        _teach(p, _req(f"old{i}"), drafted=4, accepted=0, times=5)
+    assert p.step_draft_len([_req("fresh")]) == 0

@@ -224,7 +224,10 @@ def test_overlapped_graph_steps_equal_synchronous_ones(dtype):
             eos = {c.token_ids[6] for c in base}
         eng.executor.make_stream.eos_ids = eos
         outs[overlap] = [c.token_ids for c in _run(eng, prompts)]
-        overlapped = eng.executor.metrics.overlapped_steps._value.get()
+        metrics = eng.executor.metrics
+        overlapped = metrics.registry.get_sample_value(
+            "specwire_overlapped_steps_total", {"model": metrics.model}
+        )
         assert (overlapped > 0) == overlap
     assert outs[True] == outs[False]
     assert any(len(t) < 32 for t in outs[True]), "some requests should end at the new EOS"

@@ -240,11 +240,10 @@ class OutputWorker:
     def submit(self, fn, *args) -> None:
         self._queue.put((fn, args))
 
-    def render(self, stream: OutputStream, kept, reason, drafted, accepted, step, lps) -> None:
-        self.submit(self._render, stream, kept, reason, drafted, accepted, step, lps)
-
     def render_many(self, items: list[tuple]) -> None:
-        """`render` for each item (its arguments), in order, queued as one: a step's rows."""
+        """Render a step's rows, in order, queued as one item; each item is the arguments of
+        `OutputStream.render` after the stream: (stream, kept, reason, drafted, accepted,
+        step, logprobs)."""
         if items:
             self.submit(self._render_many, items)
 

@@ -71,7 +71,18 @@ def prepare_uniform_mask(
     )
 
 
-class TorchPagedAttention:
+class AttentionShape:
+    """What every attention backend is built from: head counts, head size, KV block size."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int):
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.block_size = block_size
+        self.scale = head_dim**-0.5
+
+
+class TorchPagedAttention(AttentionShape):
     """Pure-PyTorch paged attention (SDPA on gathered blocks): the CPU backend and the
     reference the GPU backend is tested against.
 
@@ -85,11 +96,7 @@ class TorchPagedAttention:
     graphs = False
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int):
-        self.num_heads = num_heads
-        self.num_kv_heads = num_kv_heads
-        self.head_dim = head_dim
-        self.block_size = block_size
-        self.scale = head_dim**-0.5
+        super().__init__(num_heads, num_kv_heads, head_dim, block_size)
         # Repeat K/V heads before SDPA instead of `enable_gqa`: with a mask, SDPA's GQA path can
         # fall back to the math kernel, while expanded heads can use the fused kernels.
         self.expand_kv = False

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import torch
 
-from specwire.common.model.attention import AttentionMetadata
+from specwire.common.model.attention import AttentionMetadata, AttentionShape
 
 
-class TritonPagedAttention:
+class TritonPagedAttention(AttentionShape):
     name = "triton"
     varlen = True
     graphs = True
@@ -25,12 +25,8 @@ class TritonPagedAttention:
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int):
         from specwire.common.model import triton_attention  # imports triton: only on GPU machines
 
+        super().__init__(num_heads, num_kv_heads, head_dim, block_size)
         self._ops = triton_attention
-        self.num_heads = num_heads
-        self.num_kv_heads = num_kv_heads
-        self.head_dim = head_dim
-        self.block_size = block_size
-        self.scale = head_dim**-0.5
 
     def forward(
         self,

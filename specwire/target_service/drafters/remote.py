@@ -225,27 +225,35 @@ class RemoteDrafter(Drafter):
         """The reply to a `submit`, waiting at most the step deadline; None if late/failed."""
         deadline_s = self.config.deadline_ms / 1000
         if pre.future is not None:
-            try:
-                return pre.future.result(timeout=deadline_s)
-            except grpc.FutureTimeoutError:
-                pre.future.cancel()
-                return self._count("late")
-            except grpc.RpcError as exc:
-                if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                    return self._count("late")
-                self._disconnect(f"Draft failed ({exc.code().name}: {exc.details()})")
-                return self._count("failed")
-        end = time.monotonic() + deadline_s
+            return self._unary_reply(pre.future, deadline_s)
         with self._cv:
-            while True:
-                if self._reply is not None and self._reply.step == pre.step:
-                    return self._reply
-                if self._stream is not pre.stream:
-                    return self._count("failed", locked=True)
-                left = end - time.monotonic()
-                if left <= 0:
-                    return self._count("late", locked=True)
-                self._cv.wait(left)
+            return self._stream_reply(pre.step, pre.stream, time.monotonic() + deadline_s)
+
+    def _unary_reply(self, future, timeout: float):
+        """The reply of a unary Draft call, waiting at most `timeout`; None if late/failed."""
+        try:
+            return future.result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            future.cancel()
+            return self._count("late")
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                return self._count("late")
+            self._disconnect(f"Draft failed ({exc.code().name}: {exc.details()})")
+            return self._count("failed")
+
+    def _stream_reply(self, step: int, stream, end: float):
+        """The stream's reply for `step`, waiting until `end` (monotonic); None if late or the
+        stream broke. Called with `_cv` held."""
+        while True:
+            if self._reply is not None and self._reply.step == step:
+                return self._reply
+            if self._stream is not stream:
+                return self._count("failed", locked=True)
+            left = end - time.monotonic()
+            if left <= 0:
+                return self._count("late", locked=True)
+            self._cv.wait(left)
 
     def prepare_draft_tokens(
         self, requests: Sequence[Request], resources: ResourceRegistry
@@ -323,29 +331,12 @@ class RemoteDrafter(Drafter):
             stream.send(msg)
             if not msg.sequences or all(s.finished for s in msg.sequences):
                 return None  # only `finished` notices: nothing to wait for
-            while True:
-                if self._reply is not None and self._reply.step == msg.step:
-                    return self._reply
-                if self._stream is not stream:
-                    return self._count("failed", locked=True)
-                left = end - time.monotonic()
-                if left <= 0:
-                    return self._count("late", locked=True)
-                self._cv.wait(left)
+            return self._stream_reply(msg.step, stream, end)
 
     def _exchange_unary(self, msg: drafter_pb2.DraftRequest) -> drafter_pb2.DraftResponse | None:
         deadline_s = self.config.deadline_ms / 1000
         future = self._stub.Draft.future(msg, timeout=deadline_s)
-        try:
-            return future.result(timeout=deadline_s + 0.05)
-        except grpc.FutureTimeoutError:
-            future.cancel()
-            return self._count("late")
-        except grpc.RpcError as exc:
-            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                return self._count("late")
-            self._disconnect(f"Draft failed ({exc.code().name}: {exc.details()})")
-            return self._count("failed")
+        return self._unary_reply(future, deadline_s + 0.05)
 
     def _apply(self, reply, requests: Sequence[Request], lengths: dict[str, int]) -> None:
         by_id = {r.request_id: r for r in requests}

@@ -57,17 +57,13 @@ class StepLogits:
     # The argmax of every logit row when the graph computed it: pinned host memory, valid
     # once `ModelRunner.wait` returned (one copy back per step, no separate argmax launch).
     greedy: torch.Tensor | None = None
-    # Eager steps: the argmax of every logit row, on the model's device.
+    # Eager steps: the argmax of every logit row, on the model's device (one of the two is set).
     argmax: torch.Tensor | None = None
     done: object | None = None  # CUDA event after which the step's results are valid
 
     def tokens(self) -> list[int]:
         """The argmax of every logit row, on the host (after `ModelRunner.wait`)."""
-        if self.greedy is not None:
-            return self.greedy.tolist()
-        if self.argmax is not None:
-            return self.argmax.tolist()
-        return self.logits.argmax(dim=-1).tolist()
+        return (self.greedy if self.greedy is not None else self.argmax).tolist()
 
 
 class ModelRunner:
