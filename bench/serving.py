@@ -98,10 +98,10 @@ class PassPlan:
 
 
 def plan_passes(
-    pool: list[Prompt], levels: list[int], per_pass: int | None, warmup: int
+    pool: list[Prompt], levels: list[int], per_pass: int | None, warmup: int, least: int = 16
 ) -> list[PassPlan]:
     """Consecutive slices of the pool: warm-up, one per level, then the replay of the last."""
-    sizes = [warmup] + [per_pass or max(2 * c, 16) for c in levels]
+    sizes = [warmup] + [per_pass or max(2 * c, least) for c in levels]
     if sum(sizes) > len(pool):
         raise SystemExit(
             f"the passes need {sum(sizes)} unique prompts, the pool has {len(pool)}: "
@@ -280,8 +280,9 @@ def main() -> int:
     ap.add_argument("--configs", default="none,ngram,remote-ngram", help=", ".join(CONFIGS))
     ap.add_argument("--concurrency", default="1,8,32,64", help="requests in flight, per pass")
     ap.add_argument(
-        "--prompts-per-pass", type=int, default=None, help="default max(2*c, 16) at level c"
+        "--prompts-per-pass", type=int, default=None, help="default max(2*c, --min-prompts)"
     )
+    ap.add_argument("--min-prompts", type=int, default=16, help="least prompts per timed pass")
     ap.add_argument("--warmup-prompts", type=int, default=16, help="reserved, never timed")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--ignore-eos", action="store_true", help="always generate max-new-tokens")
@@ -304,7 +305,7 @@ def main() -> int:
 
     env = environment(args)
     pool, source = build_pool(args.chat, tuple(k for k in args.kinds.split(",") if k), args.seed)
-    plans = plan_passes(pool, levels, args.prompts_per_pass, args.warmup_prompts)
+    plans = plan_passes(pool, levels, args.prompts_per_pass, args.warmup_prompts, args.min_prompts)
     log(
         f"{len(pool)} unique {source} prompts; passes: "
         + ", ".join(f"{p.name} ({len(p.prompts)} at c={p.concurrency})" for p in plans)

@@ -65,7 +65,8 @@ def servers():
     started, harnesses = [], []
 
     def start(instance=None, port: int = 0, **overrides):
-        cfg = DrafterServiceConfig(host="127.0.0.1", port=port, max_draft_len=4, **overrides)
+        overrides.setdefault("max_draft_len", 4)
+        cfg = DrafterServiceConfig(host="127.0.0.1", port=port, **overrides)
         server = serve(cfg, instance)
         started.append(server)
         return server
@@ -134,7 +135,8 @@ def test_handshake_refuses_unreachable_drafter_and_wrong_protocol(servers):
 @pytest.mark.parametrize("mode", MODES)
 def test_drafts_flow_as_deltas_and_finished_frees_the_session(servers, mode):
     server = servers()
-    h = servers.harness(f"grpc://{server.address}", mode=mode)
+    # No look-ahead: every step asks (the look-ahead has its own test below).
+    h = servers.harness(f"grpc://{server.address}", mode=mode, lookahead=0)
     a, b = make_request("a", REPETITIVE), make_request("b", [5, 6, 7, 5, 6], k=2)
     assert h.step([a, b]) == [[3, 4, 1, 2], [7, 5]]
     store = server.engine.store
@@ -152,6 +154,60 @@ def test_drafts_flow_as_deltas_and_finished_frees_the_session(servers, mode):
     assert c["reconnects"] == 1 and all(c[k] == 0 for k in c if k != "reconnects")
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_lookahead_drafts_the_next_step_without_asking_when_all_is_accepted(servers, mode):
+    """The target asks for K drafts + K+1 more (n-gram, auto). A step that accepts every
+    draft and whose bonus token is the proposal's next one takes the next drafts from the kept
+    proposal: nothing is sent, the drafter's session does not move. Any other outcome asks."""
+    server = servers(max_draft_len=16)
+    h = servers.harness(f"grpc://{server.address}", mode=mode)
+    assert h.drafter.lookahead == 5  # K + 1 for an n-gram drafter
+    store = server.engine.store
+    a = make_request("a", REPETITIVE)  # 1 2 3 4 1 2 3 4 1 2
+    assert h.step([a]) == [[3, 4, 1, 2]]
+    assert store.get("a").tokens == REPETITIVE
+    a.output_ids += [3, 4, 1, 2, 3]  # all four accepted, bonus 3 = the proposal's 5th token
+    assert h.step([a]) == [[4, 1, 2, 3]]  # the proposal's tokens 6..9
+    assert store.get("a").tokens == REPETITIVE  # not asked: the drafter heard nothing
+    assert h.counters()["lookahead"] == 1
+    a.output_ids += [4, 9]  # one accepted, then a bonus token the proposal did not foresee
+    assert h.step([a]) == [[]]  # asked afresh: 9 never occurred before, no n-gram match
+    assert store.get("a").tokens == a.token_ids  # the delta went out with the question
+    a.output_ids += [1]
+    assert h.step([a]) == [[2, 3, 4, 9]]  # "1" -> what followed the latest 1
+    c = h.counters()
+    assert c["lookahead"] == 1 and c["late"] == c["failed"] == c["stale"] == 0
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_lookahead_follows_a_request_whose_drafts_keep_being_accepted(servers, mode):
+    """A repetitive sequence accepted step after step: after the first question the drafts
+    come from kept proposals and from the replies to `submit` (sent as each step commits),
+    never waiting for the drafter; the drafter still receives every committed token."""
+    server = servers(max_draft_len=16)
+    h = servers.harness(f"grpc://{server.address}", mode=mode)
+    a = make_request("a", REPETITIVE)
+    period = [1, 2, 3, 4]
+    drafts = h.step([a])
+    for _ in range(12):
+        assert len(drafts[0]) == 4
+        committed = drafts[0] + [period[(a.num_tokens + 4) % 4]]  # all accepted + bonus
+        assert committed == [period[(a.num_tokens + j) % 4] for j in range(5)]
+        a.output_ids += committed
+        h.drafter.submit([a])
+        drafts = h.step([a])
+        time.sleep(0.01)  # the device's forward, during which the submit's reply arrives
+    assert drafts == [[period[(a.num_tokens + j) % 4] for j in range(4)]]
+    c = h.counters()
+    assert c["lookahead"] + c["prefetched"] >= 12 and c["late"] == c["failed"] == 0
+    h.drafter.submit([a])
+    wait_until(
+        lambda: server.engine.store.get("a").tokens == a.token_ids,
+        timeout=10,
+        what="the drafter to hold every committed token",
+    )
+
+
 # -- fail-open, reconnect, resync -------------------------------------------------------------
 
 
@@ -164,16 +220,20 @@ def test_killed_drafter_fails_open_then_reconnects_and_resyncs(servers, mode):
     assert h.step([a, b]) == [[3, 4, 1, 2], [9, 8, 9, 8]]
 
     server.stop(None)  # killed mid-use: sessions gone
+    # One token committed each: the kept proposals no longer hold a full next draft, so the
+    # steps must ask the (dead) drafter.
+    a.output_ids += [3]
+    b.output_ids += [9]
     t0 = time.monotonic()
     assert h.step([a, b]) == [[], []]
     assert h.step([a, b]) == [[], []]
     assert time.monotonic() - t0 < 5  # failing fast, never hanging on the dead drafter
     assert h.counters()["failed"] >= 1
 
-    a.output_ids += [3]
+    a.output_ids += [4]
     restarted = servers(port=port)
     # The background reconnect finds it; the step after resends full prefixes (base_len 0).
-    wait_until(lambda: h.step([a, b])[0] == [4, 1, 2, 3], timeout=15, what="drafts to resume")
+    wait_until(lambda: h.step([a, b])[0] == [1, 2, 3, 4], timeout=15, what="drafts to resume")
     assert restarted.engine.store.get("a").tokens == a.token_ids
     assert h.counters()["reconnects"] >= 2
 
@@ -197,8 +257,9 @@ def test_sigkilled_drafter_process_fails_open_and_drafts_resume_after_restart():
         assert h.step([a]) == [[3, 4, 1, 2]]
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        a.output_ids += [3]  # the kept proposal no longer holds a full draft: ask the drafter
         wait_until(lambda: h.step([a]) == [[]] and h.counters()["failed"] > 0, timeout=10)
-        a.output_ids += [3, 4]
+        a.output_ids += [4]
         proc, _ = start_service(cmd, None, "drafter ready", timeout=60)
         wait_until(lambda: h.step([a]) == [[1, 2, 3, 4]], timeout=15, what="drafts to resume")
         assert h.counters()["reconnects"] >= 2

@@ -54,7 +54,7 @@ def drafters():
     started = []
 
     def start(port: int = 0, instance=None, **overrides):
-        cfg = DrafterServiceConfig(host="127.0.0.1", port=port, max_draft_len=4, **overrides)
+        cfg = DrafterServiceConfig(host="127.0.0.1", port=port, **overrides)  # cap: 16
         server = serve(cfg, instance)
         started.append(server)
         return server
@@ -166,6 +166,9 @@ def test_remote_drafter_is_lossless_over_50_prompts(tiny, baseline, drafters, ki
     # Drafting off the critical path: most steps' drafts were asked for when the previous step
     # committed its tokens (`submit`) and only collected by the step that uses them.
     assert c["prefetched"] > 0
+    # Look-ahead (n-gram: K+1 more tokens per proposal): steps that accepted every draft took
+    # the next drafts from the kept proposal, without asking; output unchanged (above).
+    assert (c["lookahead"] > 0) == (kind == "ngram")
     stats = eng.executor.stats
     assert 0 < stats.accepted_tokens <= stats.draft_tokens and stats.refused_draft_tokens == 0
     # The target is idle now, and no step will carry another message: the `finished` notices

@@ -21,7 +21,7 @@ FLAGS = {
     "host": Flag("address to listen on", env="SPECWIRE_DRAFTER_HOST"),
     "port": Flag("port to listen on (0 = any free port)", env="SPECWIRE_DRAFTER_PORT"),
     "drafter": Flag(DRAFTER_KINDS),
-    "max_draft_len": Flag("most draft tokens per sequence per step"),
+    "max_draft_len": Flag("most draft tokens per sequence per reply (drafts + look-ahead)"),
     "max_ngram": Flag("ngram: longest n-gram matched"),
     "prefer": Flag(
         "ngram: which earlier match wins", env="SPECWIRE_NGRAM_PREFER", choices=("latest", "oldest")

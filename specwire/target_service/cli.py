@@ -43,6 +43,10 @@ ENGINE_FLAGS = {
     "num_kv_blocks": Flag("KV cache blocks (0 = enough for max-batch-size full contexts)"),
     "drafter_mode": Flag("remote drafters: stream | unary", choices=("stream", "unary")),
     "drafter_deadline_ms": Flag("remote drafters: wait this long for drafts, then go without"),
+    "drafter_lookahead": Flag(
+        "remote drafters: draft tokens asked past a step's own, used when it accepts them all"
+        " (-1 = auto: K+1 for an n-gram drafter, else 0)"
+    ),
     "progress": Flag("no progress bars while loading"),
     "max_prompt_bytes": Flag("most UTF-8 bytes of a prompt (checked before tokenising)"),
     "max_stop_strings": Flag("most stop strings per request"),

@@ -35,6 +35,7 @@ class TargetConfig:
     num_kv_blocks: int = 0  # 0 = enough for max_batch_size full contexts
     drafter_mode: str = "stream"  # stream | unary (remote drafters)
     drafter_deadline_ms: float = 50.0
+    drafter_lookahead: int = -1  # remote drafters: tokens asked past a step's drafts; -1 = auto
     progress: bool = True
     drafter_security: ClientSecurity = field(default_factory=ClientSecurity)  # grpc:// drafters
     # Admission limits (checked by the servicer before any work; see docs/security.md).
@@ -68,6 +69,10 @@ class TargetConfig:
             raise UserError(f"--drafter-mode must be stream or unary, got {self.drafter_mode!r}")
         if self.drafter_deadline_ms <= 0:
             raise UserError("--drafter-deadline-ms must be > 0")
+        if self.drafter_lookahead < -1:
+            raise UserError(
+                f"--drafter-lookahead must be >= 0 (or -1: auto), got {self.drafter_lookahead}"
+            )
         for flag, value in (
             ("--max-prompt-bytes", self.max_prompt_bytes),
             ("--max-stop-len", self.max_stop_len),

@@ -10,8 +10,11 @@ trip, the cost of draining the pipeline to switch. So the policy runs one mode f
 of `mode_window` steps, measures the tokens generated per second over it (the executor reports
 every step, a switch's drain included), keeps an EMA per mode and batch-size bucket (a rate
 means nothing at another load), and then runs the mode with the better rate at the load just
-seen; at a load where the other mode has no rate yet, or every `probe_every` windows there, it
-runs the other mode for one window to (re-)measure it. It starts speculating.
+seen; at a load where the other mode has no rate yet, or now and then, it runs the other mode
+for one window to (re-)measure it. How often: a probe costs one window at the losing rate, so
+the gap sets the interval — every `probe_every` windows when the modes are close, up to
+`max_probe_every` when the loser is far behind, keeping what probing costs near
+`probe_budget` of the throughput. It starts speculating.
 
 **The draft length inside the speculative mode — modelled per step.** It picks the k that
 maximises expected committed tokens per second:
@@ -79,7 +82,9 @@ class DraftLengthPolicy:
     min_accept: float = 0.1  # below this per-draft acceptance a request stops drafting
     population_ema: float = 0.02  # weight of one request's step in the population estimate
     mode_window: int = 32  # steps per measured window of one mode
-    probe_every: int = 8  # windows between tries of the mode not in use
+    probe_every: int = 8  # least windows between tries of the mode not in use
+    max_probe_every: int = 32  # most windows between them
+    probe_budget: float = 0.01  # throughput share probing may cost (sets the interval)
     mode: str = "spec"  # "spec" | "plain"
     # (mode, batch-size bucket) -> generated tokens per second (EMA over windows)
     rates: dict[tuple[str, int], float] = field(default_factory=dict)
@@ -91,6 +96,7 @@ class DraftLengthPolicy:
     _population: _Estimate = field(default_factory=_Estimate)
     _window: list[float] = field(default_factory=lambda: [0.0, 0.0, 0, 0])  # tok, s, steps, rows
     _windows: dict[int, int] = field(default_factory=dict)  # windows seen per load bucket
+    _probe_at: dict[int, int] = field(default_factory=dict)  # load -> window of its next probe
 
     # -- cost model ------------------------------------------------------------------------------
     def seed_costs(self, table: dict[int, float]) -> None:
@@ -152,10 +158,21 @@ class DraftLengthPolicy:
         self._window = [0.0, 0.0, 0, 0]
         seen = self._windows[load] = self._windows.get(load, 0) + 1
         other = "plain" if self.mode == "spec" else "spec"
-        if self.rates.get((other, load)) is None or seen % self.probe_every == 0:
+        if self.rates.get((other, load)) is None or seen >= self._probe_at.get(load, 0):
             self.mode = other  # measure it at this load (again)
+            self._probe_at[load] = seen + 1 + self.probe_interval(load)
         else:
             self.mode = max(("plain", "spec"), key=lambda m: self.rates[(m, load)])
+
+    def probe_interval(self, load: int) -> int:
+        """Windows until the losing mode at `load` is measured again: a probe window costs
+        (1 - loser/winner) of one window's throughput, so probe as often as that stays within
+        `probe_budget`, between `probe_every` and `max_probe_every` windows."""
+        spec, plain = self.rates.get(("spec", load)), self.rates.get(("plain", load))
+        if not spec or not plain:
+            return self.probe_every
+        gap = 1.0 - min(spec, plain) / max(spec, plain)
+        return max(self.probe_every, min(self.max_probe_every, round(gap / self.probe_budget)))
 
     # -- per-request acceptance --------------------------------------------------------------------
     def _new_estimate(self) -> _Estimate:

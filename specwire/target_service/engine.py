@@ -79,6 +79,7 @@ def make_drafter(cfg: TargetConfig, loaded: LoadedModel) -> Drafter | None:
             mode=cfg.drafter_mode,
             deadline_ms=cfg.drafter_deadline_ms,
             security=cfg.drafter_security,
+            lookahead=cfg.drafter_lookahead,
         )
     if ":" in spec:
         return load_plugin_drafter(spec, cfg.max_draft_len)

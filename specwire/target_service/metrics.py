@@ -59,6 +59,8 @@ DRAFTER_COUNTERS = {
     "resynced": "Sequences the drafter asked to have re-sent from the start",
     "unknown_request": "Draft replies naming a request the target did not ask about",
     "reconnects": "Connections to the drafter opened (the first one counts)",
+    "prefetched": "Replies to drafts asked for as a step committed (submit), collected later",
+    "lookahead": "Requests whose step drafts came from a kept proposal's look-ahead, unasked",
 }
 
 

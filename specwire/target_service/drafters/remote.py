@@ -13,6 +13,15 @@ that breaks, or stays silent for `stall_s`, is dropped and re-opened in the back
 exponential back-off, after re-checking the handshake (the drafter may have restarted with
 another model); every sequence is then re-sent from base_len 0.
 
+Drafting off the critical path. `submit` (the moment a step commits) sends what it learnt and
+asks for the next drafts *plus a look-ahead*: `lookahead` more tokens, so each proposal also
+covers the step after next in the case where that step accepts every draft and the bonus
+token is the proposal's next one. Proposals are kept per request (`RemoteSessions.runs`); a
+step takes its drafts from the kept proposal whenever what was committed since is exactly its
+prefix (no waiting at all), and waits for the drafter only for requests no proposal covers
+(then for the reply already in flight when there is one). Drafts stay unpadded on the wire:
+the look-ahead is only a longer `max_draft_tokens`.
+
 Deadline default, 50 ms: about one CPU decode step of the default 135M target. Drafts slower
 than a target step cost more than they save, and a loopback n-gram reply takes ~1 ms, so the
 deadline only fires for a drafter that is genuinely too slow. On a GPU target, whose step is a
@@ -45,7 +54,7 @@ from specwire.target_service.drafters.remote_channel import (
     RemoteDrafterConfig,
     handshake,
 )
-from specwire.target_service.drafters.remote_sessions import RemoteSessions
+from specwire.target_service.drafters.remote_sessions import RemoteSessions, Run
 from specwire.target_service.request import Request
 from specwire.target_service.resources.base import ResourceRegistry
 
@@ -60,7 +69,16 @@ __all__ = [
     "RemoteSessions",
 ]
 
-COUNTERS = ("late", "failed", "stale", "resynced", "unknown_request", "reconnects", "prefetched")
+COUNTERS = (
+    "late",
+    "failed",
+    "stale",
+    "resynced",
+    "unknown_request",
+    "reconnects",
+    "prefetched",
+    "lookahead",
+)
 
 
 @dataclass
@@ -68,7 +86,7 @@ class _Prefetch:
     """Drafts asked for at the end of a step (`submit`), to be collected by the next one."""
 
     step: int
-    lengths: dict[str, int]  # request -> tokens the drafter was sent
+    sent: dict[str, tuple[int, int]]  # request -> (tokens the drafter was sent, drafts asked)
     stream: object | None  # stream mode: the stream it went on (the reader fills `_reply`)
     future: grpc.Future | None  # unary mode: the call
 
@@ -86,6 +104,7 @@ class RemoteDrafter(Drafter):
         deadline_ms: float = DEFAULT_DEADLINE_MS,
         connect_timeout_s: float = 5.0,
         security: ClientSecurity | None = None,
+        lookahead: int = -1,
     ) -> None:
         super().__init__(max_draft_len)
         self.config = RemoteDrafterConfig(address, mode, deadline_ms, connect_timeout_s)
@@ -119,6 +138,11 @@ class RemoteDrafter(Drafter):
             log.warning("drafter %s does not offer streams; using unary calls", self.name)
             self.mode = "unary"
         self.want_probs = "draft_probs" in self.info.capabilities
+        if lookahead < 0:  # auto: a lookup's longer proposal costs the drafter nothing
+            lookahead = max_draft_len + 1 if self.info.name == "ngram" else 0
+        self.lookahead = lookahead
+        # The most tokens a proposal may hold: what the drafter says it ever returns.
+        self._most = self.info.max_draft_len or (max_draft_len + lookahead)
         self._connect()
 
     # -- connection ---------------------------------------------------------------------------
@@ -191,10 +215,11 @@ class RemoteDrafter(Drafter):
 
     def submit(self, requests: Sequence[Request]) -> None:
         """Called by the executor the moment a step has committed its tokens: send what it
-        learnt and ask for the next step's drafts now (each up to the request's useful
-        drafts), so the round trip runs while the executor finishes the step and schedules the
-        next; `prepare_draft_tokens` collects them. Never blocks; skipped while a message is
+        learnt and ask for the next drafts and the look-ahead now, so the round trip runs
+        while the executor finishes the step, schedules the next and (for requests a kept
+        proposal covers) while the device runs it. Never blocks; skipped while a message is
         in flight or the connection is down (the next step then asks the usual way)."""
+        self._take_answered()
         live = [r for r in requests if not r.finished and r.useful_drafts > 0]
         if not live:
             return
@@ -208,7 +233,7 @@ class RemoteDrafter(Drafter):
                 return
             self._step += 1
             step = self._step
-        msg, lengths = self._build(step, live, budget=lambda r: r.useful_drafts)
+        msg, sent = self._build(step, live, budget=lambda r: r.useful_drafts)
         if self.mode == "stream":
             with self._cv:
                 stream = self._stream
@@ -216,10 +241,29 @@ class RemoteDrafter(Drafter):
                     return
                 self._inflight, self._inflight_since = step, time.monotonic()
                 stream.send(msg)
-            self._prefetch = _Prefetch(step, lengths, stream, None)
+            self._prefetch = _Prefetch(step, sent, stream, None)
         else:
             future = self._stub.Draft.future(msg, timeout=self.config.deadline_ms / 1000 + 1.0)
-            self._prefetch = _Prefetch(step, lengths, None, future)
+            self._prefetch = _Prefetch(step, sent, None, future)
+
+    def _take_answered(self) -> None:
+        """Keep the proposals of a `submit` the drafter has already answered (never waits)."""
+        pre = self._prefetch
+        if pre is None:
+            return
+        if pre.future is not None:
+            answered = pre.future.done()
+        else:
+            with self._cv:
+                answered = (
+                    self._reply is not None and self._reply.step == pre.step
+                ) or self._stream is not pre.stream
+        if answered:
+            self._prefetch = None
+            reply = self._collect(pre)
+            if reply is not None:
+                self._apply(reply, pre.sent)
+                self._count("prefetched")
 
     def _collect(self, pre: _Prefetch):
         """The reply to a `submit`, waiting at most the step deadline; None if late/failed."""
@@ -260,19 +304,21 @@ class RemoteDrafter(Drafter):
     ) -> None:
         for r in requests:
             r.draft_tokens, r.draft_probs = [], None
-        pre, self._prefetch = self._prefetch, None
-        if pre is not None:
-            # Requests whose tokens have not moved since `submit` take the prefetched drafts
-            # (cut to this step's budget); the rest go the usual way below.
-            covered = [r for r in requests if pre.lengths.get(r.request_id) == r.num_tokens]
-            reply = self._collect(pre) if covered else None
+        self._take_answered()
+        requests = [r for r in requests if not self._from_run(r)]
+        pre = self._prefetch
+        if pre is not None and any(
+            pre.sent.get(r.request_id, (-1,))[0] == r.num_tokens for r in requests
+        ):
+            # The reply in flight covers requests no kept proposal does: wait for it.
+            self._prefetch = None
+            reply = self._collect(pre)
             if reply is not None:
-                self._apply(reply, covered, pre.lengths)
+                self._apply(reply, pre.sent)
                 self._count("prefetched")
-            done = {r.request_id for r in covered}
-            requests = [r for r in requests if r.request_id not in done]
-            if not requests:
-                return
+            requests = [r for r in requests if not self._from_run(r)]
+        if not requests and not self.sessions.finished:
+            return
         with self._cv:
             self._step += 1
             step, connected, lost = self._step, self._connected, self._lost_sync
@@ -281,43 +327,73 @@ class RemoteDrafter(Drafter):
             stalled = busy and time.monotonic() - self._inflight_since > self.config.stall_s
         if lost:
             self.sessions.resync_all()
-        if not requests and not self.sessions.finished:
-            return
         if not connected:
             return self._count("failed" if requests else None)
         if stalled:
             self._disconnect(f"no reply for {self.config.stall_s:.1f} s")
             return self._count("failed")
-        if busy:  # the drafter has not answered the previous step yet: skip, keep the deltas
-            return self._count("late")
-        msg, lengths = self._build(step, requests)
+        if busy:  # the drafter has not answered an earlier message yet: skip, keep the deltas
+            return self._count("late" if requests else None)
+        msg, sent = self._build(step, requests)
         reply = self._exchange_stream(msg) if self.mode == "stream" else self._exchange_unary(msg)
         if reply is not None and requests:
-            self._apply(reply, requests, lengths)
+            self._apply(reply, sent)
+            for r in requests:
+                self._from_run(r)
+
+    def _ask(self, budget: int) -> int:
+        """Tokens to ask for when a step may use `budget`: those and the look-ahead."""
+        return min(budget + self.lookahead, self._most) if budget > 0 else 0
+
+    def _from_run(self, r: Request) -> bool:
+        """Fill `r`'s drafts from its kept proposal if it covers what was committed since the
+        proposal was made; False when it does not (the drafter must be asked)."""
+        runs = self.sessions.runs
+        run = runs.get(r.request_id)
+        if run is None:
+            return False
+        n = r.num_tokens
+        m = n - run.anchor  # tokens committed since the proposal
+        if m:
+            rest = len(run.tokens) - m
+            if m < 0 or r.tokens_between(run.anchor, n) != run.tokens[:m]:
+                del runs[r.request_id]  # the target went another way
+                return False
+            if rest <= 0 or (rest < r.draft_budget and not run.complete):
+                return False  # used up: a fresh proposal drafts further
+            self._count("lookahead")
+        budget = r.draft_budget
+        r.draft_tokens = run.tokens[m : m + budget]
+        if run.probs is not None:
+            r.draft_probs = run.probs[m : m + budget]
+        return True
 
     def _build(self, step: int, requests: Sequence[Request], budget=None):
-        """The message for `requests` (each up to `budget(r)` drafts, default its
-        `draft_budget`). The two message types are field for field the same (drafter.proto)."""
+        """The message for `requests` (each asking `_ask(budget(r))` tokens, default budget
+        its `draft_budget`). The two message types are field for field the same
+        (drafter.proto)."""
         budget = budget or (lambda r: r.draft_budget)
         kind = drafter_pb2.DraftStreamRequest if self.mode == "stream" else drafter_pb2.DraftRequest
         msg = kind(step=step, want_probs=self.want_probs)
         for rid in self.sessions.take_finished():
             msg.sequences.add(request_id=rid, finished=True)
-        lengths: dict[str, int] = {}
+        sent: dict[str, tuple[int, int]] = {}
         for r in requests:
-            tokens = r.token_ids
+            n = r.num_tokens
             base = self.sessions.synced_len(r.request_id)
-            base = base if base <= len(tokens) else 0
+            base = base if base <= n else 0
+            ask = self._ask(budget(r))
             msg.sequences.add(
                 request_id=r.request_id,
                 base_len=base,
-                new_tokens=tokens[base:],
-                max_draft_tokens=budget(r),
+                new_tokens=r.tokens_between(base, n),
+                max_draft_tokens=ask,
             )
             # Optimistic: if this message is lost, the drafter answers resync (or the stream
             # breaks and everything restarts from 0); lengths only grow, so nothing goes wrong.
-            self.sessions.synced[r.request_id] = lengths[r.request_id] = len(tokens)
-        return msg, lengths
+            self.sessions.synced[r.request_id] = n
+            sent[r.request_id] = (n, ask)
+        return msg, sent
 
     def _exchange_stream(
         self, msg: drafter_pb2.DraftStreamRequest
@@ -338,26 +414,29 @@ class RemoteDrafter(Drafter):
         future = self._stub.Draft.future(msg, timeout=deadline_s)
         return self._unary_reply(future, deadline_s + 0.05)
 
-    def _apply(self, reply, requests: Sequence[Request], lengths: dict[str, int]) -> None:
-        by_id = {r.request_id: r for r in requests}
+    def _apply(self, reply, sent: dict[str, tuple[int, int]]) -> None:
+        """Keep each proposal of `reply` (for the requests `sent` describes) as the request's
+        run; refused, stale and unknown entries are counted and dropped."""
         seen: set[str] = set()
+        runs, live = self.sessions.runs, self.sessions.synced
         for d in reply.drafts:
-            req = by_id.get(d.request_id)
-            if req is None:
+            rid = d.request_id
+            if rid not in sent:
                 self._count("unknown_request")
-            elif d.request_id in seen:
+            elif rid in seen:
                 self._count("stale")  # a second draft for the same sequence
             elif d.resync:
                 self._count("resynced")
-                self.sessions.resync(d.request_id)
-            elif d.base_len != lengths[d.request_id]:
+                self.sessions.resync(rid)
+            elif d.base_len != sent[rid][0]:
                 self._count("stale")
-            else:
-                n = req.draft_budget  # a prefetch asked for more than this step may use
-                req.draft_tokens = list(d.tokens)[:n]
-                if d.probs and len(d.probs) == len(d.tokens):
-                    req.draft_probs = [(list(p.ids), list(p.probs)) for p in d.probs][:n]
-            seen.add(d.request_id)
+            elif rid in live:  # (a request freed meanwhile keeps nothing)
+                tokens = list(d.tokens)
+                probs = None
+                if d.probs and len(d.probs) == len(tokens):
+                    probs = [(list(p.ids), list(p.probs)) for p in d.probs]
+                runs[rid] = Run(sent[rid][0], tokens, probs, len(tokens) < sent[rid][1])
+            seen.add(rid)
 
     # -- finished notices ---------------------------------------------------------------------
 

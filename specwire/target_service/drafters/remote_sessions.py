@@ -3,13 +3,28 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from specwire.target_service.request import Request
 from specwire.target_service.resources.base import ResourceManager
 
 
+@dataclass
+class Run:
+    """A proposal the drafter made from a request's first `anchor` tokens. It stays usable
+    while what the target commits is exactly its prefix (look-ahead: when a step accepts every
+    draft and the bonus token is the proposal's next one, the tokens after it are the next
+    step's drafts, with no round trip)."""
+
+    anchor: int
+    tokens: list[int]
+    probs: list[tuple[list[int], list[float]]] | None
+    complete: bool  # the drafter gave fewer tokens than asked: it had nothing more
+
+
 class RemoteSessions(ResourceManager):
-    """Per request, how many committed tokens the drafter holds (as far as we know).
+    """Per request, how many committed tokens the drafter holds (as far as we know), and the
+    drafter's latest proposal for it (`runs`).
 
     Invariant: synced lengths are >= 0, and a request is never both live and awaiting its
     `finished` notice. Only the executor thread calls it. `on_finished` runs after a request
@@ -21,6 +36,7 @@ class RemoteSessions(ResourceManager):
     def __init__(self, on_finished: Callable[[], None] | None = None) -> None:
         self.synced: dict[str, int] = {}  # request_id -> tokens the drafter holds
         self.finished: list[str] = []  # freed requests the drafter has not been told about
+        self.runs: dict[str, Run] = {}  # request_id -> the latest proposal received
         self.on_finished = on_finished
 
     def synced_len(self, request_id: str) -> int:
@@ -35,6 +51,7 @@ class RemoteSessions(ResourceManager):
             self.synced[rid] = 0
 
     def free(self, request: Request) -> None:
+        self.runs.pop(request.request_id, None)
         if self.synced.pop(request.request_id, None) is not None:
             self.finished.append(request.request_id)
             if self.on_finished is not None:
@@ -47,3 +64,4 @@ class RemoteSessions(ResourceManager):
     def check_integrity(self) -> None:
         assert all(n >= 0 for n in self.synced.values()), "negative synced length"
         assert not set(self.finished) & self.synced.keys(), "a live request is marked finished"
+        assert self.runs.keys() <= self.synced.keys(), "a proposal kept for a freed request"
