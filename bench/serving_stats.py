@@ -137,14 +137,20 @@ def _delta(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.0f}"
 
 
+def _busy(p: dict) -> str:
+    """The share of the pass's wall time the GPU spent running its steps."""
+    gpu, wall = p.get("gpu_s"), p.get("wall_s")
+    return f"{gpu / wall:.0%}" if gpu and wall else "n/a"
+
+
 def pass_table(passes: list[dict]) -> str:
     """One row per pass of one configuration."""
     lines = [
         "| pass | c | reqs | tokens | tok/s | req/s | TTFT p50 ms | TTFT p99 ms | "
         "srv TTFT p50 ms | ITL p50 ms | "
         "ITL p99 ms | TPOT p50 ms | E2E p50 s | acceptance | mean acc len | eager steps | "
-        "steps | overlapped | step ms | host ms/step | errors |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "steps | overlapped | step ms | host ms/step | GPU ms/step | GPU busy | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in passes:
         s = p["summary"]
@@ -157,7 +163,8 @@ def pass_table(passes: list[dict]) -> str:
             f"{_f(s['mean_accepted_length'])} | {_delta(p['eager_steps'])} | "
             f"{_delta(p['steps'])} | {_delta(p.get('overlapped_steps'))} | "
             f"{_f(p.get('step_ms'), '.3f')} | "
-            f"{_f(p.get('host_ms'), '.3f')} | {s['errors']} |"
+            f"{_f(p.get('host_ms'), '.3f')} | {_f(p.get('gpu_ms'), '.3f')} | {_busy(p)} | "
+            f"{s['errors']} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -210,6 +217,14 @@ def config_markdown(rec: dict) -> str:
             f"{solo['summary']['tok_per_s'] / bound:.0%} of 1 / (1-token graph replay "
             f"{g:.3f} ms, weights only) = {bound:.0f} tok/s; step period {solo['step_ms']:.3f} "
             f"ms, so the host adds {solo['step_ms'] - g:.3f} ms a step on the critical path\n"
+        )
+    if solo and m["drafter"] == "none" and solo.get("gpu_ms"):
+        g = solo["gpu_ms"]
+        out.append(
+            f"c=1: {solo['summary']['tok_per_s']:.1f} tok/s = "
+            f"{solo['summary']['tok_per_s'] * g / 1e3:.0%} of 1 / (the served 1-token steps' "
+            f"device time, {g:.3f} ms mean, measured while serving) = {1e3 / g:.0f} tok/s; "
+            f"GPU busy {_busy(solo)} of the pass\n"
         )
     out.append("\nPer prompt kind, pooled over the first-sight passes:\n\n")
     out.append(kind_table(rec["per_kind_first_sight"]))

@@ -271,6 +271,11 @@ class Executor:
         policy.observe_rate(self._generated - generated, now - t_start, len(batch.rows))
         self._count_step(elapsed)
 
+    def _observe_gpu(self, logits) -> None:
+        seconds = logits.gpu_seconds()
+        if seconds is not None:
+            self.metrics.step_gpu_seconds.observe(seconds)
+
     def _count_step(self, elapsed: float) -> None:
         m = self.metrics
         m.steps.inc()
@@ -354,6 +359,7 @@ class Executor:
         t0 = time.perf_counter()
         try:
             self.runner.wait(done.logits)
+            self._observe_gpu(done.logits)
             tokens = done.logits.tokens()
         except Exception as exc:  # the device failed this step: its requests' state is unknown
             log.exception("overlapped step %d failed", done.step_no)
@@ -417,6 +423,7 @@ class Executor:
         t0 = time.perf_counter()
         self.runner.wait(logits)
         self._gpu_wait += time.perf_counter() - t0
+        self._observe_gpu(logits)
         return self.verifier.verify(decode, logits)
 
     def _commit(self, batch: ScheduledBatch, verified) -> None:

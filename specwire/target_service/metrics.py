@@ -95,6 +95,13 @@ class TargetMetrics:
             "Wall time of one executor step",
             buckets=_STEP_BUCKETS,
         )
+        self.step_gpu_seconds = family(
+            Histogram,
+            "specwire_step_gpu_seconds",
+            "Device time of one graph step while serving (CUDA events around its replay: from "
+            "the stream reaching it to its end)",
+            buckets=_STEP_BUCKETS,
+        )
         self.step_host_seconds = family(
             Histogram,
             "specwire_step_host_seconds",

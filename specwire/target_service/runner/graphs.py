@@ -124,7 +124,10 @@ class TokenGraphs:
         self.h_argmax = [
             torch.zeros(max_logit_rows, dtype=torch.long, pin_memory=True) for _ in range(2)
         ]
-        self.done = [torch.cuda.Event() for _ in range(2)]
+        # Per twin: events around the replay. Timed, so a served step's device time (start
+        # on the stream to end) is measured for free: `StepLogits.gpu_seconds`.
+        self.began = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+        self.done = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
         self.twin = 0  # the host twin the next replay stages into
         # bucket -> graph, one dict per host twin; `graphs` is twin 0's
         self.twins: list[dict[int, torch.cuda.CUDAGraph]] = [{}, {}]
@@ -206,11 +209,12 @@ class TokenGraphs:
 
     def replay(
         self, bucket: int, step: VarlenStep
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.cuda.Event]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.cuda.Event, torch.cuda.Event]:
         """Stage the step's inputs (padded to `bucket`) in the next host twin and replay that
         twin's graph (which uploads them and copies the argmax back). Returns (logits [L, V],
         greedy tokens [L] in pinned host memory, the event after which those tokens are
-        valid); the first len(step.logit_rows) rows are the step's. Nothing here waits."""
+        valid, the event recorded just before the replay); the first len(step.logit_rows)
+        rows are the step's. Nothing here waits."""
         w = self.twin
         self.twin ^= 1
         t, b, n_logits = step.num_tokens, step.num_rows, len(step.logit_rows)
@@ -237,7 +241,8 @@ class TokenGraphs:
         h_seq_lens[b:] = 0
         for i, table in enumerate(step.tables):
             h_tables[i, : len(table)] = table
+        self.began[w].record()
         self.twins[w][bucket].replay()
         n = self._logit_rows_for(bucket)
         self.done[w].record()
-        return self.logits[:n], self.h_argmax[w][:n], self.done[w]
+        return self.logits[:n], self.h_argmax[w][:n], self.done[w], self.began[w]

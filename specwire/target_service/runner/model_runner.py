@@ -60,6 +60,14 @@ class StepLogits:
     # Eager steps: the argmax of every logit row, on the model's device (one of the two is set).
     argmax: torch.Tensor | None = None
     done: object | None = None  # CUDA event after which the step's results are valid
+    began: object | None = None  # graph steps: timed event recorded just before the replay
+
+    def gpu_seconds(self) -> float | None:
+        """Graph steps, after `ModelRunner.wait`: the device time of the step, from the moment
+        the stream reached it to its end (the host's lateness in launching it excluded)."""
+        if self.began is None or self.done is None:
+            return None
+        return self.began.elapsed_time(self.done) / 1e3
 
     def tokens(self) -> list[int]:
         """The argmax of every logit row, on the host (after `ModelRunner.wait`)."""
@@ -164,9 +172,9 @@ class ModelRunner:
             step = self.inputs.prepare_varlen(rows, tables)
             key = self.graphs.select(step) if allow_graphs and self.graphs else None
             if key is not None:
-                logits, greedy, done = self.graphs.replay(key, step)
+                logits, greedy, done, began = self.graphs.replay(key, step)
                 self.last_argmax = self.graphs.argmax
-                return StepLogits(logits, step.spans, key, greedy, done=done)
+                return StepLogits(logits, step.spans, key, greedy, done=done, began=began)
             ids, pos, meta, index = self.inputs.varlen_tensors(step)
             self._feed(ids, step.feed)
             return self._eager_result(self._forward_logits(ids, pos, meta, index), step.spans)
