@@ -208,6 +208,14 @@ async def run_server(server, plans: list[PassPlan], args) -> dict:
                 step_ms=_mean_ms(before, after, "specwire_step_seconds"),
                 host_ms=_mean_ms(before, after, "specwire_step_host_seconds"),
                 gpu_ms=_mean_ms(before, after, "specwire_step_gpu_seconds"),
+                # the drafter's exposed time, summed, against all steps' time
+                draft_s=_counter_delta(before, after, "specwire_draft_seconds_sum"),
+                draft_steps=_counter_delta(before, after, "specwire_draft_seconds_count"),
+                step_s=_counter_delta(before, after, "specwire_step_seconds_sum"),
+                drafter={
+                    k: _counter_delta(before, after, f"specwire_drafter_{k}_total")
+                    for k in ("lookahead", "prefetched", "late", "failed")
+                },
                 # device time of the pass's steps, summed: / wall = how busy the GPU was
                 gpu_s=_counter_delta(before, after, "specwire_step_gpu_seconds_sum"),
                 wall_s=wall,

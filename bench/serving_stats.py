@@ -169,6 +169,27 @@ def pass_table(passes: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def drafting_table(passes: list[dict]) -> str:
+    """Per pass: how many steps drafted, the drafter's exposed time (what those steps spent
+    getting drafts before launching) as a share of all steps' time, and where a remote
+    drafter's drafts came from."""
+    lines = [
+        "| pass | drafting steps | exposed ms/drafting step | exposed share of step time | "
+        "look-ahead hits | prefetched replies | late | failed |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for p in passes:
+        n, s, total = p.get("draft_steps"), p.get("draft_s"), p.get("step_s")
+        d = p.get("drafter") or {}
+        lines.append(
+            f"| {p['name']} | {_delta(n)} | {_f(s / n * 1e3 if n else None, '.3f')} | "
+            f"{f'{s / total:.1%}' if n and total else 'n/a'} | {_delta(d.get('lookahead'))} | "
+            f"{_delta(d.get('prefetched'))} | {_delta(d.get('late'))} | "
+            f"{_delta(d.get('failed'))} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def kind_table(per_kind: dict[str, dict]) -> str:
     """Per prompt kind, over all first-sight timed passes of one configuration."""
     lines = [
@@ -226,6 +247,8 @@ def config_markdown(rec: dict) -> str:
             f"device time, {g:.3f} ms mean, measured while serving) = {1e3 / g:.0f} tok/s; "
             f"GPU busy {_busy(solo)} of the pass\n"
         )
+    if m["drafter"] != "none" and any(p.get("draft_steps") for p in timed):
+        out.append("\n" + drafting_table(timed) + "\n")
     out.append("\nPer prompt kind, pooled over the first-sight passes:\n\n")
     out.append(kind_table(rec["per_kind_first_sight"]))
     return "".join(out)

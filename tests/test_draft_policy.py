@@ -120,6 +120,32 @@ def test_rates_are_compared_at_the_same_load():
     assert p.mode == "spec"
 
 
+def test_a_new_load_goes_by_what_other_loads_imply():
+    """Plain decoding beat speculation at 16 rows and speculation beat it at 2: at 32 and 64
+    rows plain runs at once, at 1 row speculation does, with no window spent measuring the
+    mode the other loads rule out — until its probe is due."""
+    p = _policy({1: 1e-3, 64: 1e-3})
+    _window(p, 9000.0, rows=16)  # spec at 16
+    _window(p, 12000.0, rows=16)  # plain at 16: wins
+    assert p.mode == "plain"
+    modes = []
+    for _ in range(p.max_probe_every):
+        modes.append(p.mode)
+        _window(p, 14000.0, rows=64)
+    assert modes == ["plain"] * p.max_probe_every  # spec never measured at 64 meanwhile
+    assert p.mode == "spec"  # the probe, once due
+    _window(p, 1000.0, rows=2)  # spec at 2 (this window's mode)
+    assert p.mode == "plain"  # nothing implies a winner at 2 yet: measure plain there
+    _window(p, 700.0, rows=2)
+    assert p.mode == "spec"
+    _window(p, 1100.0, rows=2)
+    modes = []
+    for _ in range(4):
+        _window(p, 800.0 if p.mode == "spec" else 600.0, rows=1)
+        modes.append(p.mode)
+    assert modes == ["spec"] * 4  # implied by 2 rows; plain never measured at 1
+
+
 def test_new_requests_start_from_the_population_estimate():
     """A request never seen before is judged by what drafts did for the others: after many
     requests whose drafts all failed, a fresh one is not given drafts where a policy with no

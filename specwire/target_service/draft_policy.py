@@ -10,8 +10,11 @@ trip, the cost of draining the pipeline to switch. So the policy runs one mode f
 of `mode_window` steps, measures the tokens generated per second over it (the executor reports
 every step, a switch's drain included), keeps an EMA per mode and batch-size bucket (a rate
 means nothing at another load), and then runs the mode with the better rate at the load just
-seen; at a load where the other mode has no rate yet, or now and then, it runs the other mode
-for one window to (re-)measure it. How often: a probe costs one window at the losing rate, so
+seen. At a load where the other mode has no rate yet it goes by what other loads imply
+(speculation pays less as the batch grows: plain winning at a smaller load wins here,
+speculation winning at a larger one wins here), and measures the other mode only when nothing
+is implied or a probe is due. Now and then it runs the losing mode for one window to
+re-measure it. How often: a probe costs one window at the losing rate, so
 the gap sets the interval — every `probe_every` windows when the modes are close, up to
 `max_probe_every` when the loser is far behind, keeping what probing costs near
 `probe_budget` of the throughput. It starts speculating.
@@ -157,12 +160,45 @@ class DraftLengthPolicy:
         self.rates[key] = _ema(self.rates.get(key), w[0] / w[1], 0.5)
         self._window = [0.0, 0.0, 0, 0]
         seen = self._windows[load] = self._windows.get(load, 0) + 1
-        other = "plain" if self.mode == "spec" else "spec"
-        if self.rates.get((other, load)) is None or seen >= self._probe_at.get(load, 0):
-            self.mode = other  # measure it at this load (again)
-            self._probe_at[load] = seen + 1 + self.probe_interval(load)
-        else:
-            self.mode = max(("plain", "spec"), key=lambda m: self.rates[(m, load)])
+        self.mode = self._next_mode(load, seen)
+
+    def _next_mode(self, load: int, seen: int) -> str:
+        """The mode of the next window, after `seen` windows at `load` (this one included)."""
+        cur = self.mode
+        other = "plain" if cur == "spec" else "spec"
+        if (other, load) in self.rates:  # both measured here: the better one, or a probe
+            best = max(("plain", "spec"), key=lambda m: self.rates[(m, load)])
+            probe_at = self._probe_at.setdefault(load, seen + self.probe_interval(load))
+            if best == cur and seen >= probe_at:
+                self._probe_at[load] = seen + 1 + self.probe_interval(load)
+                return other
+            return best
+        # `other` never ran at this load. Take the winner other loads imply, if any; else
+        # (or when a probe is due) measure it.
+        inferred = self._infer(load)
+        if inferred == other:
+            return other
+        probe_at = self._probe_at.setdefault(load, seen - 1 + self.max_probe_every)
+        if inferred is None or seen >= probe_at:
+            self._probe_at[load] = seen + 1 + self.probe_every
+            return other
+        return cur
+
+    def _infer(self, load: int) -> str | None:
+        """The mode that wins at `load` by what was measured at other loads, or None.
+        Speculation pays less as the batch grows (the verify step's extra tokens stop riding
+        free, host work grows per row): plain winning at a smaller load wins here, speculation
+        winning at a larger load wins here. The nearest such load decides."""
+        best, dist = None, None
+        for (mode, b), rate in self.rates.items():
+            if mode != "spec" or ("plain", b) not in self.rates:
+                continue
+            winner = "spec" if rate > self.rates[("plain", b)] else "plain"
+            if (winner == "plain" and b <= load) or (winner == "spec" and b >= load):
+                d = abs(b.bit_length() - load.bit_length())
+                if dist is None or d < dist:
+                    best, dist = winner, d
+        return best
 
     def probe_interval(self, load: int) -> int:
         """Windows until the losing mode at `load` is measured again: a probe window costs

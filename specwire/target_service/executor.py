@@ -414,7 +414,10 @@ class Executor:
     def _compute(self, batch: ScheduledBatch, draft: bool) -> list[list[int]]:
         decode = batch.decode_rows
         self.resources.prepare(batch.requests)
+        t0 = time.perf_counter()
         self.drafts.prepare(decode, ask_drafter=draft, step_no=self.step_no)
+        if draft and decode:  # the drafter's exposed time: asking, waiting, checking
+            self.metrics.draft_seconds.observe(time.perf_counter() - t0)
         logits = self.runner.forward(batch.rows, [self.kv.block_table(r) for r in batch.requests])
         if logits.graph is None:
             self.metrics.eager_steps.inc()

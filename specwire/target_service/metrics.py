@@ -95,6 +95,13 @@ class TargetMetrics:
             "Wall time of one executor step",
             buckets=_STEP_BUCKETS,
         )
+        self.draft_seconds = family(
+            Histogram,
+            "specwire_draft_seconds",
+            "Time a speculative step spent getting its drafts before launching (the drafter's "
+            "exposed time: asking, waiting for a remote reply, checking)",
+            buckets=(5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 0.01, 0.05),
+        )
         self.step_gpu_seconds = family(
             Histogram,
             "specwire_step_gpu_seconds",
