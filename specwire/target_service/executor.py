@@ -91,6 +91,10 @@ class Executor:
         self.overlap = overlap
         self._inflight: _InFlight | None = None
         self._generated = 0  # output tokens committed so far (the policy's rates)
+        # When the last step() ended (None after idling): a synchronous step's rate window
+        # runs from there, so the loop's work between steps counts against it as it does
+        # against overlapped steps (timed launch to launch).
+        self._mark: float | None = None
         # Requests whose steps cannot overlap (sampled, or asking for logprobs: their tokens
         # are chosen on the host from the logits, which the next step would overwrite).
         self._sync_requests = 0
@@ -179,6 +183,7 @@ class Executor:
                     and not self.scheduler.has_work
                     and self._inflight is None
                 ):
+                    self._mark = None  # idle time is nobody's step
                     self._wake.wait(timeout=1.0)
                 if self._stop:
                     return
@@ -222,17 +227,20 @@ class Executor:
         """One step: a plain greedy step overlaps with the next one's preparation; a step that
         drafts, samples or reports logprobs first reads the step in flight, then runs alone."""
         overlap, step_k = self._plan()
-        t_start, generated = time.perf_counter(), self._generated
-        if not overlap:
-            self._finish_inflight(observe=False)  # drafting needs every token on the host
-        t0 = time.perf_counter()
-        batch = self._schedule(0 if overlap else step_k)
-        if batch is None:
-            return
-        if overlap:
-            self._step_overlapped(batch)
-        else:
-            self._step_sync(batch, t0, t_start, generated)
+        t_start, generated = self._mark or time.perf_counter(), self._generated
+        try:
+            if not overlap:
+                self._finish_inflight(observe=False)  # drafting needs every token on the host
+            t0 = time.perf_counter()
+            batch = self._schedule(0 if overlap else step_k)
+            if batch is None:
+                return
+            if overlap:
+                self._step_overlapped(batch)
+            else:
+                self._step_sync(batch, t0, t_start, generated)
+        finally:
+            self._mark = time.perf_counter()
 
     def _plan(self) -> tuple[bool, int]:
         """(overlap this step?, the policy's draft length)."""
@@ -261,7 +269,8 @@ class Executor:
 
     def _step_sync(self, batch: ScheduledBatch, t0: float, t_start: float, generated: int):
         """Run `batch` synchronously (isolating failures); the policy learns its costs (from
-        `t0`) and its rate (from `t_start`, the drain of the step in flight included)."""
+        `t0`) and its rate (from `t_start`: the end of the previous step, so the loop's work
+        between steps and the drain of the step in flight are included)."""
         self._run_isolated(batch.rows, draft=True)
         now = time.perf_counter()
         elapsed = now - t0
