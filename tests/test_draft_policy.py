@@ -146,6 +146,28 @@ def test_a_new_load_goes_by_what_other_loads_imply():
     assert modes == ["spec"] * 4  # implied by 2 rows; plain never measured at 1
 
 
+def test_a_window_starts_in_the_mode_best_at_its_load():
+    """Speculation wins with one stream, plain decoding with 64: when 64 requests arrive while
+    the policy is speculating, the very next step decodes plainly (no window of the old
+    load's mode), and back at one stream the next step speculates again."""
+    p = _policy({1: 1e-3, 8: 1e-3, 64: 1e-3})
+    _window(p, 1100.0, rows=1)  # spec at 1
+    _window(p, 800.0, rows=1)  # plain at 1
+    _window(p, 9000.0, rows=64)  # spec at 64
+    _window(p, 12000.0, rows=64)  # plain at 64
+    one = [_req("solo")]
+    many = [_req(f"r{i}") for i in range(64)]
+    for r in one + many:
+        _teach(p, r, drafted=4, accepted=3, times=5)
+    _window(p, 800.0, rows=1)  # plain at 1 again; spec wins there
+    assert p.mode == "spec" and p.step_draft_len(one) > 0
+    p._window = [0.0, 0.0, 0, 0]  # a window boundary
+    assert p.step_draft_len(many) == 0 and p.mode == "plain"
+    for _ in range(p.mode_window):
+        p.observe_rate(64, 64 / 12000.0, 64)
+    assert p.step_draft_len(one) > 0 and p.mode == "spec"
+
+
 def test_new_requests_start_from_the_population_estimate():
     """A request never seen before is judged by what drafts did for the others: after many
     requests whose drafts all failed, a fresh one is not given drafts where a policy with no

@@ -7,10 +7,11 @@ Two decisions, at two time scales.
 preparation, and which one yields more tokens per second depends on everything at once: the
 batch, the drafts' real acceptance (bursty on code), the host's speed, a remote drafter's round
 trip, the cost of draining the pipeline to switch. So the policy runs one mode for a window
-of `mode_window` steps, measures the tokens generated per second over it (the executor reports
-every step, a switch's drain included), keeps an EMA per mode and batch-size bucket (a rate
-means nothing at another load), and then runs the mode with the better rate at the load just
-seen. At a load where the other mode has no rate yet it goes by what other loads imply
+of `mode_window` steps, measures the tokens generated per second and per row over it (the
+executor reports every step, a switch's drain and the loop between steps included), keeps an
+EMA per mode and batch-size bucket (a rate means nothing at another load), and then runs the
+mode with the better rate at the load just seen; a window that starts at another load starts
+in the mode best there. At a load where the other mode has no rate yet it goes by what other loads imply
 (speculation pays less as the batch grows: plain winning at a smaller load wins here,
 speculation winning at a larger one wins here), and measures the other mode only when nothing
 is implied or a probe is due. Now and then it runs the losing mode for one window to
@@ -89,7 +90,7 @@ class DraftLengthPolicy:
     max_probe_every: int = 32  # most windows between them
     probe_budget: float = 0.01  # throughput share probing may cost (sets the interval)
     mode: str = "spec"  # "spec" | "plain"
-    # (mode, batch-size bucket) -> generated tokens per second (EMA over windows)
+    # (mode, batch-size bucket) -> generated tokens per second per row (EMA over windows)
     rates: dict[tuple[str, int], float] = field(default_factory=dict)
     # token bucket -> seconds; `buckets` is sorted
     buckets: list[int] = field(default_factory=list)
@@ -100,6 +101,7 @@ class DraftLengthPolicy:
     _window: list[float] = field(default_factory=lambda: [0.0, 0.0, 0, 0])  # tok, s, steps, rows
     _windows: dict[int, int] = field(default_factory=dict)  # windows seen per load bucket
     _probe_at: dict[int, int] = field(default_factory=dict)  # load -> window of its next probe
+    _planned: int = 0  # the load the current mode was chosen for
 
     # -- cost model ------------------------------------------------------------------------------
     def seed_costs(self, table: dict[int, float]) -> None:
@@ -154,13 +156,30 @@ class DraftLengthPolicy:
         w[3] += rows
         if w[2] < self.mode_window or w[1] <= 0:
             return
-        # Rates depend on the load as much as on the mode: keep them per batch size.
-        load = _row_bucket(max(1, round(w[3] / w[2])))
+        # Rates depend on the load as much as on the mode: keep them per batch-size bucket,
+        # and per row (tokens/s/row), so a window of 5 rows and one of 8 in the same bucket
+        # measure the mode, not how many requests happened to be running.
+        rows = w[3] / w[2]
+        load = _row_bucket(max(1, round(rows)))
         key = (self.mode, load)
-        self.rates[key] = _ema(self.rates.get(key), w[0] / w[1], 0.5)
+        self.rates[key] = _ema(self.rates.get(key), w[0] / w[1] / max(rows, 1.0), 0.5)
         self._window = [0.0, 0.0, 0, 0]
         seen = self._windows[load] = self._windows.get(load, 0) + 1
         self.mode = self._next_mode(load, seen)
+        self._planned = load
+
+    def _start_window(self, rows: int) -> None:
+        """A window starts with `rows` rows: at the load the last window ended with, run the
+        mode chosen then (a probe included); at another load, the mode best there (measured,
+        or implied by other loads) — not a whole window of the last load's mode."""
+        load = _row_bucket(max(1, rows))
+        if load == self._planned:
+            return
+        self._planned = load
+        if ("spec", load) in self.rates and ("plain", load) in self.rates:
+            self.mode = max(("plain", "spec"), key=lambda m: self.rates[(m, load)])
+        else:
+            self.mode = self._infer(load) or self.mode
 
     def _next_mode(self, load: int, seen: int) -> str:
         """The mode of the next window, after `seen` windows at `load` (this one included)."""
@@ -242,6 +261,8 @@ class DraftLengthPolicy:
     # -- the decision ----------------------------------------------------------------------------
     def step_draft_len(self, decode: list[Request], prefill_tokens: int = 0) -> int:
         """The draft length for a step whose decode rows are `decode` (caps still apply)."""
+        if self.adaptive and self._window[2] == 0:
+            self._start_window(len(decode) + (1 if prefill_tokens else 0))
         if not self.adaptive or (not decode and self.mode == "spec"):
             # Static, or only prefills finishing this step (their drafts cost little next to
             # the chunk): the maximum, which request caps then trim.
