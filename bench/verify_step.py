@@ -11,6 +11,9 @@ For each shape, batch B and draft length K, B decode rows each feed q = 1 + K to
 - floor ms:   (weight bytes + KV bytes read) / 4.8 TB/s; the embedding table is not counted
               (only B*q rows of it are read), a tied LM head counts once
 
+`--fused on,off` measures the fused Triton ops (`triton_fused.py`) and the unfused ones on the
+same model and cache, one after the other; the table puts them side by side (column "ops").
+
 Commands: bench/README.md.
 """
 
@@ -156,6 +159,34 @@ def measure(
     return eager, graph, replay, prep, key
 
 
+def build_runners(
+    model: LlamaModel, kv_caches: torch.Tensor, args: argparse.Namespace, graphs: bool, name: str
+) -> dict[int, ModelRunner]:
+    """One warm runner per distinct draft length > 0 (its logits buffer is sized for 1 + K
+    rows), its CUDA graphs captured with the model's current ops."""
+    max_k, max_b = max(args.ks), max(args.batches)
+    runners: dict[int, ModelRunner] = {}
+    for k in sorted({k for k in args.ks if k > 0} or {0}):
+        t0 = time.perf_counter()
+        runners[k] = ModelRunner(
+            model,
+            kv_caches,
+            RunnerConfig(
+                max_batch_size=max_b,
+                max_draft_len=k,
+                max_context_len=args.ctx + max_k + BLOCK_SIZE,
+                block_size=BLOCK_SIZE,
+                dummy_block=KVCacheManager.DUMMY_BLOCK,
+                cuda_graphs=graphs,
+                max_num_tokens=max_b * (1 + max_k),
+            ),
+        )
+        runners[k].warmup(progress=False)
+        n = len(runners[k].graphs.graphs) if runners[k].graphs else 0
+        log(f"{name}: runner K={k} warm, {n} graphs captured in {time.perf_counter() - t0:.1f}s")
+    return runners
+
+
 def bench_shape(
     name: str, args: argparse.Namespace, device: torch.device, dtype: torch.dtype
 ) -> list[dict]:
@@ -171,61 +202,53 @@ def bench_shape(
     kv_caches = model.allocate_kv_cache(kv.num_blocks)  # [L, 2, NB, BS, KVH, D]
     graphs = device.type == "cuda" and not args.no_cuda_graphs
     model.set_attention(make_backend(args.attention, model, device))
-    model.set_ops(make_ops(model.attention, exact=args.exact))
-    log(f"{name}: attention backend {model.attention.name}, ops {model.ops.name}")
-    # One runner per distinct draft length > 0 (its logits buffer is sized for 1 + K rows).
-    runners: dict[int, ModelRunner] = {}
-    for k in sorted({k for k in args.ks if k > 0} or {0}):
-        t0 = time.perf_counter()
-        runners[k] = ModelRunner(
-            model,
-            kv_caches,
-            RunnerConfig(
-                max_batch_size=max_b,
-                max_draft_len=k,
-                max_context_len=max_ctx,
-                block_size=BLOCK_SIZE,
-                dummy_block=KVCacheManager.DUMMY_BLOCK,
-                cuda_graphs=graphs,
-                max_num_tokens=max_b * (1 + max_k),
-            ),
-        )
-        runners[k].warmup(progress=False)
-        n = len(runners[k].graphs.graphs) if runners[k].graphs else 0
-        log(f"{name}: runner K={k} warm, {n} graphs captured in {time.perf_counter() - t0:.1f}s")
     results: list[dict] = []
-    for batch in args.batches:
-        for k in args.ks:
-            runner = runners[k] if k in runners else next(iter(runners.values()))
-            rows, tables = make_rows(kv, batch, args.ctx, k, cfg.vocab_size)
-            q = 1 + k
-            eager, graph, replay, prep, key = measure(runner, rows, tables, args.iters, device)
-            fl = floor_ms(model, batch, args.ctx, kv_caches.dtype)
-            rec = dict(
-                shape=name,
-                batch=batch,
-                q=q,
-                k=k,
-                ctx=args.ctx,
-                dtype=str(dtype).removeprefix("torch."),
-                eager_ms=eager,
-                graph_ms=graph,
-                replay_ms=replay,
-                prep_ms=prep,
-                floor_ms=fl,
-                graph_bucket=key,
-                graph_over_floor=graph / fl if graph else None,
-                plain_pytorch_graph_ms=PLAIN_GRAPH_MS.get((name, batch, q)),
-            )
-            results.append(rec)
-            log(
-                f"{name} B={batch} q={q}: eager {eager:.3f} ms, graph {_f(graph)} ms, "
-                f"replay {_f(replay)} ms, prep {prep:.3f} ms, floor {fl:.3f} ms"
-            )
-            for r in rows:
-                kv.free(r.request)
+    measured: set[str] = set()
+    for fused in args.fused:  # the same model and cache, each ops variant in turn
+        model.set_ops(make_ops(model.attention, exact=args.exact, fused=fused))
+        if model.ops.name in measured:  # e.g. exact or SDPA: fusion does not apply
+            continue
+        measured.add(model.ops.name)
+        log(f"{name}: attention backend {model.attention.name}, ops {model.ops.name}")
+        runners = build_runners(model, kv_caches, args, graphs, name)
+        for batch in args.batches:
+            for k in args.ks:
+                runner = runners[k] if k in runners else next(iter(runners.values()))
+                rows, tables = make_rows(kv, batch, args.ctx, k, cfg.vocab_size)
+                q = 1 + k
+                eager, graph, replay, prep, key = measure(runner, rows, tables, args.iters, device)
+                fl = floor_ms(model, batch, args.ctx, kv_caches.dtype)
+                rec = dict(
+                    shape=name,
+                    ops=model.ops.name,
+                    batch=batch,
+                    q=q,
+                    k=k,
+                    ctx=args.ctx,
+                    dtype=str(dtype).removeprefix("torch."),
+                    eager_ms=eager,
+                    graph_ms=graph,
+                    replay_ms=replay,
+                    prep_ms=prep,
+                    floor_ms=fl,
+                    graph_bucket=key,
+                    graph_over_floor=graph / fl if graph else None,
+                    plain_pytorch_graph_ms=PLAIN_GRAPH_MS.get((name, batch, q)),
+                )
+                results.append(rec)
+                log(
+                    f"{name} [{model.ops.name}] B={batch} q={q}: eager {eager:.3f} ms, "
+                    f"graph {_f(graph)} ms, replay {_f(replay)} ms, prep {prep:.3f} ms, "
+                    f"floor {fl:.3f} ms"
+                )
+                for r in rows:
+                    kv.free(r.request)
+        del runners  # their graphs and pools, before the next variant captures its own
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     kv.check_integrity()
-    del runners, kv_caches, model
+    del kv_caches, model
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -238,13 +261,14 @@ def _f(x: float | None, nd: int = 3) -> str:
 
 def markdown(results: list[dict]) -> str:
     lines = [
-        "| shape | batch | q | eager ms | graph ms | replay ms (GPU) | prep ms (host) "
+        "| shape | ops | batch | q | eager ms | graph ms | replay ms (GPU) | prep ms (host) "
         "| floor ms | graph ÷ floor | plain PyTorch graph ms |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in results:
+    # The ops variants of one configuration side by side.
+    for r in sorted(results, key=lambda r: (r["shape"], r["batch"], r["q"])):
         lines.append(
-            f"| {r['shape']} | {r['batch']} | {r['q']} | {r['eager_ms']:.2f} | "
+            f"| {r['shape']} | {r['ops']} | {r['batch']} | {r['q']} | {r['eager_ms']:.2f} | "
             f"{_f(r['graph_ms'], 2)} | {_f(r['replay_ms'], 2)} | {r['prep_ms']:.2f} | "
             f"{r['floor_ms']:.2f} | {_f(r['graph_over_floor'], 1)} | "
             f"{_f(r['plain_pytorch_graph_ms'], 2)} |"
@@ -264,6 +288,12 @@ def main() -> int:
     ap.add_argument("--no-cuda-graphs", action="store_true")
     ap.add_argument("--attention", default="auto", help="auto | triton | sdpa")
     ap.add_argument("--exact", action="store_true", help="batch-invariant GEMMs (--exact)")
+    ap.add_argument(
+        "--fused",
+        default="off",
+        help="fused Triton ops for small steps (SPECWIRE_FUSED): off (the default engine) | on "
+        "| on,off (both, side by side)",
+    )
     ap.add_argument("--tag", default="", help="suffix of the output file names")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     ap.add_argument("--out", required=True)
@@ -272,6 +302,7 @@ def main() -> int:
         torch.set_num_threads(args.threads)
     args.batches = [int(x) for x in args.batches.split(",")]
     args.ks = [int(x) for x in args.ks.split(",")]
+    args.fused = [{"on": True, "off": False}[x] for x in args.fused.split(",")]
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     out = Path(args.out)

@@ -11,10 +11,10 @@ of `mode_window` steps, measures the tokens generated per second and per row ove
 executor reports every step, a switch's drain and the loop between steps included), keeps an
 EMA per mode and batch-size bucket (a rate means nothing at another load), and then runs the
 mode with the better rate at the load just seen; a window that starts at another load starts
-in the mode best there. At a load where the other mode has no rate yet it goes by what other loads imply
-(speculation pays less as the batch grows: plain winning at a smaller load wins here,
-speculation winning at a larger one wins here), and measures the other mode only when nothing
-is implied or a probe is due. Now and then it runs the losing mode for one window to
+in the mode best there. At a load where the other mode has no rate yet it goes by what other
+loads imply (speculation pays less as the batch grows: plain winning at a smaller load wins
+here, speculation winning at a larger one wins here), and measures the other mode only when
+nothing is implied or a probe is due. Now and then it runs the losing mode for one window to
 re-measure it. How often: a probe costs one window at the losing rate, so
 the gap sets the interval — every `probe_every` windows when the modes are close, up to
 `max_probe_every` when the loser is far behind, keeping what probing costs near

@@ -72,7 +72,15 @@ def prepare_uniform_mask(
 
 
 class AttentionShape:
-    """What every attention backend is built from: head counts, head size, KV block size."""
+    """What every attention backend is built from: head counts, head size, KV block size.
+
+    Optional fused entry: a backend with `fused_rope = True` also offers
+    `forward_rope(qk, v, cos, sin, kv_cache, meta)`, qk [T, H + KVH, D] the q heads then the k
+    heads, cos/sin [T, 1, D]: it rotates q and k in place (as the ops' `rope` does), stores the
+    rotated k and v, attends with q = qk[:, :H] and returns [T, H, D], like `ops.rope` followed
+    by `forward`. The layer takes it only when its ops allow (`TorchOps.fuse_rope`)."""
+
+    fused_rope = False
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int):
         self.num_heads = num_heads

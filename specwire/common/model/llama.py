@@ -104,23 +104,36 @@ class DecoderLayer(nn.Module):
         meta: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # (output delta, residual stream) [T, hidden] each
         ops, eps = self.ops, self.cfg.rms_norm_eps
-        # The residual add rides inside the norm (one kernel with TritonOps).
-        if residual is None:
-            h, residual = ops.rms_norm(x, self.input_layernorm.weight, eps), x
-        else:
-            h, residual = ops.add_rms_norm(x, residual, self.input_layernorm.weight, eps)
-        qkv = ops.linear(h, self.qkv_proj.weight, self.qkv_proj.bias)
-        t = x.shape[0]
+        # Norm (the residual add inside) then a GEMM: one kernel each with fused TritonOps.
+        qkv, residual = ops.add_norm_linear(
+            x, residual, self.input_layernorm.weight, eps, self.qkv_proj.weight, self.qkv_proj.bias
+        )
+        x = ops.linear(self._attention(qkv, rope, kv_cache, meta), self.o_proj.weight)
+        gate_up, residual = ops.add_norm_linear(
+            x, residual, self.post_attention_layernorm.weight, eps, self.gate_up_proj.weight
+        )
+        return ops.silu_linear(gate_up, self.down_proj.weight), residual
+
+    def _attention(
+        self,
+        qkv: torch.Tensor,  # [T, q_size + 2 * kv_size]
+        rope: tuple[torch.Tensor, torch.Tensor],  # cos, sin [T, 1, D]
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [T, q_size]
+        """RoPE on q and k, this step's k and v into the cache, then attention."""
+        t = qkv.shape[0]
         heads, kv_heads, d = self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim
-        # q and k sit side by side: rotate them in one go (in place with TritonOps).
-        qk = ops.rope(qkv[:, : self.q_size + self.kv_size].view(t, heads + kv_heads, d), *rope)
-        q, k = qk[:, :heads], qk[:, heads:]
+        # q and k sit side by side: rotated in one go (in place with TritonOps).
+        qk = qkv[:, : self.q_size + self.kv_size].view(t, heads + kv_heads, d)
         v = qkv[:, self.q_size + self.kv_size :].view(t, kv_heads, d)
-        attn = self.attn.forward(q, k, v, kv_cache, meta).reshape(t, self.q_size)
-        x = ops.linear(attn, self.o_proj.weight)
-        h, residual = ops.add_rms_norm(x, residual, self.post_attention_layernorm.weight, eps)
-        x = ops.linear(ops.silu_mul(ops.linear(h, self.gate_up_proj.weight)), self.down_proj.weight)
-        return x, residual
+        if self.ops.fuse_rope and self.attn.fused_rope:
+            # The backend rotates q and k as it stores k and v (one launch less).
+            out = self.attn.forward_rope(qk, v, *rope, kv_cache, meta)
+        else:
+            qk = self.ops.rope(qk, *rope)
+            out = self.attn.forward(qk[:, :heads], qk[:, heads:], v, kv_cache, meta)
+        return out.reshape(t, self.q_size)
 
 
 class LlamaModel(nn.Module):

@@ -9,8 +9,15 @@
   Triton attention (numerics a function of the row only) and per-row norms, a position's logits
   are the same whether it is decoded alone or verified in a 1+K row in any batch: greedy bf16
   with speculation equals greedy bf16 without it.
+- Fused (`fused=True`, opt-in with SPECWIRE_FUSED=1, never with `exact`; measured SLOWER on
+  the H200 for now — the fused GEMMs run too few programs, see bench/RESULTS.md): steps of at most
+  `triton_fused.MAX_TOKENS` tokens fold the norm into the qkv and gate_up GEMMs and SiLU·up
+  into the down GEMM (`triton_fused.py`), and let the Triton attention rotate q/k while it
+  stores k/v: ~7 kernels a layer instead of ~11, for launch-bound decode and verify steps.
 
-Every op keeps the rounding order of the PyTorch formula it replaces.
+The layer calls composite ops (`add_norm_linear`, `silu_linear`); `TorchOps` composes them from
+its single ops, so a subclass can fuse them. Every op keeps the rounding order of the PyTorch
+formula it replaces.
 """
 
 from __future__ import annotations
@@ -22,6 +29,9 @@ import torch.nn.functional as F
 class TorchOps:
     name = "torch"
     exact = False
+    # Whether the attention backend may apply RoPE itself (`AttentionShape.fused_rope`): only
+    # for ops whose `rope` the backend's fused kernel reproduces bit for bit.
+    fuse_rope = False
 
     @staticmethod
     def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -50,17 +60,36 @@ class TorchOps:
         out = F.linear(x, weight, bias)
         return out if out_dtype is None else out.to(out_dtype)
 
+    def add_norm_linear(self, x, residual, norm_weight, eps, weight, bias=None):
+        """(linear(rms_norm(x + residual), weight, bias), x + residual); without a residual
+        (the first layer), (linear(rms_norm(x), weight, bias), x). x, residual: [T, K]."""
+        if residual is None:
+            h, residual = self.rms_norm(x, norm_weight, eps), x
+        else:
+            h, residual = self.add_rms_norm(x, residual, norm_weight, eps)
+        return self.linear(h, weight, bias), residual
+
+    def silu_linear(self, gate_up, weight):
+        """linear(silu(gate) * up, weight) for gate_up [T, 2I] -> [T, N]."""
+        return self.linear(self.silu_mul(gate_up), weight)
+
 
 class TritonOps(TorchOps):
     name = "triton"
 
-    def __init__(self, exact: bool = False) -> None:
-        from specwire.common.model import triton_ops  # imports triton: GPU machines only
+    def __init__(self, exact: bool = False, fused: bool = False) -> None:
+        # imports triton: GPU machines only
+        from specwire.common.model import triton_fused, triton_ops
 
         self._k = triton_ops
         self.exact = exact
+        # Exact mode keeps the unfused path: its rows must come from the batch-invariant GEMM.
+        self._fused = triton_fused if fused and not exact else None
+        self.fuse_rope = self._fused is not None
         if exact:
             self.name = "triton-exact"
+        elif fused:
+            self.name = "triton-fused"
 
     def rms_norm(self, x, weight, eps):
         return self._k.rms_norm(x, weight, eps)
@@ -82,3 +111,17 @@ class TritonOps(TorchOps):
             block_m = 16 if x.shape[0] <= 16 else 64
             return self._k.linear(x, weight, bias, out_dtype=out_dtype, block_m=block_m)
         return super().linear(x, weight, bias, out_dtype)
+
+    def _fuses(self, x: torch.Tensor) -> bool:
+        # A function of the shape only: the same choice at graph capture and at every replay.
+        return self._fused is not None and x.shape[0] <= self._fused.MAX_TOKENS
+
+    def add_norm_linear(self, x, residual, norm_weight, eps, weight, bias=None):
+        if not self._fuses(x):
+            return super().add_norm_linear(x, residual, norm_weight, eps, weight, bias)
+        return self._fused.add_norm_linear(x, residual, norm_weight, eps, weight, bias)
+
+    def silu_linear(self, gate_up, weight):
+        if not self._fuses(gate_up):
+            return super().silu_linear(gate_up, weight)
+        return self._fused.silu_linear(gate_up, weight)

@@ -1,7 +1,8 @@
 """The GPU attention backend: our Triton kernels (`triton_attention.py`) behind the backend seam.
 
-One launch per layer stores the step's K/V by slot (slot -1 = padding, skipped) and one launch
-attends for every row of the step — prefill chunks, decode rows and verify rows together —
+One launch per layer stores the step's K/V by slot (slot -1 = padding, skipped; with fused
+ops the same launch applies RoPE to q and k, `forward_rope`) and one launch attends for every
+row of the step — prefill chunks, decode rows and verify rows together —
 reading only each row's real context through its block table. The launch grid depends only on
 tensor shapes, so any step can be captured in a CUDA graph keyed by its padded token count,
 and no shape is compiled or planned at serving time. Each query's result depends only on its
@@ -12,6 +13,8 @@ verified alone, in a 1+K verify row or in a prefill chunk.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from specwire.common.model.attention import AttentionMetadata, AttentionShape
@@ -21,12 +24,15 @@ class TritonPagedAttention(AttentionShape):
     name = "triton"
     varlen = True
     graphs = True
+    fused_rope = True
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int):
-        from specwire.common.model import triton_attention  # imports triton: only on GPU machines
+        # imports triton: only on GPU machines
+        from specwire.common.model import triton_attention, triton_fused
 
         super().__init__(num_heads, num_kv_heads, head_dim, block_size)
         self._ops = triton_attention
+        self._fused = triton_fused
 
     def forward(
         self,
@@ -36,8 +42,24 @@ class TritonPagedAttention(AttentionShape):
         kv_cache: torch.Tensor,  # [2, NB, BS, KVH, D]
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [T, H, D]
-        assert meta.cu_seqlens_q is not None, "the Triton backend needs varlen metadata"
         self._ops.store_kv(k, v, kv_cache, meta.slot_mapping)
+        return self._attend(q, kv_cache, meta)
+
+    def forward_rope(
+        self,
+        qk: torch.Tensor,  # [T, H + KVH, D]: q heads then k heads, rotated in place
+        v: torch.Tensor,  # [T, KVH, D]
+        cos: torch.Tensor,  # [T, 1, D]
+        sin: torch.Tensor,  # [T, 1, D]
+        kv_cache: torch.Tensor,  # [2, NB, BS, KVH, D]
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [T, H, D]
+        """`forward` after `TritonOps.rope`, with the rotation and the K/V store in one launch."""
+        self._fused.rope_store_kv(qk, v, cos, sin, kv_cache, meta.slot_mapping, self.num_heads)
+        return self._attend(qk[:, : self.num_heads], kv_cache, meta)
+
+    def _attend(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata):
+        assert meta.cu_seqlens_q is not None, "the Triton backend needs varlen metadata"
         return self._ops.paged_attention(
             q, kv_cache, meta.block_tables, meta.cu_seqlens_q, meta.context_lens, self.scale
         )
@@ -64,14 +86,20 @@ def make_backend(kind: str, model, device: torch.device):
     raise UserError(f"unknown attention backend {kind!r} (use auto, triton or sdpa)")
 
 
-def make_ops(attention, exact: bool = False):
+def make_ops(attention, exact: bool = False, fused: bool | None = None):
     """The model's ops to go with its attention backend: our fused Triton kernels beside the
-    Triton attention (batch-invariant GEMMs too when `exact`), plain PyTorch otherwise."""
+    Triton attention (batch-invariant GEMMs too when `exact`), plain PyTorch otherwise.
+
+    `fused`: fold norms and SiLU·up into the GEMMs of small steps (`triton_fused.py`; never in
+    exact mode). None reads SPECWIRE_FUSED (default 0: on the H200 the fused GEMMs are still
+    slower than cuBLAS + the separate norm, bench/RESULTS.md; 1 turns them on)."""
     from specwire.common.errors import UserError
     from specwire.common.model.ops import TorchOps, TritonOps
 
+    if fused is None:
+        fused = os.environ.get("SPECWIRE_FUSED", "0") == "1"
     if attention.name == "triton":
-        return TritonOps(exact=exact)
+        return TritonOps(exact=exact, fused=fused)
     if exact:
         raise UserError("--exact needs the Triton kernels (--device cuda --attention triton)")
     return TorchOps()

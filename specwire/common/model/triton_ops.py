@@ -163,6 +163,23 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def _rotate(x1, x2, cos_row, sin_row, d, HALF: tl.constexpr):
+    """RoPE on (first half, second half) pairs of one position, with its cos/sin rows:
+    eager `x * cos + rotate_half(x) * sin`, each product and the sum rounded to x's dtype."""
+    dmask = d < HALF
+    c1 = tl.load(cos_row + d, mask=dmask, other=0.0).to(tl.float32)
+    c2 = tl.load(cos_row + HALF + d, mask=dmask, other=0.0).to(tl.float32)
+    s1 = tl.load(sin_row + d, mask=dmask, other=0.0).to(tl.float32)
+    s2 = tl.load(sin_row + HALF + d, mask=dmask, other=0.0).to(tl.float32)
+    dt = x1.dtype
+    f1 = x1.to(tl.float32)
+    f2 = x2.to(tl.float32)
+    o1 = _cast(_f32(_cast(f1 * c1, dt)) + _f32(_cast(-f2 * s1, dt)), dt)
+    o2 = _cast(_f32(_cast(f2 * c2, dt)) + _f32(_cast(f1 * s2, dt)), dt)
+    return o1, o2
+
+
+@triton.jit
 def _rope_kernel(
     x_ptr, cos_ptr, sin_ptr, out_ptr,
     x_stride_t, x_stride_h, cos_stride, sin_stride, out_stride_t, out_stride_h,
@@ -177,17 +194,7 @@ def _rope_kernel(
     # Each thread loads and stores the same (first half, second half) pairs: in place is safe.
     x1 = tl.load(x_row + d, mask=mask, other=0.0)
     x2 = tl.load(x_row + HALF + d, mask=mask, other=0.0)
-    dmask = d < HALF
-    c1 = tl.load(cos_ptr + t * cos_stride + d, mask=dmask, other=0.0).to(tl.float32)
-    c2 = tl.load(cos_ptr + t * cos_stride + HALF + d, mask=dmask, other=0.0).to(tl.float32)
-    s1 = tl.load(sin_ptr + t * sin_stride + d, mask=dmask, other=0.0).to(tl.float32)
-    s2 = tl.load(sin_ptr + t * sin_stride + HALF + d, mask=dmask, other=0.0).to(tl.float32)
-    dt = x1.dtype
-    f1 = x1.to(tl.float32)
-    f2 = x2.to(tl.float32)
-    # Eager `x * cos + rotate_half(x) * sin`: each product and the sum rounded to the dtype.
-    o1 = _cast(_f32(_cast(f1 * c1, dt)) + _f32(_cast(-f2 * s1, dt)), dt)
-    o2 = _cast(_f32(_cast(f2 * c2, dt)) + _f32(_cast(f1 * s2, dt)), dt)
+    o1, o2 = _rotate(x1, x2, cos_ptr + t * cos_stride, sin_ptr + t * sin_stride, d, HALF)
     o_row = out_ptr + t * out_stride_t + h * out_stride_h
     tl.store(o_row + d, o1, mask=mask)
     tl.store(o_row + HALF + d, o2, mask=mask)

@@ -1,0 +1,363 @@
+"""Fused Triton kernels for small steps: a decoder layer in 7 launches instead of 11.
+
+At the token counts of decode and verify steps (a few rows of 1 + K tokens) a layer's time is
+launch latency, not work: SmolLM2-135M's ~11 kernels of 1-8 µs each. Three fusions cut them:
+
+- `add_norm_linear`: `linear(rms_norm(x + residual) * w_norm, W)` and the new residual
+  `x + residual` in one kernel (the qkv and gate_up projections). Every program recomputes its
+  rows' mean square over all of K (pass 1) before its dot loop re-reads the rows (pass 2): K is
+  the hidden size (576 to 4096), so the second read hits L2. The program at (N tile 0, split 0)
+  of each row tile writes the new residual.
+- `silu_linear`: `linear(silu(gate) * up, W)` reading gate_up [M, 2I] directly (down_proj).
+- `rope_store_kv`: RoPE on q and k in place and the store of k and v into the paged cache (what
+  `triton_ops.rope` then `triton_attention.store_kv` do), in one launch.
+
+Rounding mirrors the unfused path: fp32 opmath, and every activation rounded to the tensor dtype
+where the eager op would round it (the normalised row, `w_norm * normed`, silu, silu * up), so
+the dot consumes the same operand bits as `add_rms_norm` + `linear` does. The products are
+accumulated in fp32 in this kernel's K order, not cuBLAS's, so outputs agree with the unfused
+path to an ulp or so, not bitwise (the mean square's fp32 sum order differs from the norm
+kernel's too). RoPE + store is elementwise: bitwise the same as the two kernels it replaces.
+
+The GEMM kernels do not specialise on M: every M runs one binary per weight shape. They use
+`triton_ops.linear_config`'s tiles (BLOCK_M 16, N tiles of 32 or 64, a K split for long K with
+few N tiles, whose fp32 partials `triton_ops`' split-sum kernel adds in order). `TritonOps`
+routes steps of at most `MAX_TOKENS` tokens here; wider steps, and the exact mode, keep the
+unfused path (cuBLAS, or the batch-invariant GEMM). Graph-capturable: grids and buffers from
+shapes only, no host syncs.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from specwire.common.model.triton_attention import _check_cache
+from specwire.common.model.triton_ops import (
+    _INTERPRET,
+    BLOCK_M,
+    _cast,
+    _exp,
+    _f32,
+    _rotate,
+    _rsqrt,
+    _split_sum_kernel,
+    linear_config,
+)
+
+# Steps of up to this many tokens take the fused GEMMs: one row tile (BLOCK_M), where a GEMM is
+# weight-streaming and launch-bound. Wider steps re-read the weight per row tile and recompute
+# the prologue per N tile; there cuBLAS wins and the launches matter less.
+MAX_TOKENS = BLOCK_M
+# Columns per pass-1 chunk. Pass 1's loop is software-pipelined (`tl.range(num_stages=3)`:
+# cp.async, the next chunks in flight), not unrolled: unrolled, K = 4096 spilled on sm_90.
+_NORM_BLOCK = 256
+_NUM_WARPS = 4
+
+
+@triton.jit
+def _dot(a, b, acc, FP32_IEEE: tl.constexpr):
+    if _INTERPRET:  # its dot multiplies bf16's raw bits: give it fp32 (exact)
+        return tl.dot(_f32(a), _f32(b), acc, input_precision="ieee")
+    elif FP32_IEEE:  # fp32 like cuBLAS without TF32
+        return tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _row_sum(x_ptr, res_ptr, rm, cols, mask, x_stride, res_stride, HAS_RESIDUAL: tl.constexpr):
+    """x (+ residual) at [rm, cols], rounded to x's dtype like the eager `x + residual`."""
+    x = tl.load(x_ptr + rm[:, None] * x_stride + cols[None, :], mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + rm[:, None] * res_stride + cols[None, :], mask=mask, other=0.0)
+        x = _cast(_f32(x) + _f32(r), x.dtype)
+    return x
+
+
+@triton.jit
+def _store_tile(
+    acc, out_ptr, b_ptr, rm, rn, pid_k, M, N, out_stride, out_split_stride, HAS_BIAS: tl.constexpr
+):
+    """Write an fp32 tile (+ bias) to out (its dtype), at split `pid_k`'s slice of a workspace."""
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    out_ptrs = out_ptr + pid_k * out_split_stride + rm[:, None] * out_stride + rn[None, :]
+    omask = (rm[:, None] < M) & (rn[None, :] < N)
+    tl.store(out_ptrs, _cast(acc, out_ptr.dtype.element_ty), mask=omask)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _add_norm_linear_kernel(
+    x_ptr, res_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, new_res_ptr,
+    M, N, eps,
+    x_stride, res_stride, new_res_stride, w_stride, out_stride, out_split_stride,
+    K_PER_SPLIT,
+    K: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr,
+    FP32_IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr,
+):  # fmt: skip
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    rm = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rm < M
+    # Pass 1: each row's mean square over all of K (F.rms_norm's statistic, in fp32). The
+    # program at N tile 0, split 0 writes the row tile's new residual (the others none: M 0).
+    res_rows = rm < tl.where((pid_n == 0) & (pid_k == 0), M, 0)
+    rc = tl.arange(0, NORM_BLOCK)
+    sq = tl.zeros((BLOCK_M, NORM_BLOCK), dtype=tl.float32)
+    # (Its names differ from pass 2's: a name may not change shape across loops.)
+    for k0 in tl.range(0, K, NORM_BLOCK, num_stages=3):
+        ncols = k0 + rc
+        ncol_ok = (ncols < K)[None, :]
+        nmask = row_ok[:, None] & ncol_ok
+        row = _row_sum(x_ptr, res_ptr, rm, ncols, nmask, x_stride, res_stride, HAS_RESIDUAL)
+        if HAS_RESIDUAL:
+            new_res = new_res_ptr + rm[:, None] * new_res_stride + ncols[None, :]
+            tl.store(new_res, row, mask=res_rows[:, None] & ncol_ok)
+        rowf = _f32(row)
+        sq += rowf * rowf
+    mean_sq = tl.div_rn(tl.sum(sq, axis=1), tl.full((BLOCK_M,), K, tl.float32))
+    inv_rms = _rsqrt(mean_sq + eps)
+    # Pass 2: the dot over this split's K range, the operand normalised on the fly.
+    rn = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    k_start = pid_k * K_PER_SPLIT
+    k_end = tl.minimum(k_start + K_PER_SPLIT, K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(k_start, k_end, BLOCK_K):
+        cols = k + rk
+        kmask = cols < k_end
+        s = _row_sum(
+            x_ptr, res_ptr, rm, cols, row_ok[:, None] & kmask[None, :], x_stride, res_stride,
+            HAS_RESIDUAL,
+        )  # fmt: skip
+        dt = s.dtype
+        # `add_rms_norm`'s roundings: `.to(x.dtype)` of the normalised row, then `weight * ...`
+        normed = _cast(_f32(s) * inv_rms[:, None], dt)
+        nw = tl.load(nw_ptr + cols, mask=kmask, other=0.0)
+        a = _cast(_f32(nw)[None, :] * _f32(normed), dt)
+        b = tl.load(
+            w_ptr + rn[None, :] * w_stride + cols[:, None],
+            mask=(rn[None, :] < N) & kmask[:, None],
+            other=0.0,
+        )
+        acc = _dot(a, b, acc, FP32_IEEE)
+    _store_tile(acc, out_ptr, b_ptr, rm, rn, pid_k, M, N, out_stride, out_split_stride, HAS_BIAS)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _silu_linear_kernel(
+    gu_ptr, w_ptr, out_ptr,
+    M, N, K,
+    gu_stride, w_stride, out_stride, out_split_stride,
+    K_PER_SPLIT,
+    FP32_IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    rm = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    k_start = pid_k * K_PER_SPLIT
+    k_end = tl.minimum(k_start + K_PER_SPLIT, K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(k_start, k_end, BLOCK_K):
+        cols = k + rk
+        kmask = cols < k_end
+        mask = (rm[:, None] < M) & kmask[None, :]
+        rows = gu_ptr + rm[:, None] * gu_stride + cols[None, :]
+        gate = tl.load(rows, mask=mask, other=0.0)
+        up = tl.load(rows + K, mask=mask, other=0.0)
+        g = _f32(gate)
+        # `silu_mul`'s roundings: silu = x / (1 + expf(-x)) to the dtype, then `silu * up`.
+        silu = _cast(tl.div_rn(g, 1.0 + _exp(-g)), gate.dtype)
+        a = _cast(_f32(silu) * _f32(up), gate.dtype)
+        b = tl.load(
+            w_ptr + rn[None, :] * w_stride + cols[:, None],
+            mask=(rn[None, :] < N) & kmask[:, None],
+            other=0.0,
+        )
+        acc = _dot(a, b, acc, FP32_IEEE)
+    _store_tile(acc, out_ptr, w_ptr, rm, rn, pid_k, M, N, out_stride, out_split_stride, False)
+
+
+def _check_gemm(x: torch.Tensor, weight: torch.Tensor, k: int, name: str) -> None:
+    if x.dim() != 2 or x.stride(-1) != 1 or weight.stride(-1) != 1:
+        raise ValueError(f"{name} wants 2-D x and weight [N, K] with unit last strides")
+    if weight.shape[1] != k or weight.dtype != x.dtype:
+        raise ValueError(f"{name}: x {tuple(x.shape)} and weight {tuple(weight.shape)} mismatch")
+
+
+def _split_target(m: int, n: int, split: int, out: torch.Tensor) -> torch.Tensor:
+    """Where the GEMM kernel writes: `out` itself, or an fp32 [split, M, N] workspace."""
+    if split == 1:
+        return out
+    return torch.empty((split, m, n), dtype=torch.float32, device=out.device)
+
+
+def _split_stride(target: torch.Tensor) -> int:
+    """Elements between split partials; 0 without a split, so that no launch argument derived
+    from M (M * N) selects another specialisation of the kernel."""
+    return target.stride(0) if target.dim() == 3 else 0
+
+
+def _sum_splits(target: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """out = sum of the split partials in split order (+ bias): `triton_ops.linear`'s second
+    kernel. Nothing to do without a split (the GEMM wrote `out` and its bias)."""
+    if target is out:
+        return
+    split, m, n = target.shape
+    total, block = m * n, 1024
+    _split_sum_kernel[(triton.cdiv(total, block),)](
+        target, bias if bias is not None else target, out, total, n, m * n,
+        SPLIT=split, HAS_BIAS=bias is not None, BLOCK=block,
+    )  # fmt: skip
+
+
+def add_norm_linear(
+    x: torch.Tensor,  # [M, K]
+    residual: torch.Tensor | None,  # [M, K], or None: no residual add (the first layer)
+    norm_weight: torch.Tensor,  # [K]
+    eps: float,
+    weight: torch.Tensor,  # [N, K]
+    bias: torch.Tensor | None = None,  # [N]
+) -> tuple[torch.Tensor, torch.Tensor]:  # ([M, N], the new residual [M, K])
+    """`linear(rms_norm(x + residual) * norm_weight, weight, bias)` and `x + residual` (x itself
+    when `residual` is None), as `triton_ops.add_rms_norm` then `linear` would give them."""
+    _check_gemm(x, weight, x.shape[-1], "add_norm_linear")
+    m, k = x.shape
+    if norm_weight.shape != (k,) or norm_weight.dtype != x.dtype or norm_weight.stride(0) != 1:
+        raise ValueError("add_norm_linear wants norm_weight [K] of x.dtype, contiguous")
+    if residual is not None and (
+        residual.shape != x.shape or residual.dtype != x.dtype or residual.stride(-1) != 1
+    ):
+        raise ValueError("residual must match x in shape and dtype, with unit last stride")
+    n = weight.shape[0]
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    new_res = x if residual is None else torch.empty((m, k), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out, new_res
+    cfg = linear_config(n, k)
+    target = _split_target(m, n, cfg.split_k, out)
+    res = residual if residual is not None else x
+    _add_norm_linear_kernel[(triton.cdiv(m, BLOCK_M), triton.cdiv(n, cfg.block_n), cfg.split_k)](
+        x, res, norm_weight, weight, bias if bias is not None else x, target, new_res,
+        m, n, eps,
+        x.stride(0), res.stride(0), new_res.stride(0), weight.stride(0), n, _split_stride(target),
+        cfg.k_per_split,
+        K=k, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None and target is out,
+        FP32_IEEE=x.dtype == torch.float32, BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, NORM_BLOCK=min(_NORM_BLOCK, triton.next_power_of_2(k)),
+        num_warps=_NUM_WARPS, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    _sum_splits(target, out, bias)
+    return out, new_res
+
+
+def silu_linear(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """`linear(silu(gate) * up, weight)` for gate, up = gate_up.chunk(2, -1):
+    gate_up [M, 2I], weight [N, I] -> [M, N], as `triton_ops.silu_mul` then `linear` would."""
+    if gate_up.dim() != 2 or gate_up.shape[1] % 2:
+        raise ValueError("silu_linear wants gate_up [M, 2I]")
+    m, k = gate_up.shape[0], gate_up.shape[1] // 2
+    _check_gemm(gate_up, weight, k, "silu_linear")
+    n = weight.shape[0]
+    out = torch.empty((m, n), dtype=gate_up.dtype, device=gate_up.device)
+    if m == 0:
+        return out
+    cfg = linear_config(n, k)
+    target = _split_target(m, n, cfg.split_k, out)
+    _silu_linear_kernel[(triton.cdiv(m, BLOCK_M), triton.cdiv(n, cfg.block_n), cfg.split_k)](
+        gate_up, weight, target,
+        m, n, k,
+        gate_up.stride(0), weight.stride(0), n, _split_stride(target),
+        cfg.k_per_split,
+        FP32_IEEE=gate_up.dtype == torch.float32, BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, num_warps=_NUM_WARPS, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    _sum_splits(target, out, None)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# RoPE on q and k, and the KV-cache store
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _rope_store_kv_kernel(
+    qk_ptr, v_ptr, cos_ptr, sin_ptr, cache_ptr, slot_ptr,
+    qk_stride_t, qk_stride_h, v_stride_t, v_stride_h, cos_stride, sin_stride,
+    stride_ckv, stride_cb, stride_cs, stride_ch,
+    block_size, num_heads, num_kv_heads,
+    HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_KVH: tl.constexpr,
+    BLOCK_HALF: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    t = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    # Slot -1: a padding token, rotated but not stored (no KV head of it is).
+    stored_heads = tl.where(slot >= 0, num_kv_heads, 0)
+    dst = cache_ptr + (slot // block_size) * stride_cb + (slot % block_size) * stride_cs
+    cache_dt = cache_ptr.dtype.element_ty
+    # v first: it does not depend on the rotation.
+    hv = tl.arange(0, BLOCK_KVH)[:, None]
+    dv = tl.arange(0, BLOCK_D)[None, :]
+    vmask = (hv < stored_heads) & (dv < 2 * HALF)
+    v = tl.load(v_ptr + t * v_stride_t + hv * v_stride_h + dv, mask=vmask)
+    tl.store(dst + stride_ckv + hv * stride_ch + dv, v.to(cache_dt), mask=vmask)
+    # `triton_ops._rope_kernel` over the q heads then the k heads, in place.
+    h = tl.arange(0, BLOCK_H)[:, None]
+    d = tl.arange(0, BLOCK_HALF)[None, :]
+    dmask = d < HALF
+    mask = (h < num_heads + num_kv_heads) & dmask
+    row = qk_ptr + t * qk_stride_t + h * qk_stride_h
+    x1 = tl.load(row + d, mask=mask, other=0.0)
+    x2 = tl.load(row + HALF + d, mask=mask, other=0.0)
+    o1, o2 = _rotate(x1, x2, cos_ptr + t * cos_stride, sin_ptr + t * sin_stride, d, HALF)
+    # Each thread stores the same pairs it loaded: in place is safe.
+    tl.store(row + d, o1, mask=mask)
+    tl.store(row + HALF + d, o2, mask=mask)
+    # The k heads (rows num_heads..) into the cache; q rows are masked off.
+    kmask = (h >= num_heads) & (h < num_heads + stored_heads) & dmask
+    kdst = dst + (h - num_heads) * stride_ch + d
+    tl.store(kdst, o1.to(cache_dt), mask=kmask)
+    tl.store(kdst + HALF, o2.to(cache_dt), mask=kmask)
+
+
+def rope_store_kv(
+    qk: torch.Tensor,  # [T, H + KVH, D]: q heads then k heads (any row/head strides)
+    v: torch.Tensor,  # [T, KVH, D]
+    cos: torch.Tensor,  # [T, D] or [T, 1, D], qk.dtype
+    sin: torch.Tensor,  # [T, D] or [T, 1, D], qk.dtype
+    kv_cache: torch.Tensor,  # [2, NB, BS, KVH, D]
+    slot_mapping: torch.Tensor,  # [T] flat slot block * BS + offset; -1 = skip (padding)
+    num_heads: int,
+) -> None:
+    """Rotate q and k in place (`triton_ops.rope(qk, cos, sin, inplace=True)`), then write the
+    rotated k and v into their cache slots (`triton_attention.store_kv`), in one launch."""
+    t, heads, d = qk.shape
+    kvh = heads - num_heads
+    _check_cache(kv_cache, kvh, d)
+    cos, sin = cos.reshape(cos.shape[0], -1), sin.reshape(sin.shape[0], -1)
+    if d % 2 or qk.stride(-1) != 1 or cos.stride(-1) != 1 or sin.stride(-1) != 1:
+        raise ValueError("rope_store_kv wants an even head_dim and unit last strides")
+    if cos.shape != (t, d) or sin.shape != (t, d) or cos.dtype != qk.dtype or sin.dtype != qk.dtype:
+        raise ValueError("cos/sin must be [T, D] in qk.dtype")
+    if v.shape != (t, kvh, d) or v.stride(-1) != 1 or slot_mapping.shape != (t,):
+        raise ValueError("v must be [T, KVH, D] with unit last stride, slot_mapping [T]")
+    if t == 0:
+        return
+    _rope_store_kv_kernel[(t,)](
+        qk, v, cos, sin, kv_cache, slot_mapping,
+        qk.stride(0), qk.stride(1), v.stride(0), v.stride(1), cos.stride(0), sin.stride(0),
+        *kv_cache.stride()[:4],
+        kv_cache.shape[2], num_heads, kvh,
+        HALF=d // 2, BLOCK_H=triton.next_power_of_2(heads),
+        BLOCK_KVH=triton.next_power_of_2(kvh), BLOCK_HALF=triton.next_power_of_2(d // 2),
+        BLOCK_D=triton.next_power_of_2(d),
+    )  # fmt: skip
