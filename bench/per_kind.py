@@ -11,6 +11,7 @@ share steps.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 
 
@@ -31,7 +32,9 @@ def main() -> None:
     ap.add_argument("json")
     ap.add_argument("--passes", default="c=1")
     args = ap.parse_args()
-    results = {r["config"]: r for r in json.load(open(args.json))["results"]}
+    opener = gzip.open if args.json.endswith(".gz") else open
+    with opener(args.json, "rt") as f:
+        results = {r["config"]: r for r in json.load(f)["results"]}
     base = results.get("none")
     if base is None:
         raise SystemExit("the JSON has no `none` configuration to compare with")
