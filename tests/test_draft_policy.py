@@ -146,6 +146,19 @@ def test_a_new_load_goes_by_what_other_loads_imply():
     assert modes == ["spec"] * 4  # implied by 2 rows; plain never measured at 1
 
 
+def test_a_near_tie_goes_to_plain_decoding():
+    """Speculation measured 3 % faster is within the noise of a window: plain decoding (which
+    cannot lose to serving without a drafter) runs; 10 % faster, speculation runs."""
+    p = _policy({8: 1e-3})
+    _window(p, 6180.0)  # spec
+    _window(p, 6000.0)  # plain
+    assert p.mode == "plain"
+    p = _policy({8: 1e-3})
+    _window(p, 6600.0)
+    _window(p, 6000.0)
+    assert p.mode == "spec"
+
+
 def test_a_window_starts_in_the_mode_best_at_its_load():
     """Speculation wins with one stream, plain decoding with 64: when 64 requests arrive while
     the policy is speculating, the very next step decodes plainly (no window of the old

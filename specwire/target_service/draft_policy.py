@@ -10,13 +10,14 @@ trip, the cost of draining the pipeline to switch. So the policy runs one mode f
 of `mode_window` steps, measures the tokens generated per second and per row over it (the
 executor reports every step, a switch's drain and the loop between steps included), keeps an
 EMA per mode and batch-size bucket (a rate means nothing at another load), and then runs the
-mode with the better rate at the load just seen; a window that starts at another load starts
-in the mode best there. At a load where the other mode has no rate yet it goes by what other
-loads imply (speculation pays less as the batch grows: plain winning at a smaller load wins
-here, speculation winning at a larger one wins here), and measures the other mode only when
-nothing is implied or a probe is due. Now and then it runs the losing mode for one window to
-re-measure it. How often: a probe costs one window at the losing rate, so
-the gap sets the interval — every `probe_every` windows when the modes are close, up to
+mode with the better rate at the load just seen (speculation only when it is `spec_margin`
+faster: a near tie goes to the mode that cannot lose to no drafter); a window that starts at
+another load starts in the mode best there. At a load where the other mode has no rate yet it
+goes by what other loads imply (speculation pays less as the batch grows: plain winning at a
+smaller load wins here, speculation winning at a larger one wins here), and measures the
+other mode only when nothing is implied or a probe is due. Now and then it runs the losing
+mode for one window to re-measure it. How often: a probe costs one window at the losing rate,
+so the gap sets the interval — every `probe_every` windows when the modes are close, up to
 `max_probe_every` when the loser is far behind, keeping what probing costs near
 `probe_budget` of the throughput. It starts speculating.
 
@@ -89,6 +90,7 @@ class DraftLengthPolicy:
     probe_every: int = 8  # least windows between tries of the mode not in use
     max_probe_every: int = 32  # most windows between them
     probe_budget: float = 0.01  # throughput share probing may cost (sets the interval)
+    spec_margin: float = 0.05  # speculation runs only when measured this much faster
     mode: str = "spec"  # "spec" | "plain"
     # (mode, batch-size bucket) -> generated tokens per second per row (EMA over windows)
     rates: dict[tuple[str, int], float] = field(default_factory=dict)
@@ -177,7 +179,7 @@ class DraftLengthPolicy:
             return
         self._planned = load
         if ("spec", load) in self.rates and ("plain", load) in self.rates:
-            self.mode = max(("plain", "spec"), key=lambda m: self.rates[(m, load)])
+            self.mode = self._winner(load)
         else:
             self.mode = self._infer(load) or self.mode
 
@@ -186,7 +188,7 @@ class DraftLengthPolicy:
         cur = self.mode
         other = "plain" if cur == "spec" else "spec"
         if (other, load) in self.rates:  # both measured here: the better one, or a probe
-            best = max(("plain", "spec"), key=lambda m: self.rates[(m, load)])
+            best = self._winner(load)
             probe_at = self._probe_at.setdefault(load, seen + self.probe_interval(load))
             if best == cur and seen >= probe_at:
                 self._probe_at[load] = seen + 1 + self.probe_interval(load)
@@ -203,16 +205,23 @@ class DraftLengthPolicy:
             return other
         return cur
 
+    def _winner(self, load: int) -> str:
+        """The better mode at `load` (both measured there). Speculation must beat plain
+        decoding by `spec_margin`: a near tie goes to the mode that cannot be slower than
+        decoding without a drafter."""
+        spec, plain = self.rates[("spec", load)], self.rates[("plain", load)]
+        return "spec" if spec > plain * (1.0 + self.spec_margin) else "plain"
+
     def _infer(self, load: int) -> str | None:
         """The mode that wins at `load` by what was measured at other loads, or None.
         Speculation pays less as the batch grows (the verify step's extra tokens stop riding
         free, host work grows per row): plain winning at a smaller load wins here, speculation
         winning at a larger load wins here. The nearest such load decides."""
         best, dist = None, None
-        for (mode, b), rate in self.rates.items():
+        for mode, b in self.rates:
             if mode != "spec" or ("plain", b) not in self.rates:
                 continue
-            winner = "spec" if rate > self.rates[("plain", b)] else "plain"
+            winner = self._winner(b)
             if (winner == "plain" and b <= load) or (winner == "spec" and b >= load):
                 d = abs(b.bit_length() - load.bit_length())
                 if dist is None or d < dist:
