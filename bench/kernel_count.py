@@ -50,7 +50,10 @@ def step_inputs(batch: int, q: int, ctx: int, device):
     return ids, pos, meta, 1 + batch * blocks
 
 
-def count(model: LlamaModel, kv, ids, pos, meta) -> tuple[int, collections.Counter]:
+def count(
+    model: LlamaModel, kv, ids, pos, meta
+) -> tuple[int, collections.Counter, collections.Counter]:
+    """(kernels launched, launches per kernel name, device µs per kernel name) of one step."""
     with torch.inference_mode():
         for _ in range(2):  # warm-up: compile, plan
             model.compute_logits(model(ids, pos, kv, meta)[-1:])
@@ -58,10 +61,12 @@ def count(model: LlamaModel, kv, ids, pos, meta) -> tuple[int, collections.Count
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             model.compute_logits(model(ids, pos, kv, meta)[-1:])
             torch.cuda.synchronize()
-    names = collections.Counter(
-        e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
-    )
-    return sum(names.values()), names
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    names = collections.Counter(e.name for e in kernels)
+    micros: collections.Counter = collections.Counter()
+    for e in kernels:
+        micros[e.name] += e.time_range.elapsed_us()
+    return sum(names.values()), names, micros
 
 
 def main() -> int:
@@ -94,17 +99,18 @@ def main() -> int:
         model.set_attention(attn)
         model.set_ops(ops)
         meta.uniform_mask = None
-        total, names = count(model, kv, ids, pos, meta)
-        rows.append((name, total, total / cfg.num_layers, names))
+        total, names, micros = count(model, kv, ids, pos, meta)
+        rows.append((name, total, total / cfg.num_layers, names, micros))
     print(f"{args.shape}, B={args.batch} q={args.q} ctx={args.ctx}, bf16, {cfg.num_layers} layers")
-    print("| path | kernels per step | per layer |")
-    print("|---|---|---|")
-    for name, total, per_layer, _ in rows:
-        print(f"| {name} | {total} | {per_layer:.1f} |")
-    for name, _, _, names in rows:
-        print(f"\n{name}: most frequent kernels")
-        for kernel, n in names.most_common(14):
-            print(f"  {n:5d}  {kernel[:110]}")
+    print("| path | kernels per step | per layer | kernel time per step µs |")
+    print("|---|---|---|---|")
+    for name, total, per_layer, _, micros in rows:
+        print(f"| {name} | {total} | {per_layer:.1f} | {sum(micros.values()):.0f} |")
+    for name, _, _, names, micros in rows:
+        print(f"\n{name}: kernels by device time (launches, µs in all, µs each)")
+        for kernel, us in micros.most_common(14):
+            n = names[kernel]
+            print(f"  {n:5d}  {us:9.1f}  {us / n:7.2f}  {kernel[:100]}")
     return 0
 
 
