@@ -140,7 +140,8 @@ def running_config(config: str, args: argparse.Namespace) -> Iterator[Server]:
         if drafter == "remote":
             dcmd = [sys.executable, "-m", "specwire.common.cli", "drafter", "--host", "127.0.0.1"]
             dcmd += ["--port", "0", "--drafter", config.removeprefix("remote-")]
-            # The drafter's default cap (16) leaves room for the target's look-ahead.
+            # Room for the target's look-ahead: K drafts + K+1 more.
+            dcmd += ["--max-draft-len", str(max(16, 2 * args.max_draft_len + 1))]
             dproc, m = start_service(dcmd, _env(), DRAFTER_READY, timeout=120, cwd=ROOT)
             procs.append(dproc)
             commands.append(dcmd)

@@ -291,7 +291,8 @@ def main() -> int:
     ap.add_argument(
         "--fused",
         default="off",
-        help="fused Triton ops for small steps (SPECWIRE_FUSED): off (the default engine) | on "
+        choices=("off", "on", "on,off", "off,on"),
+        help="fused Triton ops for small steps (the target's --fused): off (the default) | on "
         "| on,off (both, side by side)",
     )
     ap.add_argument("--tag", default="", help="suffix of the output file names")

@@ -21,6 +21,7 @@ from specwire.common.errors import UserError
 from specwire.common.model.tiny_random import tiny_tokenizer
 from specwire.drafter_service.cli import FLAGS as DRAFTER_FLAGS
 from specwire.target_service.cli import ENGINE_FLAGS
+from specwire.target_service.config import TargetConfig
 from specwire.target_service.engine import DEFAULT_MAX_NEW_TOKENS
 
 SPECWIRE = [sys.executable, "-m", "specwire.common.cli"]
@@ -138,6 +139,10 @@ def test_help_names_each_flags_variable(command: str, flags: dict) -> None:
         (["generate", "--prompt", "x"], {"SPECWIRE_TARGET": "h:1"}, "target", "h:1"),
         (["target"], {"SPECWIRE_LOG_LEVEL": "debug"}, "log_level", "DEBUG"),
         (["target"], {"SPECWIRE_LOG_FORMAT": "json"}, "log_format", "json"),
+        (["target"], {}, "fused", False),
+        (["target"], {"SPECWIRE_FUSED": "1"}, "fused", True),
+        (["target"], {}, "drafter_lookahead", -1),
+        (["target", "--drafter-lookahead", "9"], {}, "drafter_lookahead", 9),
     ],
 )
 def test_flag_beats_variable_beats_default(monkeypatch, argv, env, dest, expected) -> None:
@@ -159,6 +164,20 @@ def test_bad_variables_are_one_line_errors(monkeypatch, env, message) -> None:
         monkeypatch.setenv(key, value)
     with pytest.raises(UserError, match=re.escape(message)):
         build_parser()
+
+
+@pytest.mark.parametrize("flag", ["exact", "fused"])
+def test_gpu_kernel_flags_without_the_triton_kernels_are_one_line_errors(flag) -> None:
+    from specwire.common.model.attention import TorchPagedAttention
+    from specwire.common.model.triton_backend import make_ops
+
+    with pytest.raises(UserError, match=f"--{flag} needs the Triton kernels"):
+        make_ops(TorchPagedAttention(2, 1, 8, 16), **{flag: True})
+
+
+def test_a_negative_lookahead_other_than_auto_is_refused() -> None:
+    with pytest.raises(UserError, match="--drafter-lookahead must be >= 0"):
+        TargetConfig(drafter_lookahead=-2)
 
 
 def test_version() -> None:

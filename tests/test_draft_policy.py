@@ -159,6 +159,25 @@ def test_a_near_tie_goes_to_plain_decoding():
     assert p.mode == "spec"
 
 
+def test_probes_survive_a_load_wobbling_across_a_bucket_edge():
+    """Windows averaging 5 rows (bucket 8) whose first step has 4 (bucket 4): the window start
+    must not undo the probe the last window's end chose — the losing mode is still re-measured
+    once per `max_probe_every` windows."""
+    p = _policy({1: 1e-3, 8: 1e-3})
+    four = [_req(f"r{i}") for i in range(4)]
+    for r in four:
+        _teach(p, r, drafted=4, accepted=3, times=5)
+    _window(p, 4000.0, rows=4)  # spec at 4
+    _window(p, 6000.0, rows=4)  # plain at 4: wins there
+    modes = []
+    for _ in range(4 * p.max_probe_every):
+        p.step_draft_len(four)  # the window's first step
+        modes.append(p.mode)
+        for _ in range(p.mode_window):
+            p.observe_rate(10, 10 / (6000.0 if p.mode == "plain" else 4000.0), 5)
+    assert 3 <= modes[2:].count("spec") <= 5  # one probe per 32 windows (after learning)
+
+
 def test_a_window_starts_in_the_mode_best_at_its_load():
     """Speculation wins with one stream, plain decoding with 64: when 64 requests arrive while
     the policy is speculating, the very next step decodes plainly (no window of the old

@@ -19,7 +19,7 @@ from specwire.common.protogen import drafter_pb2, drafter_pb2_grpc
 from specwire.drafter_service.config import DrafterServiceConfig
 from specwire.drafter_service.drafters import NGramDrafter
 from specwire.drafter_service.server import serve
-from specwire.target_service.drafters.remote import RemoteDrafter
+from specwire.target_service.drafters.remote import RemoteDrafter, RemoteSessions
 from specwire.target_service.request import Request, RequestState
 from specwire.target_service.resources.base import ResourceRegistry
 
@@ -181,10 +181,12 @@ def test_lookahead_drafts_the_next_step_without_asking_when_all_is_accepted(serv
 
 @pytest.mark.parametrize("mode", MODES)
 def test_lookahead_follows_a_request_whose_drafts_keep_being_accepted(servers, mode):
-    """A repetitive sequence accepted step after step: after the first question the drafts
-    come from kept proposals and from the replies to `submit` (sent as each step commits),
-    never waiting for the drafter; the drafter still receives every committed token."""
-    server = servers(max_draft_len=16)
+    """A repetitive sequence accepted step after step, the drafter answering in 20 ms: each
+    step asks the moment the previous one committed (`submit`) and goes on at once, drafting
+    from the look-ahead of the proposal kept from the step before, never waiting for the
+    drafter; the reply arrives during the "forward" (a sleep here) and is kept for the next
+    step. The drafter still receives every committed token."""
+    server = servers(max_draft_len=16, delay_ms=20)
     h = servers.harness(f"grpc://{server.address}", mode=mode)
     a = make_request("a", REPETITIVE)
     period = [1, 2, 3, 4]
@@ -195,17 +197,47 @@ def test_lookahead_follows_a_request_whose_drafts_keep_being_accepted(servers, m
         assert committed == [period[(a.num_tokens + j) % 4] for j in range(5)]
         a.output_ids += committed
         h.drafter.submit([a])
-        drafts = h.step([a])
-        time.sleep(0.01)  # the device's forward, during which the submit's reply arrives
+        drafts = h.step([a])  # at once: the submit's reply is still on its way
+        time.sleep(0.05)  # the step's forward, during which the reply arrives
     assert drafts == [[period[(a.num_tokens + j) % 4] for j in range(4)]]
     c = h.counters()
-    assert c["lookahead"] + c["prefetched"] >= 12 and c["late"] == c["failed"] == 0
+    # Every step drafted from a look-ahead (a path that never waits), none went without.
+    assert c["lookahead"] == 12 and c["late"] == c["failed"] == 0
     h.drafter.submit([a])
     wait_until(
         lambda: server.engine.store.get("a").tokens == a.token_ids,
         timeout=10,
         what="the drafter to hold every committed token",
     )
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_late_submit_reply_costs_one_deadline_not_a_second_question(servers, mode):
+    """The drafts asked for as the last step committed (`submit`) come late: the step waits
+    one deadline for them and goes without drafts; it does not ask again and wait twice."""
+    server = servers(delay_ms=300)
+    h = servers.harness(f"grpc://{server.address}", mode=mode, deadline_ms=50)
+    a = make_request("a", REPETITIVE)
+    assert h.step([a]) == [[]]  # late
+    time.sleep(0.4)  # its reply arrives (and is dropped)
+    a.output_ids += [3]
+    h.drafter.submit([a])
+    t0 = time.monotonic()
+    assert h.step([a]) == [[]]
+    assert time.monotonic() - t0 < 0.09  # one 50 ms deadline
+    assert h.counters()["late"] == 2
+
+
+def test_a_proposal_from_an_older_prefix_never_replaces_a_newer_one():
+    """Replies can arrive out of order (unary calls): the proposal kept for a request is the
+    one made from the longest prefix."""
+    sessions = RemoteSessions()
+    sessions.synced["a"] = 12
+    sessions.keep("a", 12, [5, 6], None, asked=2)
+    sessions.keep("a", 10, [7, 8], None, asked=2)
+    assert sessions.runs["a"].anchor == 12 and sessions.runs["a"].tokens == [5, 6]
+    sessions.keep("gone", 3, [1], None, asked=1)  # not held: freed meanwhile
+    assert "gone" not in sessions.runs
 
 
 # -- fail-open, reconnect, resync -------------------------------------------------------------

@@ -33,6 +33,10 @@ ENGINE_FLAGS = {
         "auto (triton on CUDA, sdpa on CPU) | triton | sdpa", choices=("auto", "triton", "sdpa")
     ),
     "exact": Flag("GPU: batch-invariant kernels, so bf16 output with speculation equals without"),
+    "fused": Flag(
+        "GPU, experimental: norms and SiLU·up folded into Triton GEMMs for steps of <= 16 tokens"
+        " (slower than the default on the H200 so far: bench/RESULTS.md)"
+    ),
     "draft_policy": Flag(
         "adaptive (K per step from measured costs and acceptance; GPU) | static",
         choices=("adaptive", "static"),

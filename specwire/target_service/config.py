@@ -27,6 +27,7 @@ class TargetConfig:
     overlap: bool = True  # launch plain greedy steps before the previous one is read
     attention: str = "auto"  # auto (triton on CUDA, sdpa on CPU) | triton | sdpa
     exact: bool = False  # batch-invariant GEMMs: bf16 speculation token-exact (GPU)
+    fused: bool = False  # experimental: norms and SiLU·up folded into Triton GEMMs (GPU)
     draft_policy: str = "adaptive"  # adaptive (needs CUDA graphs' cost table) | static
     max_batch_size: int = 16
     max_num_tokens: int = 1024

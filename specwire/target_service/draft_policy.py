@@ -104,6 +104,14 @@ class DraftLengthPolicy:
     _windows: dict[int, int] = field(default_factory=dict)  # windows seen per load bucket
     _probe_at: dict[int, int] = field(default_factory=dict)  # load -> window of its next probe
     _planned: int = 0  # the load the current mode was chosen for
+    _probing: bool = False  # the current window measures a mode chosen to be measured
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.probe_every <= self.max_probe_every or not 0 < self.probe_budget < 1:
+            raise ValueError(
+                "need 1 <= probe_every <= max_probe_every and 0 < probe_budget < 1, got "
+                f"{self.probe_every}, {self.max_probe_every}, {self.probe_budget}"
+            )
 
     # -- cost model ------------------------------------------------------------------------------
     def seed_costs(self, table: dict[int, float]) -> None:
@@ -167,15 +175,17 @@ class DraftLengthPolicy:
         self.rates[key] = _ema(self.rates.get(key), w[0] / w[1] / max(rows, 1.0), 0.5)
         self._window = [0.0, 0.0, 0, 0]
         seen = self._windows[load] = self._windows.get(load, 0) + 1
+        self._probing = False
         self.mode = self._next_mode(load, seen)
         self._planned = load
 
     def _start_window(self, rows: int) -> None:
-        """A window starts with `rows` rows: at the load the last window ended with, run the
-        mode chosen then (a probe included); at another load, the mode best there (measured,
-        or implied by other loads) — not a whole window of the last load's mode."""
+        """A window starts with `rows` rows: at the load the last window ended with, or when
+        the last window's end chose to measure a mode, run the mode chosen then; at another
+        load, the mode best there (measured, or implied by other loads) — not a whole window
+        of the last load's mode."""
         load = _row_bucket(max(1, rows))
-        if load == self._planned:
+        if load == self._planned or self._probing:
             return
         self._planned = load
         if ("spec", load) in self.rates and ("plain", load) in self.rates:
@@ -192,6 +202,7 @@ class DraftLengthPolicy:
             probe_at = self._probe_at.setdefault(load, seen + self.probe_interval(load))
             if best == cur and seen >= probe_at:
                 self._probe_at[load] = seen + 1 + self.probe_interval(load)
+                self._probing = True
                 return other
             return best
         # `other` never ran at this load. Take the winner other loads imply, if any; else
@@ -202,6 +213,7 @@ class DraftLengthPolicy:
         probe_at = self._probe_at.setdefault(load, seen - 1 + self.max_probe_every)
         if inferred is None or seen >= probe_at:
             self._probe_at[load] = seen + 1 + self.probe_every
+            self._probing = True
             return other
         return cur
 

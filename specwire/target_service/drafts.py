@@ -43,14 +43,15 @@ class DraftIntake:
         self.stats = stats
         self.errors = 0  # drafter calls that raised (each cost its step's drafts)
 
-    def prepare(self, rows: Sequence[Row], ask_drafter: bool, step_no: int) -> None:
+    def prepare(self, rows: Sequence[Row], ask_drafter: bool, step_no: int) -> bool:
         """Ask the drafter (unpadded), check its drafts into the rows, then (SDPA) pad every
-        row to one length for the whole step."""
+        row to one length for the whole step. Whether the drafter was asked."""
         requests = [row.request for row in rows]
         for req in requests:
             req.draft_tokens, req.draft_probs = [], None
         drafting = [r for r in requests if r.draft_budget > 0]
-        if self.drafter is not None and drafting and ask_drafter:
+        asked = self.drafter is not None and bool(drafting) and ask_drafter
+        if asked:
             try:
                 self.drafter.prepare_draft_tokens(drafting, self.resources)
             except Exception:  # fail open: a drafter bug costs speed, never output
@@ -66,6 +67,7 @@ class DraftIntake:
         pad_to = self.max_draft_len if any(r.drafts for r in rows) else 0
         for row in rows:
             row.pad = pad_to - len(row.drafts) if self.pads else 0
+        return asked
 
     def submit(self, decode: Sequence[Request], step_no: int) -> None:
         """Drafting off the critical path: a drafter with `submit` (the remote one) hears what

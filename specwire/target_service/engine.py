@@ -252,7 +252,7 @@ def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine
         resources.add(drafter.spec_resource_manager)
     # 4. runner: attention backend, warm-up and graph capture
     model.set_attention(make_backend(cfg.attention, model, kv_caches.device))
-    model.set_ops(make_ops(model.attention, exact=cfg.exact))
+    model.set_ops(make_ops(model.attention, exact=cfg.exact, fused=cfg.fused))
     runner = ModelRunner(
         model,
         kv_caches,

@@ -219,6 +219,7 @@ class Executor:
             self.output.flush()  # stop strings found by the output thread release requests
             self._drain_inbox()
             if self.idle:
+                self._mark = None  # the caller's time until the next call is nobody's step
                 break
             self.step()
         self.output.flush()
@@ -281,7 +282,12 @@ class Executor:
         self._count_step(elapsed)
 
     def _observe_gpu(self, logits) -> None:
-        seconds = logits.gpu_seconds()
+        """The step's device time into its histogram. A metric never fails a step."""
+        try:
+            seconds = logits.gpu_seconds()
+        except Exception:  # e.g. an event the device could not time
+            log.debug("step %d: no device time", self.step_no, exc_info=True)
+            return
         if seconds is not None:
             self.metrics.step_gpu_seconds.observe(seconds)
 
@@ -424,8 +430,8 @@ class Executor:
         decode = batch.decode_rows
         self.resources.prepare(batch.requests)
         t0 = time.perf_counter()
-        self.drafts.prepare(decode, ask_drafter=draft, step_no=self.step_no)
-        if draft and decode:  # the drafter's exposed time: asking, waiting, checking
+        if self.drafts.prepare(decode, ask_drafter=draft, step_no=self.step_no):
+            # the drafter's exposed time: asking, waiting, checking
             self.metrics.draft_seconds.observe(time.perf_counter() - t0)
         logits = self.runner.forward(batch.rows, [self.kv.block_table(r) for r in batch.requests])
         if logits.graph is None:

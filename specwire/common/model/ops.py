@@ -9,14 +9,15 @@
   Triton attention (numerics a function of the row only) and per-row norms, a position's logits
   are the same whether it is decoded alone or verified in a 1+K row in any batch: greedy bf16
   with speculation equals greedy bf16 without it.
-- Fused (`fused=True`, opt-in with SPECWIRE_FUSED=1, never with `exact`; measured SLOWER on
+- Fused (`fused=True`, opt-in with `specwire target --fused`, never with `exact`; measured SLOWER on
   the H200 for now — the fused GEMMs run too few programs, see bench/RESULTS.md): steps of at most
   `triton_fused.MAX_TOKENS` tokens fold the norm into the qkv and gate_up GEMMs and SiLU·up
   into the down GEMM (`triton_fused.py`), and let the Triton attention rotate q/k while it
   stores k/v: ~7 kernels a layer instead of ~11, for launch-bound decode and verify steps.
 
 The layer calls composite ops (`add_norm_linear`, `silu_linear`); `TorchOps` composes them from
-its single ops, so a subclass can fuse them. Every op keeps the rounding order of the PyTorch
+its single ops, so a subclass can fuse them (the fused GEMMs accumulate in their own K order).
+Every single op keeps the rounding order of the PyTorch
 formula it replaces.
 """
 

@@ -13,8 +13,6 @@ verified alone, in a 1+K verify row or in a prefill chunk.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from specwire.common.model.attention import AttentionMetadata, AttentionShape
@@ -86,20 +84,19 @@ def make_backend(kind: str, model, device: torch.device):
     raise UserError(f"unknown attention backend {kind!r} (use auto, triton or sdpa)")
 
 
-def make_ops(attention, exact: bool = False, fused: bool | None = None):
+def make_ops(attention, exact: bool = False, fused: bool = False):
     """The model's ops to go with its attention backend: our fused Triton kernels beside the
     Triton attention (batch-invariant GEMMs too when `exact`), plain PyTorch otherwise.
 
-    `fused`: fold norms and SiLU·up into the GEMMs of small steps (`triton_fused.py`; never in
-    exact mode). None reads SPECWIRE_FUSED (default 0: on the H200 the fused GEMMs are still
-    slower than cuBLAS + the separate norm, bench/RESULTS.md; 1 turns them on)."""
+    `fused` (`--fused`, experimental): fold norms and SiLU·up into the GEMMs of small steps
+    (`triton_fused.py`; never in exact mode). Off by default: on the H200 the fused SiLU GEMM
+    is far slower than cuBLAS (bench/RESULTS.md)."""
     from specwire.common.errors import UserError
     from specwire.common.model.ops import TorchOps, TritonOps
 
-    if fused is None:
-        fused = os.environ.get("SPECWIRE_FUSED", "0") == "1"
     if attention.name == "triton":
         return TritonOps(exact=exact, fused=fused)
-    if exact:
-        raise UserError("--exact needs the Triton kernels (--device cuda --attention triton)")
+    if exact or fused:
+        flag = "--exact" if exact else "--fused"
+        raise UserError(f"{flag} needs the Triton kernels (--device cuda --attention triton)")
     return TorchOps()

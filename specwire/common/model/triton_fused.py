@@ -17,7 +17,9 @@ where the eager op would round it (the normalised row, `w_norm * normed`, silu, 
 the dot consumes the same operand bits as `add_rms_norm` + `linear` does. The products are
 accumulated in fp32 in this kernel's K order, not cuBLAS's, so outputs agree with the unfused
 path to an ulp or so, not bitwise (the mean square's fp32 sum order differs from the norm
-kernel's too). RoPE + store is elementwise: bitwise the same as the two kernels it replaces.
+kernel's too). RoPE + store is elementwise: bitwise the same as the two kernels it replaces
+in bf16 (in fp32 the compiler may contract a product and a sum into an FMA differently in
+either kernel).
 
 The GEMM kernels do not specialise on M: every M runs one binary per weight shape. They use
 `triton_ops.linear_config`'s tiles (BLOCK_M 16, N tiles of 32 or 64, a K split for long K with

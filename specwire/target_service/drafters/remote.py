@@ -54,7 +54,7 @@ from specwire.target_service.drafters.remote_channel import (
     RemoteDrafterConfig,
     handshake,
 )
-from specwire.target_service.drafters.remote_sessions import RemoteSessions, Run
+from specwire.target_service.drafters.remote_sessions import RemoteSessions
 from specwire.target_service.request import Request
 from specwire.target_service.resources.base import ResourceRegistry
 
@@ -83,7 +83,8 @@ COUNTERS = (
 
 @dataclass
 class _Prefetch:
-    """Drafts asked for at the end of a step (`submit`), to be collected by the next one."""
+    """Drafts asked for at the end of a step (`submit`), collected by a later `submit` or
+    `prepare_draft_tokens`."""
 
     step: int
     sent: dict[str, tuple[int, int]]  # request -> (tokens the drafter was sent, drafts asked)
@@ -304,29 +305,37 @@ class RemoteDrafter(Drafter):
     ) -> None:
         for r in requests:
             r.draft_tokens, r.draft_probs = [], None
+        with self._cv:
+            lost, self._lost_sync = self._lost_sync, False
+        if lost:  # the connection was lost: every sequence goes out from token 0 next time
+            self.sessions.resync_all()
         self._take_answered()
         requests = [r for r in requests if not self._from_run(r)]
         pre = self._prefetch
-        if pre is not None and any(
-            pre.sent.get(r.request_id, (-1,))[0] == r.num_tokens for r in requests
-        ):
-            # The reply in flight covers requests no kept proposal does: wait for it.
+        covered = {
+            r.request_id
+            for r in requests
+            if pre is not None and pre.sent.get(r.request_id, (-1,))[0] == r.num_tokens
+        }
+        if covered:
+            # The reply in flight covers requests no kept proposal does: wait for it (once: a
+            # late reply costs them this step's drafts, not a second question).
             self._prefetch = None
             reply = self._collect(pre)
             if reply is not None:
                 self._apply(reply, pre.sent)
                 self._count("prefetched")
-            requests = [r for r in requests if not self._from_run(r)]
+            for r in requests:
+                if r.request_id in covered:
+                    self._from_run(r)
+            requests = [r for r in requests if r.request_id not in covered]
         if not requests and not self.sessions.finished:
             return
         with self._cv:
             self._step += 1
-            step, connected, lost = self._step, self._connected, self._lost_sync
-            self._lost_sync = False
+            step, connected = self._step, self._connected
             busy = self._inflight is not None
             stalled = busy and time.monotonic() - self._inflight_since > self.config.stall_s
-        if lost:
-            self.sessions.resync_all()
         if not connected:
             return self._count("failed" if requests else None)
         if stalled:
@@ -346,26 +355,16 @@ class RemoteDrafter(Drafter):
         return min(budget + self.lookahead, self._most) if budget > 0 else 0
 
     def _from_run(self, r: Request) -> bool:
-        """Fill `r`'s drafts from its kept proposal if it covers what was committed since the
-        proposal was made; False when it does not (the drafter must be asked)."""
-        runs = self.sessions.runs
-        run = runs.get(r.request_id)
-        if run is None:
+        """Fill `r`'s drafts from its kept proposal (`RemoteSessions.drafts_from_run`); False
+        when none covers what was committed since (the drafter must be asked)."""
+        got = self.sessions.drafts_from_run(r)
+        if got is None:
             return False
-        n = r.num_tokens
-        m = n - run.anchor  # tokens committed since the proposal
-        if m:
-            rest = len(run.tokens) - m
-            if m < 0 or r.tokens_between(run.anchor, n) != run.tokens[:m]:
-                del runs[r.request_id]  # the target went another way
-                return False
-            if rest <= 0 or (rest < r.draft_budget and not run.complete):
-                return False  # used up: a fresh proposal drafts further
+        r.draft_tokens, probs, ahead = got
+        if probs is not None:
+            r.draft_probs = probs
+        if ahead:
             self._count("lookahead")
-        budget = r.draft_budget
-        r.draft_tokens = run.tokens[m : m + budget]
-        if run.probs is not None:
-            r.draft_probs = run.probs[m : m + budget]
         return True
 
     def _build(self, step: int, requests: Sequence[Request], budget=None):
@@ -418,7 +417,6 @@ class RemoteDrafter(Drafter):
         """Keep each proposal of `reply` (for the requests `sent` describes) as the request's
         run; refused, stale and unknown entries are counted and dropped."""
         seen: set[str] = set()
-        runs, live = self.sessions.runs, self.sessions.synced
         for d in reply.drafts:
             rid = d.request_id
             if rid not in sent:
@@ -430,12 +428,12 @@ class RemoteDrafter(Drafter):
                 self.sessions.resync(rid)
             elif d.base_len != sent[rid][0]:
                 self._count("stale")
-            elif rid in live:  # (a request freed meanwhile keeps nothing)
+            else:
                 tokens = list(d.tokens)
                 probs = None
                 if d.probs and len(d.probs) == len(tokens):
                     probs = [(list(p.ids), list(p.probs)) for p in d.probs]
-                runs[rid] = Run(sent[rid][0], tokens, probs, len(tokens) < sent[rid][1])
+                self.sessions.keep(rid, sent[rid][0], tokens, probs, asked=sent[rid][1])
             seen.add(rid)
 
     # -- finished notices ---------------------------------------------------------------------
@@ -483,8 +481,9 @@ class RemoteDrafter(Drafter):
                 self._counters[name] += 1
 
     def counters(self) -> dict[str, int]:
-        """late, failed, stale, resynced, unknown_request, reconnects (the first connection
-        counts: the wire field is "(re)connections made")."""
+        """`COUNTERS`: late, failed, stale, resynced, unknown_request, reconnects (the first
+        connection counts: the wire field is "(re)connections made"), prefetched (submit
+        replies collected), lookahead (requests drafted from a kept proposal's look-ahead)."""
         with self._cv:
             return dict(self._counters)
 

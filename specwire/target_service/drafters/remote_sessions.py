@@ -61,6 +61,44 @@ class RemoteSessions(ResourceManager):
         out, self.finished = self.finished, []
         return out
 
+    def keep(
+        self,
+        request_id: str,
+        anchor: int,
+        tokens: list[int],
+        probs: list[tuple[list[int], list[float]]] | None,
+        asked: int,
+    ) -> None:
+        """Keep the drafter's proposal continuing the request's first `anchor` tokens (`asked`
+        were asked for). A proposal from an older prefix never replaces a newer one; a request
+        freed meanwhile keeps nothing."""
+        if request_id not in self.synced:
+            return
+        old = self.runs.get(request_id)
+        if old is not None and old.anchor > anchor:
+            return
+        self.runs[request_id] = Run(anchor, tokens, probs, len(tokens) < asked)
+
+    def drafts_from_run(self, request: Request) -> tuple[list[int], list | None, bool] | None:
+        """(drafts, their distributions or None, whether they come from the look-ahead) from
+        the request's kept proposal, if what was committed since it was made is exactly its
+        prefix and enough of it is left; None when the drafter must be asked."""
+        rid = request.request_id
+        run = self.runs.get(rid)
+        if run is None:
+            return None
+        n, budget = request.num_tokens, request.draft_budget
+        m = n - run.anchor  # tokens committed since the proposal
+        if m:
+            if m < 0 or request.tokens_between(run.anchor, n) != run.tokens[:m]:
+                del self.runs[rid]  # the target went another way
+                return None
+            rest = len(run.tokens) - m
+            if rest <= 0 or (rest < budget and not run.complete):
+                return None  # used up: a fresh proposal drafts further
+        probs = None if run.probs is None else run.probs[m : m + budget]
+        return run.tokens[m : m + budget], probs, m > 0
+
     def check_integrity(self) -> None:
         assert all(n >= 0 for n in self.synced.values()), "negative synced length"
         assert not set(self.finished) & self.synced.keys(), "a live request is marked finished"

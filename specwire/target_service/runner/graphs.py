@@ -16,9 +16,10 @@ are read), so every host-side buffer has two twins used alternately: a step neve
 inputs over a copy the GPU has not made yet, nor copies its tokens over ones the executor has
 not read. Each bucket is captured once per twin, with the upload from that twin's pinned
 inputs and the copy of the argmax back to its pinned outputs inside the graph: a step costs the
-host two CUDA calls (replay, event), which matters on a virtualised driver where each call is
-dear. A token that step n+1 feeds but step n computes (a placeholder on the host) is gathered
-on the device, inside the graph, from step n's argmax (`feed`).
+host three CUDA calls (an event, the replay, an event), which matters on a virtualised driver
+where each call is dear; the two events are timed, so each step's device time is known. A token
+that step n+1 feeds but step n computes (a placeholder on the host) is gathered on the device,
+inside the graph, from step n's argmax (`feed`).
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ class TokenGraphs:
             torch.zeros(max_logit_rows, dtype=torch.long, pin_memory=True) for _ in range(2)
         ]
         # Per twin: events around the replay. Timed, so a served step's device time (start
-        # on the stream to end) is measured for free: `StepLogits.gpu_seconds`.
+        # on the stream to end) is measured for one event record: `StepLogits.gpu_seconds`.
         self.began = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
         self.done = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
         self.twin = 0  # the host twin the next replay stages into
