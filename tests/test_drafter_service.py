@@ -137,6 +137,20 @@ def test_unary_and_stream_give_the_same_drafts(start):
     assert list(by_id(unary[0])["b"].tokens) == [9, 7, 8]
 
 
+@pytest.mark.parametrize(
+    ("overrides", "inline"),
+    [({}, True), ({"delay_ms": 1}, False), ({"drafter": "model:tiny-random"}, False)],
+)
+def test_cheap_drafters_draft_on_the_event_loop_and_the_same(start, overrides, inline):
+    """n-gram drafts on the service's event loop (no hop to a worker thread); an injected
+    delay or a model drafter goes to the workers. Same answers either way."""
+    server, stub = start(max_draft_len=3, **overrides)
+    assert server.engine.inline is inline
+    m = req(1, seq("a", 0, REPETITIVE))
+    assert len(by_id(stub.Draft(m))["a"].tokens) == 3
+    assert len(by_id(next(iter(stub.DraftStream(iter([streamed(m)])))))["a"].tokens) == 3
+
+
 def test_idle_sessions_expire(start):
     server, stub = start(session_ttl_s=0.2)
     stub.Draft(req(1, seq("a", 0, REPETITIVE)))

@@ -48,12 +48,16 @@ class SessionDrafter(ABC):
       vocab_size             the vocabulary ids live in; 0 = token-agnostic
       tokenizer_fingerprint  "" = token-agnostic
       capabilities           e.g. ("draft_probs",) when `propose` can return distributions
+      cheap                  True when extend/propose take microseconds (a lookup): the
+                             drafter service then runs them on its event loop, not a worker
+                             thread — one thread hop less per message
     """
 
     name: str = "drafter"
     vocab_size: int = 0
     tokenizer_fingerprint: str = ""
     capabilities: tuple[str, ...] = ()
+    cheap: bool = False
 
     @abstractmethod
     def new_state(self) -> Any:

@@ -69,6 +69,9 @@ class DraftEngine:
         self.store = store
         self.max_draft_len = max_draft_len
         self.delay_s = delay_ms / 1000.0
+        # Drafting on the service's event loop (no hop to a worker thread): for a cheap
+        # drafter, and never with an injected delay (it sleeps).
+        self.inline = drafter.cheap and not self.delay_s
 
     def draft(
         self, updates: list[SeqUpdate], want_probs: bool = False, owner: str = ""

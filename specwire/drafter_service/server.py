@@ -129,10 +129,13 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServiceServicer):
     async def _draft(self, request: DraftMessage, owner: str, kind: type[DraftReply]) -> DraftReply:
         engine = self._ready(new_call=False)  # an open stream keeps drafting while draining
         updates = updates_from_proto(request)
-        loop = asyncio.get_running_loop()
-        drafts = await loop.run_in_executor(
-            self.pool, engine.draft, updates, request.want_probs, owner
-        )
+        if engine.inline:
+            drafts = engine.draft(updates, request.want_probs, owner)
+        else:
+            loop = asyncio.get_running_loop()
+            drafts = await loop.run_in_executor(
+                self.pool, engine.draft, updates, request.want_probs, owner
+            )
         return response_to_proto(request.step, drafts, kind)
 
     def _ready(self, new_call: bool = True) -> DraftEngine:

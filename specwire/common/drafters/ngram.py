@@ -11,6 +11,7 @@ class NGramDrafter(SessionDrafter):
     """Proposes the continuation of the longest earlier match of the sequence's suffix."""
 
     name = "ngram"
+    cheap = True  # a few memory scans per proposal
 
     def __init__(self, max_ngram: int = 3, prefer: str = "latest") -> None:
         NGramIndex(max_ngram, prefer)  # validate the settings once, at start-up
