@@ -193,7 +193,7 @@ def test_a_window_starts_in_the_mode_best_at_its_load():
         _teach(p, r, drafted=4, accepted=3, times=5)
     _window(p, 800.0, rows=1)  # plain at 1 again; spec wins there
     assert p.mode == "spec" and p.step_draft_len(one) > 0
-    p._window = [0.0, 0.0, 0, 0]  # a window boundary
+    # Still at a window boundary (no step observed since): 64 rows now start the window.
     assert p.step_draft_len(many) == 0 and p.mode == "plain"
     for _ in range(p.mode_window):
         p.observe_rate(64, 64 / 12000.0, 64)
