@@ -90,6 +90,16 @@ def _store_tile(
     tl.store(out_ptrs, _cast(acc, out_ptr.dtype.element_ty), mask=omask)
 
 
+@triton.jit
+def _weight_tile(w_ptr, rn, cols, kmask, N, w_stride):
+    """The [BLOCK_K, BLOCK_N] tile of W [N, K] for output columns `rn` and inputs `cols`."""
+    return tl.load(
+        w_ptr + rn[None, :] * w_stride + cols[:, None],
+        mask=(rn[None, :] < N) & kmask[:, None],
+        other=0.0,
+    )
+
+
 @triton.jit(do_not_specialize=["M"])
 def _add_norm_linear_kernel(
     x_ptr, res_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, new_res_ptr,
@@ -141,11 +151,7 @@ def _add_norm_linear_kernel(
         normed = _cast(_f32(s) * inv_rms[:, None], dt)
         nw = tl.load(nw_ptr + cols, mask=kmask, other=0.0)
         a = _cast(_f32(nw)[None, :] * _f32(normed), dt)
-        b = tl.load(
-            w_ptr + rn[None, :] * w_stride + cols[:, None],
-            mask=(rn[None, :] < N) & kmask[:, None],
-            other=0.0,
-        )
+        b = _weight_tile(w_ptr, rn, cols, kmask, N, w_stride)
         acc = _dot(a, b, acc, FP32_IEEE)
     _store_tile(acc, out_ptr, b_ptr, rm, rn, pid_k, M, N, out_stride, out_split_stride, HAS_BIAS)
 
@@ -179,11 +185,7 @@ def _silu_linear_kernel(
         # `silu_mul`'s roundings: silu = x / (1 + expf(-x)) to the dtype, then `silu * up`.
         silu = _cast(tl.div_rn(g, 1.0 + _exp(-g)), gate.dtype)
         a = _cast(_f32(silu) * _f32(up), gate.dtype)
-        b = tl.load(
-            w_ptr + rn[None, :] * w_stride + cols[:, None],
-            mask=(rn[None, :] < N) & kmask[:, None],
-            other=0.0,
-        )
+        b = _weight_tile(w_ptr, rn, cols, kmask, N, w_stride)
         acc = _dot(a, b, acc, FP32_IEEE)
     _store_tile(acc, out_ptr, w_ptr, rm, rn, pid_k, M, N, out_stride, out_split_stride, False)
 

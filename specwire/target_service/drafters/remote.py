@@ -260,11 +260,15 @@ class RemoteDrafter(Drafter):
                     self._reply is not None and self._reply.step == pre.step
                 ) or self._stream is not pre.stream
         if answered:
-            self._prefetch = None
-            reply = self._collect(pre)
-            if reply is not None:
-                self._apply(reply, pre.sent)
-                self._count("prefetched")
+            self._use_prefetch(pre)
+
+    def _use_prefetch(self, pre: _Prefetch) -> None:
+        """Collect a `submit`'s reply (waiting at most the deadline) and keep its proposals."""
+        self._prefetch = None
+        reply = self._collect(pre)
+        if reply is not None:
+            self._apply(reply, pre.sent)
+            self._count("prefetched")
 
     def _collect(self, pre: _Prefetch):
         """The reply to a `submit`, waiting at most the step deadline; None if late/failed."""
@@ -320,11 +324,7 @@ class RemoteDrafter(Drafter):
         if covered:
             # The reply in flight covers requests no kept proposal does: wait for it (once: a
             # late reply costs them this step's drafts, not a second question).
-            self._prefetch = None
-            reply = self._collect(pre)
-            if reply is not None:
-                self._apply(reply, pre.sent)
-                self._count("prefetched")
+            self._use_prefetch(pre)
             for r in requests:
                 if r.request_id in covered:
                     self._from_run(r)
