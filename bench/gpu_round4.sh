@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Round 4's device calls. The real SmolLM2 GGUF (~93 MB) exceeds one call's 64 MiB carry, so
+# The device calls (rounds 4-6). The real SmolLM2 GGUF (~93 MB) exceeds one call's 64 MiB carry, so
 # it travels in two halves on one warm machine:
 #   PART=stage1: install the carried wheels, keep the first half, run the GPU tests (tiny-random)
 #                and, with VERIFY=1, verify_step (random weights of the real shapes)
@@ -32,6 +32,13 @@ stage1)
   [ -z "$VERIFY" ] || run verify_step 300 "$PY" bench/verify_step.py --device cuda \
     --shapes smollm2,llama3-8b --batches 1,8,32 --ks 0,4 --ctx 1024 --iters 30 --out "$OUT" \
     ${VERIFY_ARGS:-}
+  # Kernels per step and device time per kernel: KERNELS="ARGS;ARGS;..." (kernel_count.py).
+  if [ -n "$KERNELS" ]; then
+    IFS=';' read -ra kargs <<< "$KERNELS"; i=0
+    for a in "${kargs[@]}"; do
+      i=$((i + 1)); run "kernels_$i" 200 "$PY" bench/kernel_count.py $a
+    done
+  fi
   # Host cost per step with a model whose GPU time is negligible (tiny-random): the host's
   # share of serving, through the real services.
   [ -z "$HOSTPROBE" ] || run hostprobe 150 "$PY" bench/serving.py --model tiny-random \
@@ -45,10 +52,16 @@ stage2)
   run serving "${SERVING_LIMIT:-420}" "$PY" bench/serving.py --model smollm2-135m \
     --device cuda --max-batch-size 64 --max-num-tokens 1024 --metrics \
     --json "$OUT/serving.json" ${SERVING_ARGS:-}
-  if [ -n "$PROFILE" ]; then  # where the target's host time goes at c=64 (py-spy, 1 kHz)
-    run profile 240 "$SITE/bin/py-spy" record --rate 1000 --threads --subprocesses \
-      --format raw -o "$OUT/profile.txt" -- "$PY" bench/serving.py --model smollm2-135m \
-      --device cuda --max-batch-size 64 --max-num-tokens 1024 --configs none --concurrency 64
+  # Where the target's host time goes (py-spy, 1 kHz; the py-spy wheel rides in .whl/):
+  # PROFILE=1, PROFILE_CONFIGS (default none), PROFILE_C (default 64). Raw stacks, gzipped.
+  if [ -n "$PROFILE" ]; then
+    for cfg in ${PROFILE_CONFIGS:-none}; do
+      run "profile_$cfg" 240 "$SITE/bin/py-spy" record --rate 1000 --threads --subprocesses \
+        --format raw -o "/tmp/profile_$cfg.txt" -- "$PY" bench/serving.py \
+        --model smollm2-135m --device cuda --max-batch-size 64 --max-num-tokens 1024 \
+        --configs "$cfg" --concurrency "${PROFILE_C:-64}" --pass-factor 4
+      gzip -c "/tmp/profile_$cfg.txt" > "$OUT/profile_$cfg.txt.gz"
+    done
   fi
   [ -z "$SERVING_ARGS2" ] || run serving2 "${SERVING_LIMIT:-420}" "$PY" bench/serving.py \
     --model smollm2-135m --device cuda --max-batch-size 64 --max-num-tokens 1024 --metrics \

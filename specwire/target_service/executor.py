@@ -476,20 +476,25 @@ class Executor:
         new_tokens: list[list[int]],
         logprobs: Sequence[list[TokenLogprob] | None],
     ) -> None:
-        rendered = []
+        rendered, verified, generated = [], [], 0
+        observe = self.scheduler.policy.observe
         for row, toks, lps in zip(rows, new_tokens, logprobs, strict=True):
             req = row.request
             drafted, acc = len(row.drafts), len(toks) - 1
             req.stats.record(drafted, acc)
             self.stats.record(drafted, acc)
-            self.scheduler.policy.observe(req, drafted, acc)
-            self.metrics.on_verified(drafted, acc)
+            observe(req, drafted, acc)
+            verified.append((drafted, acc))
             stream = self.streams[req.request_id]
-            kept, reason = stream.append(toks)
-            self._generated += len(kept)
+            kept, reason = stream.append(toks, count=False)
+            generated += len(kept)
             rendered.append((stream, kept, reason, drafted, acc, self.step_no, lps))
             if reason is not None:
                 self._release(req)
+        # Per step, not per row: each metric update takes a lock.
+        self.metrics.on_verified(verified)
+        self.metrics.tokens.inc(generated)
+        self._generated += generated
         self.output.render_many(rendered)
 
     def _stopped(self, request_id: str) -> None:

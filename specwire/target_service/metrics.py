@@ -10,7 +10,7 @@ The executor and each request's OutputStream report lifecycle events through the
 
     on_arrival    Executor.submit               (any thread)  request log: admitted
     on_scheduled  Executor.step, after schedule (executor)    queue time, prompt tokens
-    on_verified   Executor.emit, per row        (executor)    drafted/accepted, per position
+    on_verified   Executor.emit, once a step    (executor)    drafted/accepted, per position
     on_committed  OutputStream.append           (executor)    TTFT, inter-token latency
     on_cancelled  the client cancelled          (executor)    request log: cancelled
     on_finished   OutputStream.finish / fail    (any thread)  e2e latency, finish reason, log
@@ -217,11 +217,12 @@ class TargetMetrics:
                 self.queue_time.observe(now - arrival)
                 self.prompt_tokens.inc(len(req.prompt_ids))
 
-    def on_verified(self, drafted: int, accepted: int) -> None:
-        """One row verified `drafted` real drafts and accepted the first `accepted`."""
-        self.drafted.inc(drafted)
-        self.accepted.inc(accepted)
-        self._scrape.record(drafted, accepted)
+    def on_verified(self, rows: Sequence[tuple[int, int]]) -> None:
+        """A step's rows verified: per row, (`drafted` real drafts, the first `accepted` of
+        them accepted). Once a step, not per row: each counter update takes a lock."""
+        self.drafted.inc(sum(d for d, _ in rows))
+        self.accepted.inc(sum(a for _, a in rows))
+        self._scrape.record(rows)
 
     def on_committed(self, req: Request, num_tokens: int, previous: float | None, now: float):
         """`num_tokens` (>= 1) tokens committed at `now`; `previous` is when the request's
@@ -283,14 +284,17 @@ class _ScrapeTimeCollector(Collector):
             self._drafted += [0] * extra
             self._accepted += [0] * extra
 
-    def record(self, drafted: int, accepted: int) -> None:
-        if drafted > len(self._drafted):
-            self.grow(drafted)
+    def record(self, rows: Sequence[tuple[int, int]]) -> None:
+        """Per row (drafted, accepted)."""
+        longest = max((d for d, _ in rows), default=0)
+        if longest > len(self._drafted):
+            self.grow(longest)
         with self._lock:
-            for i in range(drafted):
-                self._drafted[i] += 1
-            for i in range(accepted):
-                self._accepted[i] += 1
+            for drafted, accepted in rows:
+                for i in range(drafted):
+                    self._drafted[i] += 1
+                for i in range(accepted):
+                    self._accepted[i] += 1
 
     def collect(self):
         with self._lock:

@@ -75,10 +75,11 @@ class OutputStream:
         kept, reason = self.append(new_tokens)
         return self.render(kept, reason, drafted, accepted, step, logprobs)
 
-    def append(self, new_tokens: list[int]) -> tuple[list[int], str | None]:
+    def append(self, new_tokens: list[int], count: bool = True) -> tuple[list[int], str | None]:
         """The executor's half: append verified tokens and apply the token-level finish rules
         (EOS, context, length). Returns the tokens kept and the finish reason, if any. Cheap:
-        no text is produced here."""
+        no text is produced here. `count=False`: the caller counts the kept tokens in the
+        metrics (once for a whole step)."""
         req = self.request
         now = time.monotonic()
         if req.first_token_time is None:
@@ -91,7 +92,10 @@ class OutputStream:
             reason = self._finish_rule(tok, len(req.output_ids))
             if reason:
                 break
-        self.metrics.on_committed(req, len(kept), self.last_commit_time, now)
+        if count:
+            self.metrics.on_committed(req, len(kept), self.last_commit_time, now)
+        else:
+            self.metrics.on_latency(req, len(kept), self.last_commit_time, now)
         self.last_commit_time = now
         return kept, reason
 
