@@ -46,6 +46,7 @@ from servers import CONFIGS, add_target_flags, running_config, scrape_metrics  #
 from serving_stats import (  # noqa: E402
     RequestRecord,
     config_markdown,
+    steady_state,
     summarise,
     summary_markdown,
 )
@@ -98,14 +99,22 @@ class PassPlan:
 
 
 def plan_passes(
-    pool: list[Prompt], levels: list[int], per_pass: int | None, warmup: int, least: int = 16
+    pool: list[Prompt],
+    levels: list[int],
+    per_pass: int | None,
+    warmup: int,
+    least: int = 16,
+    factor: int = 2,
 ) -> list[PassPlan]:
-    """Consecutive slices of the pool: warm-up, one per level, then the replay of the last."""
-    sizes = [warmup] + [per_pass or max(2 * c, least) for c in levels]
+    """Consecutive slices of the pool: warm-up, one per level, then the replay of the last.
+
+    A pass at c holds max(factor * c, least) prompts: factor "waves" of c requests, so the
+    larger factor, the smaller the share of the pass spent ramping up and draining."""
+    sizes = [warmup] + [per_pass or max(factor * c, least) for c in levels]
     if sum(sizes) > len(pool):
         raise SystemExit(
             f"the passes need {sum(sizes)} unique prompts, the pool has {len(pool)}: "
-            "lower --prompts-per-pass / --warmup-prompts or add --kinds"
+            "lower --prompts-per-pass / --pass-factor / --warmup-prompts or add --kinds"
         )
     plans, start = [], 0
     for i, n in enumerate(sizes):
@@ -197,6 +206,7 @@ async def run_server(server, plans: list[PassPlan], args) -> dict:
                 concurrency=plan.concurrency,
                 timed=timed,
                 summary=summarise(records, wall),
+                **steady_state(records, plan.concurrency),
                 per_kind={
                     k: summarise([r for r in records if r.kind == k], None)
                     for k in KINDS
@@ -226,9 +236,14 @@ async def run_server(server, plans: list[PassPlan], args) -> dict:
             if timed and not plan.replay:
                 first_sight += records
             s = rec["summary"]
+            steady = (
+                f"n/a, {rec['steady_na']}"
+                if rec["steady_na"]
+                else f"{rec['steady_tok_s']:.1f} tok/s over {rec['steady_s']:.2f}s"
+            )
             log(
                 f"{server.config} {plan.name}: {s['completion_tokens']} tokens in {wall:.2f}s "
-                f"({s['tok_per_s'] or 0:.1f} tok/s), errors {s['errors']}"
+                f"({s['tok_per_s'] or 0:.1f} tok/s; steady {steady}), errors {s['errors']}"
                 + ("" if timed else " [warm-up, not timed]")
             )
     return dict(
@@ -292,9 +307,18 @@ def main() -> int:
     ap.add_argument("--configs", default="none,ngram,remote-ngram", help=", ".join(CONFIGS))
     ap.add_argument("--concurrency", default="1,8,32,64", help="requests in flight, per pass")
     ap.add_argument(
-        "--prompts-per-pass", type=int, default=None, help="default max(2*c, --min-prompts)"
+        "--prompts-per-pass",
+        type=int,
+        default=None,
+        help="default max(--pass-factor * c, --min-prompts)",
     )
     ap.add_argument("--min-prompts", type=int, default=16, help="least prompts per timed pass")
+    ap.add_argument(
+        "--pass-factor",
+        type=int,
+        default=2,
+        help="prompts per pass = this many times c (longer passes: less ramp-up and drain)",
+    )
     ap.add_argument("--warmup-prompts", type=int, default=16, help="reserved, never timed")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--ignore-eos", action="store_true", help="always generate max-new-tokens")
@@ -314,10 +338,14 @@ def main() -> int:
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown or not levels or min(levels) < 1:
         ap.error(f"bad --configs {unknown} or --concurrency {levels}")
+    if args.pass_factor < 1:
+        ap.error("--pass-factor must be at least 1")
 
     env = environment(args)
     pool, source = build_pool(args.chat, tuple(k for k in args.kinds.split(",") if k), args.seed)
-    plans = plan_passes(pool, levels, args.prompts_per_pass, args.warmup_prompts, args.min_prompts)
+    plans = plan_passes(
+        pool, levels, args.prompts_per_pass, args.warmup_prompts, args.min_prompts, args.pass_factor
+    )
     log(
         f"{len(pool)} unique {source} prompts; passes: "
         + ", ".join(f"{p.name} ({len(p.prompts)} at c={p.concurrency})" for p in plans)

@@ -21,6 +21,14 @@ Pass figures: output tok/s = completion tokens of the requests that completed / 
 the pass (first send -> last reply); acceptance = sum accepted / sum drafted, and mean accepted
 length = (sum accepted + sum steps) / sum steps, both from each GenerateComplete's
 `speculation` stats.
+
+Steady tok/s: the pass keeps c requests in flight, but it ramps up (until c requests stream)
+and drains (once the last prompt is sent, fewer than c remain), and on a short pass those ends
+dominate tok/s. The steady window is [t_a, t_b]: t_a = arrival of the c-th earliest first
+token of the pass's requests (all c slots streaming), t_b = the send of the pass's last
+prompt. Steady tok/s = tokens of the completed requests in chunks arriving within the window
+÷ (t_b - t_a); n/a (with the reason) when the window is shorter than STEADY_MIN_S or holds
+fewer than STEADY_MIN_CHUNKS chunks, where one chunk more or less moves the figure.
 """
 
 from __future__ import annotations
@@ -125,6 +133,32 @@ def summarise(records: list[RequestRecord], wall_s: float | None) -> dict:
     )
 
 
+STEADY_MIN_S = 0.2  # shorter steady windows are n/a
+STEADY_MIN_CHUNKS = 20  # so are windows holding fewer chunks
+
+
+def steady_state(records: list[RequestRecord], concurrency: int) -> dict:
+    """Tokens/s with all `concurrency` slots busy: ramp-up and drain left out (module doc)."""
+    firsts = sorted(r.chunks[0][0] for r in records if r.chunks)
+    if len(firsts) < concurrency:
+        na = f"only {len(firsts)} of c={concurrency} requests streamed"
+        return dict(steady_tok_s=None, steady_s=None, steady_chunks=0, steady_na=na)
+    t_a, t_b = firsts[concurrency - 1], max(r.sent for r in records)
+    inside = [n for r in records if r.ok for t, n in r.chunks if t_a <= t <= t_b]
+    span = max(t_b - t_a, 0.0)  # 0: the last prompt went out before all c streamed
+    na = None
+    if span < STEADY_MIN_S:
+        na = f"window {span:.3f}s < {STEADY_MIN_S}s"
+    elif len(inside) < STEADY_MIN_CHUNKS:
+        na = f"{len(inside)} chunks < {STEADY_MIN_CHUNKS}"
+    return dict(
+        steady_tok_s=None if na else sum(inside) / span,
+        steady_s=span,
+        steady_chunks=len(inside),
+        steady_na=na,
+    )
+
+
 def _ms(x: float | None) -> str:
     return "n/a" if x is None else f"{1000 * x:.1f}"
 
@@ -143,20 +177,27 @@ def _busy(p: dict) -> str:
     return f"{gpu / wall:.0%}" if gpu and wall else "n/a"
 
 
+def _steady(p: dict) -> str:
+    """Steady tok/s over its window's length, or n/a over the window's length."""
+    span = p.get("steady_s")
+    return f"{_f(p.get('steady_tok_s'), '.1f')} ({_f(span)}s)" if span is not None else "n/a"
+
+
 def pass_table(passes: list[dict]) -> str:
     """One row per pass of one configuration."""
     lines = [
-        "| pass | c | reqs | tokens | tok/s | req/s | TTFT p50 ms | TTFT p99 ms | "
+        "| pass | c | reqs | tokens | tok/s | steady tok/s | req/s | TTFT p50 ms | TTFT p99 ms | "
         "srv TTFT p50 ms | ITL p50 ms | "
         "ITL p99 ms | TPOT p50 ms | E2E p50 s | acceptance | mean acc len | eager steps | "
         "steps | overlapped | step ms | host ms/step | GPU ms/step | GPU busy | errors |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---" * 24 + "|",
     ]
     for p in passes:
         s = p["summary"]
         lines.append(
             f"| {p['name']} | {p['concurrency']} | {s['requests']} | {s['completion_tokens']} | "
-            f"{_f(s['tok_per_s'], '.1f')} | {_f(s['req_per_s'])} | {_ms(s['ttft_p50_s'])} | "
+            f"{_f(s['tok_per_s'], '.1f')} | {_steady(p)} | {_f(s['req_per_s'])} | "
+            f"{_ms(s['ttft_p50_s'])} | "
             f"{_ms(s['ttft_p99_s'])} | {_ms(s['server_ttft_p50_s'])} | {_ms(s['itl_p50_s'])} | "
             f"{_ms(s['itl_p99_s'])} | "
             f"{_ms(s['tpot_p50_s'])} | {_f(s['e2e_p50_s'])} | {s['acceptance_rate']:.2f} | "
@@ -255,22 +296,30 @@ def config_markdown(rec: dict) -> str:
 
 
 def summary_markdown(results: list[dict]) -> str:
-    """tok/s of each configuration at each pass, and its ratio to `none` in the same pass."""
+    """tok/s (overall and steady) of each configuration at each pass, and their ratios to
+    `none` in the same pass: the steady ratio is the one ramp-up and drain do not blur."""
     names = [r["config"] for r in results]
+    others = [n for n in names if n != "none"]
     base = next((r for r in results if r["config"] == "none"), None)
-    head = "| pass | " + " | ".join(f"{n} tok/s" for n in names)
+    head = "| pass | " + " | ".join(
+        [f"{n} tok/s" for n in names] + [f"{n} steady tok/s" for n in names]
+    )
     if base:
-        head += " | " + " | ".join(f"{n} ÷ none" for n in names if n != "none")
+        head += " | " + " | ".join(f"{n} ÷ none | {n} ÷ none, steady" for n in others)
     lines = [head + " |", "|---" * (head.count("|")) + "|"]
     for i, p in enumerate(results[0]["passes"]):
         if not p["timed"]:
             continue
         tps = [r["passes"][i]["summary"]["tok_per_s"] for r in results]
-        row = f"| {p['name']} | " + " | ".join(f"{t:.1f}" for t in tps)
+        steady = [r["passes"][i].get("steady_tok_s") for r in results]
+        row = f"| {p['name']} | " + " | ".join([_f(t, ".1f") for t in tps + steady])
         if base:
             b = base["passes"][i]["summary"]["tok_per_s"]
+            bs = base["passes"][i].get("steady_tok_s")
             row += " | " + " | ".join(
-                ratio(t, b) for n, t in zip(names, tps, strict=True) if n != "none"
+                f"{ratio(t, b)} | {ratio(st, bs)}"
+                for n, t, st in zip(names, tps, steady, strict=True)
+                if n != "none"
             )
         lines.append(row + " |")
     kinds = [k for k in KINDS if k in results[0]["per_kind_first_sight"]]
