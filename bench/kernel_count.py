@@ -6,7 +6,12 @@ Triton path), and with our Triton attention beside our Triton ops unfused and fu
 (`triton_fused.py`: steps of up to 16 tokens) -- or, with --exact, the exact ops. Eager runs
 launch exactly the kernels a CUDA graph of the same step replays.
 
+`--compile default,max-autotune` adds the PyTorch ops under torch.compile
+(`compiled_ops.py`: the math between two attention calls compiled, "max-autotune" = mode
+"max-autotune-no-cudagraphs") beside our Triton attention; the two warm-up steps compile.
+
     python bench/kernel_count.py [--shape smollm2] [--batch 1] [--q 5] [--exact]
+        [--compile default,max-autotune]
 """
 
 from __future__ import annotations
@@ -20,6 +25,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from compiled_ops import MODES as COMPILE_MODES  # noqa: E402  (bench/, next to this file)
+from compiled_ops import CompiledOps  # noqa: E402
 
 from specwire.common.model.attention import AttentionMetadata, TorchPagedAttention  # noqa: E402
 from specwire.common.model.config import LLAMA3_8B, SMOLLM2_135M  # noqa: E402
@@ -76,7 +84,15 @@ def main() -> int:
     ap.add_argument("--q", type=int, default=5)
     ap.add_argument("--ctx", type=int, default=256)
     ap.add_argument("--exact", action="store_true")
+    ap.add_argument(
+        "--compile",
+        default="",
+        help="comma list of torch.compile modes to add (default, max-autotune); off: none",
+    )
     args = ap.parse_args()
+    modes = [m for m in args.compile.split(",") if m and m != "off"]
+    if any(m not in COMPILE_MODES for m in modes):
+        ap.error(f"--compile: use a comma list of off, {', '.join(COMPILE_MODES)}")
     dev = torch.device("cuda")
     cfg = SHAPES[args.shape]
     torch.set_default_dtype(torch.bfloat16)
@@ -100,6 +116,15 @@ def main() -> int:
         model.set_ops(ops)
         meta.uniform_mask = None
         total, names, micros = count(model, kv, ids, pos, meta)
+        rows.append((name, total, total / cfg.num_layers, names, micros))
+    for mode in modes:  # the PyTorch math compiled, between Triton attention calls
+        model.set_attention(TritonPagedAttention(*args_))
+        compiled = CompiledOps(model, mode)
+        compiled.attach()
+        meta.uniform_mask = None
+        total, names, micros = count(model, kv, ids, pos, meta)
+        compiled.detach()
+        name = f"pytorch ops compiled ({mode}) + triton attention"
         rows.append((name, total, total / cfg.num_layers, names, micros))
     print(f"{args.shape}, B={args.batch} q={args.q} ctx={args.ctx}, bf16, {cfg.num_layers} layers")
     print("| path | kernels per step | per layer | kernel time per step µs |")

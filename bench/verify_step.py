@@ -14,6 +14,20 @@ For each shape, batch B and draft length K, B decode rows each feed q = 1 + K to
 `--fused on,off` measures the fused Triton ops (`triton_fused.py`) and the unfused ones on the
 same model and cache, one after the other; the table puts them side by side (column "ops").
 
+`--compile off,default,max-autotune` (issue 8) adds `torch.compile` of the PyTorch math between
+two attention calls (`bench/compiled_ops.py`; "max-autotune" is torch.compile mode
+"max-autotune-no-cudagraphs"), on the same model and cache, with the same attention backend;
+ops column "compiled-MODE". Inductor's kernels are compiled in the runner's eager warm-up and
+captured inside its CUDA graphs. A compiled runner captures only the graph buckets the measured
+steps replay (the ones the uncompiled runner would pick): one compile per function and token
+count. With compiled variants every row also reports the max abs difference of its logits
+(eager, graph) from the uncompiled `TorchOps` model on the same inputs ("max abs diff"; for
+the uncompiled Triton ops it is the bf16 noise to compare with).
+Compile time on the H200 (fresh caches): "default" ~20 s per shape for 6 token counts;
+"max-autotune" ~4 min for llama3-8b with 4 token counts (--batches 1,8 --ks 0,4; ~6 s of
+autotuning per GEMM and token count), >5 min for 6. Within a 10-minute run: off,default for
+both shapes in one command, max-autotune one shape and at most 4 token counts per command.
+
 Commands: bench/README.md.
 """
 
@@ -32,8 +46,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from compiled_ops import MODES as COMPILE_MODES  # noqa: E402  (bench/, next to this file)
+from compiled_ops import CompiledOps  # noqa: E402
+
 from specwire.common.model.config import LLAMA3_8B, SMOLLM2_135M, TINY_RANDOM, ModelConfig  # noqa: E402
 from specwire.common.model.llama import LlamaModel  # noqa: E402
+from specwire.common.model.ops import TorchOps  # noqa: E402
 from specwire.common.model.triton_backend import make_backend, make_ops  # noqa: E402
 from specwire.target_service.request import Request  # noqa: E402
 from specwire.target_service.resources.kv_cache import KVCacheManager  # noqa: E402
@@ -160,10 +178,17 @@ def measure(
 
 
 def build_runners(
-    model: LlamaModel, kv_caches: torch.Tensor, args: argparse.Namespace, graphs: bool, name: str
+    model: LlamaModel,
+    kv_caches: torch.Tensor,
+    args: argparse.Namespace,
+    graphs: bool,
+    name: str,
+    only_used_buckets: bool = False,
 ) -> dict[int, ModelRunner]:
     """One warm runner per distinct draft length > 0 (its logits buffer is sized for 1 + K
-    rows), its CUDA graphs captured with the model's current ops."""
+    rows), its CUDA graphs captured with the model's current ops. `only_used_buckets`: capture
+    only the buckets the measured steps (B * (1 + K) tokens) replay (compiled ops: one compile
+    per token count)."""
     max_k, max_b = max(args.ks), max(args.batches)
     runners: dict[int, ModelRunner] = {}
     for k in sorted({k for k in args.ks if k > 0} or {0}):
@@ -181,6 +206,10 @@ def build_runners(
                 max_num_tokens=max_b * (1 + max_k),
             ),
         )
+        if only_used_buckets and runners[k].graphs is not None:
+            g = runners[k].graphs
+            used = {b * (1 + kk) for b in args.batches for kk in args.ks}
+            g.buckets = sorted({min(x for x in g.buckets if x >= t) for t in used})
         runners[k].warmup(progress=False)
         n = len(runners[k].graphs.graphs) if runners[k].graphs else 0
         log(f"{name}: runner K={k} warm, {n} graphs captured in {time.perf_counter() - t0:.1f}s")
@@ -204,23 +233,43 @@ def bench_shape(
     model.set_attention(make_backend(args.attention, model, device))
     results: list[dict] = []
     measured: set[str] = set()
-    for fused in args.fused:  # the same model and cache, each ops variant in turn
-        model.set_ops(make_ops(model.attention, exact=args.exact, fused=fused))
+    variants: list[tuple[bool, str]] = []  # (fused, compile mode) in turn
+    for mode in args.compile:
+        variants += [(f, mode) for f in args.fused] if mode == "off" else [(False, mode)]
+    for fused, mode in variants:  # the same model and cache, each ops variant in turn
+        compiled = None
+        if mode == "off":
+            model.set_ops(make_ops(model.attention, exact=args.exact, fused=fused))
+        else:
+            compiled = CompiledOps(model, mode)
+            compiled.attach()
         if model.ops.name in measured:  # e.g. exact or SDPA: fusion does not apply
             continue
         measured.add(model.ops.name)
         log(f"{name}: attention backend {model.attention.name}, ops {model.ops.name}")
-        runners = build_runners(model, kv_caches, args, graphs, name)
+        t0 = time.perf_counter()
+        runners = build_runners(
+            model, kv_caches, args, graphs, name, only_used_buckets=compiled is not None
+        )
+        if compiled is not None:
+            log(
+                f"{name}: {model.ops.name}: warm-up, compiles included, "
+                f"{time.perf_counter() - t0:.1f}s"
+            )
         for batch in args.batches:
             for k in args.ks:
                 runner = runners[k] if k in runners else next(iter(runners.values()))
                 rows, tables = make_rows(kv, batch, args.ctx, k, cfg.vocab_size)
                 q = 1 + k
+                diff = {}
+                if args.compile != ["off"]:  # every variant's logits against the torch ops
+                    diff = check_logits(model, compiled, runner, rows, tables)
                 eager, graph, replay, prep, key = measure(runner, rows, tables, args.iters, device)
                 fl = floor_ms(model, batch, args.ctx, kv_caches.dtype)
                 rec = dict(
                     shape=name,
                     ops=model.ops.name,
+                    compile=mode,
                     batch=batch,
                     q=q,
                     k=k,
@@ -234,16 +283,27 @@ def bench_shape(
                     graph_bucket=key,
                     graph_over_floor=graph / fl if graph else None,
                     plain_pytorch_graph_ms=PLAIN_GRAPH_MS.get((name, batch, q)),
+                    **diff,
                 )
                 results.append(rec)
                 log(
                     f"{name} [{model.ops.name}] B={batch} q={q}: eager {eager:.3f} ms, "
                     f"graph {_f(graph)} ms, replay {_f(replay)} ms, prep {prep:.3f} ms, "
                     f"floor {fl:.3f} ms"
+                    + (
+                        f", max abs diff vs torch ops: eager {diff['max_abs_diff_eager']:.3g}, "
+                        f"graph {_g(diff['max_abs_diff_graph'])} (max |logit| "
+                        f"{diff['ref_max_abs_logit']:.3g})"
+                        if diff
+                        else ""
+                    )
                 )
                 for r in rows:
                     kv.free(r.request)
         del runners  # their graphs and pools, before the next variant captures its own
+        if compiled is not None:
+            compiled.detach()
+            del compiled
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -259,19 +319,73 @@ def _f(x: float | None, nd: int = 3) -> str:
     return "n/a" if x is None else f"{x:.{nd}f}"
 
 
+def _g(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3g}"
+
+
+def _step_logits(runner: ModelRunner, step) -> torch.Tensor:
+    """The step's verify logits (every decode row's span, in order), as a new tensor."""
+    runner.wait(step)
+    return torch.cat([step.logits[o : o + n] for o, n in step.spans]).clone()
+
+
+def check_logits(
+    model: LlamaModel,
+    compiled: CompiledOps | None,
+    runner: ModelRunner,
+    rows: list[Row],
+    tables: list[list[int]],
+) -> dict:
+    """Max abs difference of the current variant's logits (eager, and graph replay where a
+    graph is captured) from the uncompiled `TorchOps` model's eager logits, same inputs. For
+    an uncompiled variant (e.g. the Triton ops on a GPU) it is the bf16 noise to compare with.
+
+    Each forward writes this step's K/V into the same slots before it attends, so every run
+    reads its own: the comparison is of the whole step."""
+    ops = model.ops
+    if compiled is not None:
+        compiled.detach()
+    model.set_ops(TorchOps())
+    try:
+        ref = _step_logits(runner, runner.forward(rows, tables, allow_graphs=False))
+    finally:
+        if compiled is not None:
+            compiled.attach()
+        else:
+            model.set_ops(ops)
+    eager = _step_logits(runner, runner.forward(rows, tables, allow_graphs=False))
+    graph = None
+    step = runner.forward(rows, tables)
+    if step.graph is not None:
+        graph = (_step_logits(runner, step) - ref).abs().max().item()
+    return dict(
+        max_abs_diff_eager=(eager - ref).abs().max().item(),
+        max_abs_diff_graph=graph,
+        ref_max_abs_logit=ref.abs().max().item(),
+    )
+
+
 def markdown(results: list[dict]) -> str:
+    # With --compile: each variant's max abs logit difference from the torch ops (eager / graph).
+    diffs = any("max_abs_diff_eager" in r for r in results)
     lines = [
         "| shape | ops | batch | q | eager ms | graph ms | replay ms (GPU) | prep ms (host) "
-        "| floor ms | graph ÷ floor | plain PyTorch graph ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| floor ms | graph ÷ floor | plain PyTorch graph ms |"
+        + (" max abs diff (eager / graph) |" if diffs else ""),
+        "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if diffs else ""),
     ]
     # The ops variants of one configuration side by side.
     for r in sorted(results, key=lambda r: (r["shape"], r["batch"], r["q"])):
+        diff = ""
+        if diffs:
+            diff = " |"
+            if "max_abs_diff_eager" in r:
+                diff = f" {_g(r['max_abs_diff_eager'])} / {_g(r['max_abs_diff_graph'])} |"
         lines.append(
             f"| {r['shape']} | {r['ops']} | {r['batch']} | {r['q']} | {r['eager_ms']:.2f} | "
             f"{_f(r['graph_ms'], 2)} | {_f(r['replay_ms'], 2)} | {r['prep_ms']:.2f} | "
             f"{r['floor_ms']:.2f} | {_f(r['graph_over_floor'], 1)} | "
-            f"{_f(r['plain_pytorch_graph_ms'], 2)} |"
+            f"{_f(r['plain_pytorch_graph_ms'], 2)} |" + diff
         )
     return "\n".join(lines) + "\n"
 
@@ -295,6 +409,13 @@ def main() -> int:
         help="fused Triton ops for small steps (the target's --fused): off (the default) | on "
         "| on,off (both, side by side)",
     )
+    ap.add_argument(
+        "--compile",
+        default="off",
+        help="comma list of off | default | max-autotune: torch.compile of the PyTorch math "
+        "between attention calls (bench/compiled_ops.py; max-autotune = mode "
+        "max-autotune-no-cudagraphs), side by side; off (the default): uncompiled only",
+    )
     ap.add_argument("--tag", default="", help="suffix of the output file names")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     ap.add_argument("--out", required=True)
@@ -304,6 +425,12 @@ def main() -> int:
     args.batches = [int(x) for x in args.batches.split(",")]
     args.ks = [int(x) for x in args.ks.split(",")]
     args.fused = [{"on": True, "off": False}[x] for x in args.fused.split(",")]
+    args.compile = [x.strip() for x in args.compile.split(",") if x.strip()]
+    bad = [x for x in args.compile if x != "off" and x not in COMPILE_MODES]
+    if bad or not args.compile:
+        ap.error(f"--compile: use a comma list of off, {', '.join(COMPILE_MODES)} (got {bad})")
+    if args.exact and args.compile != ["off"]:
+        ap.error("--compile compiles the plain PyTorch ops: not with --exact")
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     out = Path(args.out)
