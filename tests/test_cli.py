@@ -180,6 +180,16 @@ def test_a_negative_lookahead_other_than_auto_is_refused() -> None:
         TargetConfig(drafter_lookahead=-2)
 
 
+@pytest.mark.parametrize("value", ["0", "-1e-3", "0.5"])
+def test_a_gil_switch_interval_out_of_range_is_a_one_line_error(value) -> None:
+    proc = specwire("target", f"--gil-switch-interval={value}")
+    assert proc.returncode != 0
+    err = proc.stderr.decode().strip()
+    assert err.splitlines() == [
+        f"specwire: error: --gil-switch-interval must be in (0, 0.1] seconds, got {float(value)}"
+    ]
+
+
 def test_version() -> None:
     proc = specwire("--version")
     assert proc.returncode == 0

@@ -9,6 +9,7 @@ import sys
 import threading
 
 from specwire.common.cli_env import Flag, add_config_flags, add_env_flag, config_kwargs
+from specwire.common.errors import UserError
 from specwire.common.security import (
     add_client_flags,
     add_server_flags,
@@ -95,6 +96,14 @@ def register(sub) -> None:
         "on SIGTERM, seconds in-flight requests get to finish before they are cancelled",
         float,
     )
+    add_env_flag(
+        p,
+        "--gil-switch-interval",
+        "SPECWIRE_GIL_SWITCH_INTERVAL",
+        5e-4,
+        "seconds a thread may hold the GIL while the executor waits for it (sys.setswitchinterval)",
+        float,
+    )
     add_server_flags(p)
     add_engine_flags(p)
     p.set_defaults(func=run)
@@ -105,10 +114,16 @@ def run(args: argparse.Namespace) -> int:
     from specwire.target_service.server import TargetServer
 
     cfg = config_from_args(args)
+    if not 0 < args.gil_switch_interval <= 0.1:
+        raise UserError(
+            f"--gil-switch-interval must be in (0, 0.1] seconds, got {args.gil_switch_interval}"
+        )
     # The executor thread is the critical path, and it gives the GIL up during every CUDA
-    # call; with the default 5 ms switch interval the gRPC loop or the output thread can keep
-    # it for milliseconds each time. A short interval bounds that wait.
-    sys.setswitchinterval(2e-4)
+    # call; with Python's 5 ms switch interval the gRPC loop or the output thread can keep it
+    # for milliseconds each time. A short interval bounds that wait, but too short a one makes
+    # every thread hand the GIL over mid-work: on the H200 host, host-bound serving ran
+    # fastest at 0.5-1 ms and 25 % slower at 0.05 ms (bench/RESULTS.md, round 6).
+    sys.setswitchinterval(args.gil_switch_interval)
     server = TargetServer(args.host, args.port, server_security_from_args(args))
     server.start()
     print(

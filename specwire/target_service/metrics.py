@@ -105,8 +105,8 @@ class TargetMetrics:
         self.step_gpu_seconds = family(
             Histogram,
             "specwire_step_gpu_seconds",
-            "Device time of one graph step while serving (CUDA events around its replay: from "
-            "the stream reaching it to its end)",
+            "Device time of graph steps while serving, one in 8 sampled (CUDA events around "
+            "its replay: from the stream reaching it to its end)",
             buckets=_STEP_BUCKETS,
         )
         self.step_host_seconds = family(

@@ -32,6 +32,9 @@ import torch
 from specwire.common.model.attention import AttentionMetadata
 from specwire.target_service.runner.inputs import VarlenStep
 
+# One graph replay in this many is timed (its device time feeds `specwire_step_gpu_seconds`).
+TIMING_EVERY = 8
+
 # forward(input_ids [T], positions [T], meta, logits_index [L]) -> logits [L, V] fp32
 ForwardFn = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor], torch.Tensor]
 
@@ -127,7 +130,10 @@ class TokenGraphs:
         ]
         # Per twin: events around the replay. Timed, so a served step's device time (start
         # on the stream to end) is measured for one event record: `StepLogits.gpu_seconds`.
+        # `began` is recorded on one replay in `TIMING_EVERY` only: every CUDA call gives the
+        # GIL up, and under load getting it back costs the executor up to a switch interval.
         self.began = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+        self.replays = 0
         self.done = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
         self.twin = 0  # the host twin the next replay stages into
         # bucket -> graph, one dict per host twin; `graphs` is twin 0's
@@ -210,12 +216,12 @@ class TokenGraphs:
 
     def replay(
         self, bucket: int, step: VarlenStep
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.cuda.Event, torch.cuda.Event]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.cuda.Event, torch.cuda.Event | None]:
         """Stage the step's inputs (padded to `bucket`) in the next host twin and replay that
         twin's graph (which uploads them and copies the argmax back). Returns (logits [L, V],
         greedy tokens [L] in pinned host memory, the event after which those tokens are
-        valid, the event recorded just before the replay); the first len(step.logit_rows)
-        rows are the step's. Nothing here waits."""
+        valid, the event recorded just before the replay — one replay in TIMING_EVERY, else
+        None); the first len(step.logit_rows) rows are the step's. Nothing here waits."""
         w = self.twin
         self.twin ^= 1
         t, b, n_logits = step.num_tokens, step.num_rows, len(step.logit_rows)
@@ -242,8 +248,11 @@ class TokenGraphs:
         h_seq_lens[b:] = 0
         for i, table in enumerate(step.tables):
             h_tables[i, : len(table)] = table
-        self.began[w].record()
+        timed = self.replays % TIMING_EVERY == 0
+        self.replays += 1
+        if timed:
+            self.began[w].record()
         self.twins[w][bucket].replay()
         n = self._logit_rows_for(bucket)
         self.done[w].record()
-        return self.logits[:n], self.h_argmax[w][:n], self.done[w], self.began[w]
+        return self.logits[:n], self.h_argmax[w][:n], self.done[w], self.began[w] if timed else None

@@ -60,11 +60,13 @@ class StepLogits:
     # Eager steps: the argmax of every logit row, on the model's device (one of the two is set).
     argmax: torch.Tensor | None = None
     done: object | None = None  # CUDA event after which the step's results are valid
-    began: object | None = None  # graph steps: timed event recorded just before the replay
+    # A sample of graph steps (graphs.TIMING_EVERY): a timed event recorded just before the replay
+    began: object | None = None
 
     def gpu_seconds(self) -> float | None:
-        """Graph steps, after `ModelRunner.wait`: the device time of the step, from the moment
-        the stream reached it to its end (the host's lateness in launching it excluded)."""
+        """Sampled graph steps, after `ModelRunner.wait`: the device time of the step, from the
+        moment the stream reached it to its end (the host's lateness in launching it
+        excluded); None for the others."""
         if self.began is None or self.done is None:
             return None
         return self.began.elapsed_time(self.done) / 1e3
