@@ -273,3 +273,80 @@ def test_chunks_waiting_to_be_sent_go_out_together():
     assert merged.step == 2 and pending is other  # another completion's chunk: not merged
     assert next_message(events, pending) == (other, done)  # a completion never merges
     assert next_message(events, done) == (done, None)
+
+
+@pytest.fixture(scope="module")
+def sparse_server(tiny):
+    """The same engine streaming one chunk per 4 steps (--stream-interval 4)."""
+    srv = TargetServer("127.0.0.1", 0)
+    srv.start()
+    cfg = TargetConfig(
+        model="tiny-random",
+        drafter="ngram",
+        max_draft_len=4,
+        progress=False,
+        max_context_len=512,
+        stream_interval=4,
+    )
+    srv.attach(build_engine(cfg, loaded=tiny))
+    yield srv
+    srv.stop(0)
+
+
+@pytest.mark.parametrize("speculate", [True, False])
+def test_stream_interval_sends_fewer_chunks_with_the_same_output(client, sparse_server, speculate):
+    """--stream-interval N: the first chunk goes out at once (time to first token), the rest
+    once they span N steps, the last whatever it spans; tokens, text and counts are those of
+    a server streaming every step."""
+    prompt = "the cat sat on the mat. the cat sat on the mat. the cat"
+    every = client.generate(prompt, max_new_tokens=40, speculate=speculate)
+    with GenerationClient(f"127.0.0.1:{sparse_server.port}", timeout=60) as c:
+        sparse = c.generate(prompt, max_new_tokens=40, speculate=speculate)
+    assert sparse.token_ids == every.token_ids and sparse.text == every.text
+    assert sparse.text == "".join(ch.text for ch in sparse.chunks)
+    assert sum(len(ch.token_ids) for ch in sparse.chunks) == len(sparse.token_ids)
+    steps = sparse.speculation["steps"]
+    assert steps == sum(ch.num_steps for ch in sparse.chunks) > 4
+    # the first chunk is never held (it may still merge with the next one if the servicer
+    # was slow to send it; the unit test below checks the holding itself)
+    assert sparse.chunks[0].num_steps == 1 or sparse.chunks[0].num_steps >= 5
+    assert all(ch.num_steps >= 4 for ch in sparse.chunks[1:-1])
+    # (the interval-1 stream may merge chunks too when its servicer falls behind: compare
+    # with the steps, not with its chunk count)
+    assert len(sparse.chunks) <= 2 + (steps - 1) // 4 < steps
+
+
+def test_stream_interval_below_one_is_refused() -> None:
+    from specwire.common.errors import UserError
+
+    with pytest.raises(UserError, match="--stream-interval must be >= 1, got 0"):
+        TargetConfig(stream_interval=0)
+
+
+@pytest.mark.parametrize("end", ["cancelled", "failed"])
+def test_held_tokens_go_out_before_a_cancel_and_not_after_a_failure(tiny, end) -> None:
+    """A stream ended from outside while it holds rendered tokens (--stream-interval): a
+    cancel sends them before its completion (completion_tokens counts them); a failure ends
+    the stream with the error alone."""
+    from specwire.target_service.events import Chunk, Complete, Failed
+    from specwire.target_service.output import OutputStream
+    from specwire.target_service.request import Request
+
+    req = Request("r", [1, 2, 3], max_new_tokens=100)
+    stream = OutputStream(req, tiny.tokenizer, set(), 512, interval=8)
+    for step, tok in enumerate([40, 41, 42]):
+        stream.commit([tok], 0, 0, step)
+    if end == "cancelled":
+        stream.finish("cancelled")
+    else:
+        stream.fail("INTERNAL", "step failed")
+    events = []
+    while (ev := stream.events.get_nowait()) is not None:
+        events.append(ev)
+    assert isinstance(events[0], Chunk) and events[0].token_ids == [40]  # never held
+    if end == "cancelled":
+        assert [type(e) for e in events] == [Chunk, Chunk, Complete]
+        assert events[1].token_ids == [41, 42] and events[1].num_steps == 2
+        assert events[2].completion_tokens == 3 and events[2].token_ids == [40, 41, 42]
+    else:
+        assert [type(e) for e in events] == [Chunk, Failed]

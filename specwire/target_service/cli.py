@@ -57,6 +57,10 @@ ENGINE_FLAGS = {
     "max_stop_strings": Flag("most stop strings per request"),
     "max_stop_len": Flag("most characters per stop string"),
     "max_queue": Flag("most requests queued beyond the batch size"),
+    "stream_interval": Flag(
+        "steps per streamed chunk (1 = every step): fewer, larger messages cost the server less"
+        " host time per token under load; the first chunk and the last are never held"
+    ),
 }
 
 

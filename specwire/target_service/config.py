@@ -44,6 +44,7 @@ class TargetConfig:
     max_stop_strings: int = 16
     max_stop_len: int = 256  # characters per stop string
     max_queue: int = 256  # requests admitted beyond max_batch_size; more -> RESOURCE_EXHAUSTED
+    stream_interval: int = 1  # steps per streamed chunk (the first and the last never wait)
 
     def __post_init__(self) -> None:
         if self.max_draft_len < 0:
@@ -77,6 +78,7 @@ class TargetConfig:
         for flag, value in (
             ("--max-prompt-bytes", self.max_prompt_bytes),
             ("--max-stop-len", self.max_stop_len),
+            ("--stream-interval", self.stream_interval),
         ):
             if value < 1:
                 raise UserError(f"{flag} must be >= 1, got {value}")

@@ -286,7 +286,9 @@ def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine
         drafter=drafter,
         runner=runner,
         verifier=Verifier(loaded.config.vocab_size),
-        make_stream=StreamFactory(loaded.tokenizer, eos_ids, cfg.max_context_len, metrics),
+        make_stream=StreamFactory(
+            loaded.tokenizer, eos_ids, cfg.max_context_len, metrics, cfg.stream_interval
+        ),
         max_draft_len=k,
         vocab_size=loaded.config.vocab_size,
         metrics=metrics,

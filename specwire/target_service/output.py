@@ -46,8 +46,14 @@ class OutputStream:
         events: EventQueue | None = None,
         index: int = 0,
         metrics: TargetMetrics | None = None,
+        interval: int = 1,
     ):
         self.request = request
+        # Steps per streamed chunk (--stream-interval): the first chunk and the last are never
+        # held; between them a chunk goes out once it spans `interval` steps.
+        self.interval = interval
+        self.held: Chunk | None = None  # rendered, not sent yet
+        self.chunks_sent = 0
         self.metrics = metrics or TargetMetrics()
         self.events = EventQueue() if events is None else events
         self.index = index
@@ -161,13 +167,21 @@ class OutputStream:
         delta = self.text[self.sent : max(self.sent, visible)]
         self.sent = max(self.sent, visible)
         lps = self._with_text(logprobs[: len(kept)]) if logprobs is not None else None
-        self.events.put(
-            Chunk(kept, delta, drafted, min(accepted, len(kept)), step, lps, self.index)
-        )
+        chunk = Chunk(kept, delta, drafted, min(accepted, len(kept)), step, lps, self.index)
+        if self.held is not None:
+            chunk, self.held = self.held.merge(chunk), None
+        if reason is None and self.chunks_sent and chunk.num_steps < self.interval:
+            self.held = chunk
+        else:
+            self._send(chunk)
         if reason:
             self.finish(reason)
             return True
         return False
+
+    def _send(self, chunk: Chunk) -> None:
+        self.events.put(chunk)
+        self.chunks_sent += 1
 
     def _with_text(self, logprobs: list[TokenLogprob]) -> list[TokenLogprobs]:
         ids = sorted({t for lp in logprobs for t in (lp.token_id, *(i for i, _ in lp.top))})
@@ -202,6 +216,9 @@ class OutputStream:
         if self.done:
             return
         self.done = True
+        if self.held is not None:  # tokens rendered but held back go out before the end
+            self._send(self.held)
+            self.held = None
         req = self.request
         now = time.monotonic()
         req.finish_reason = reason
@@ -226,6 +243,7 @@ class OutputStream:
         if self.done:
             return
         self.done = True
+        self.held = None  # the stream ends in an error: held tokens are not sent
         self.metrics.on_finished(self.request, "error", self.num_rendered)
         self.events.put(Failed(code, message, self.index))
 
@@ -308,8 +326,10 @@ class StreamFactory:
         eos_ids: set[int],
         max_context: int,
         metrics: TargetMetrics | None = None,
+        interval: int = 1,  # steps per streamed chunk
     ) -> None:
         self.metrics = metrics or TargetMetrics()  # the engine's: every stream reports to it
+        self.interval = interval
         self.tokenizer = tokenizer
         self.eos_ids = eos_ids
         self.max_context = max_context
@@ -331,4 +351,5 @@ class StreamFactory:
             events=events,
             index=index,
             metrics=self.metrics,
+            interval=self.interval,
         )
