@@ -180,13 +180,14 @@ def test_a_negative_lookahead_other_than_auto_is_refused() -> None:
         TargetConfig(drafter_lookahead=-2)
 
 
-@pytest.mark.parametrize("value", ["0", "-1e-3", "0.5"])
+@pytest.mark.parametrize("value", ["0", "-1e-3", "1e-7", "0.5"])
 def test_a_gil_switch_interval_out_of_range_is_a_one_line_error(value) -> None:
     proc = specwire("target", f"--gil-switch-interval={value}")
     assert proc.returncode != 0
     err = proc.stderr.decode().strip()
     assert err.splitlines() == [
-        f"specwire: error: --gil-switch-interval must be in (0, 0.1] seconds, got {float(value)}"
+        "specwire: error: --gil-switch-interval must be between 1e-06 and 0.1 seconds, "
+        f"got {float(value)}"
     ]
 
 

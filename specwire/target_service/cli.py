@@ -118,9 +118,10 @@ def run(args: argparse.Namespace) -> int:
     from specwire.target_service.server import TargetServer
 
     cfg = config_from_args(args)
-    if not 0 < args.gil_switch_interval <= 0.1:
+    if not 1e-6 <= args.gil_switch_interval <= 0.1:  # CPython keeps whole microseconds
         raise UserError(
-            f"--gil-switch-interval must be in (0, 0.1] seconds, got {args.gil_switch_interval}"
+            "--gil-switch-interval must be between 1e-06 and 0.1 seconds, "
+            f"got {args.gil_switch_interval}"
         )
     # The executor thread is the critical path, and it gives the GIL up during every CUDA
     # call; with Python's 5 ms switch interval the gRPC loop or the output thread can keep it

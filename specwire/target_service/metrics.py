@@ -12,6 +12,7 @@ The executor and each request's OutputStream report lifecycle events through the
     on_scheduled  Executor.step, after schedule (executor)    queue time, prompt tokens
     on_verified   Executor.emit, once a step    (executor)    drafted/accepted, per position
     on_committed  OutputStream.append           (executor)    TTFT, inter-token latency
+                  (a step's tokens are counted once, by the executor, on its hot paths)
     on_cancelled  the client cancelled          (executor)    request log: cancelled
     on_finished   OutputStream.finish / fail    (any thread)  e2e latency, finish reason, log
 

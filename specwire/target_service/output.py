@@ -168,8 +168,9 @@ class OutputStream:
         self.sent = max(self.sent, visible)
         lps = self._with_text(logprobs[: len(kept)]) if logprobs is not None else None
         chunk = Chunk(kept, delta, drafted, min(accepted, len(kept)), step, lps, self.index)
-        if self.held is not None:
-            chunk, self.held = self.held.merge(chunk), None
+        held, self.held = self.held, None  # one read: `fail` may clear it from another thread
+        if held is not None:
+            chunk = held.merge(chunk)
         if reason is None and self.chunks_sent and chunk.num_steps < self.interval:
             self.held = chunk
         else:
@@ -243,8 +244,9 @@ class OutputStream:
         if self.done:
             return
         self.done = True
-        self.held = None  # the stream ends in an error: held tokens are not sent
-        self.metrics.on_finished(self.request, "error", self.num_rendered)
+        held, self.held = self.held, None  # the stream ends in an error: held tokens stay unsent
+        told = self.num_rendered - (len(held.token_ids) if held is not None else 0)
+        self.metrics.on_finished(self.request, "error", told)
         self.events.put(Failed(code, message, self.index))
 
 
