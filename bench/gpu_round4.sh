@@ -6,7 +6,8 @@
 #   PART=stage2: join the halves where the loader finds the model, run the serving benchmark
 #                (SERVING_ARGS, then SERVING_ARGS2 if set).
 #   PART=serve:  on the same warm machine after stage2, another serving run (SERVING_ARGS).
-#   PART=hostab: tiny-random serving (host-bound) once per GIL switch interval (SWITCH_INTERVALS).
+#   PART=hostab: tiny-random serving (host-bound) once per value of a target variable
+#                (HOSTAB_VAR, HOSTAB_VALUES; default: the GIL switch interval, SWITCH_INTERVALS).
 # .model/part_* is the half carried by this call; results land in $OUT.
 export PYTHONUNBUFFERED=1
 : "${OUT:?set OUT}"
@@ -68,12 +69,14 @@ stage2)
     --model smollm2-135m --device cuda --max-batch-size 64 --max-num-tokens 1024 --metrics \
     --json "$OUT/serving2.json" $SERVING_ARGS2
   ;;
-hostab)  # the host's share alone (tiny-random: negligible GPU time), one run per GIL switch
-  # interval in SWITCH_INTERVALS, e.g. "2e-4 5e-5"; no model file needed
-  for si in ${SWITCH_INTERVALS:-2e-4}; do
-    run "hostab_$si" 200 env SPECWIRE_GIL_SWITCH_INTERVAL="$si" "$PY" bench/serving.py \
+hostab)  # the host's share alone (tiny-random: negligible GPU time), one run per value of
+  # the target variable HOSTAB_VAR (default SPECWIRE_GIL_SWITCH_INTERVAL) in HOSTAB_VALUES
+  # (default $SWITCH_INTERVALS, e.g. "2e-4 5e-5"); no model file needed
+  var=${HOSTAB_VAR:-SPECWIRE_GIL_SWITCH_INTERVAL}
+  for v in ${HOSTAB_VALUES:-${SWITCH_INTERVALS:-2e-4}}; do
+    run "hostab_${var}_$v" 200 env "$var=$v" "$PY" bench/serving.py \
       --model tiny-random --device cuda --max-batch-size 64 --max-num-tokens 1024 --metrics \
-      --json "$OUT/hostab_$si.json" ${HOSTAB_ARGS:---configs none,ngram --concurrency 1,32,64 --min-prompts 48 --pass-factor 4}
+      --json "$OUT/hostab_${var}_$v.json" ${HOSTAB_ARGS:---configs none,ngram --concurrency 1,32,64 --min-prompts 48 --pass-factor 4}
   done
   ;;
 serve)

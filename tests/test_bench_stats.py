@@ -1,0 +1,51 @@
+"""The serving benchmark's steady-state figure (bench/serving_stats.py): the window between
+"all c requests stream" and "the last prompt was sent", on synthetic request records."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+
+from serving_stats import RequestRecord, steady_state  # noqa: E402
+
+
+def _record(sent: float, first: float, every: float, tokens: int, done: bool = True):
+    rec = RequestRecord("p", "edit", sent=sent)
+    rec.chunks = [(first + i * every, 1) for i in range(tokens)]
+    rec.done = rec.chunks[-1][0] if done else None
+    return rec
+
+
+def test_the_window_excludes_ramp_up_and_drain() -> None:
+    # c=2: requests start at 0.0 and 0.5 (first tokens 0.1 and 0.6), a third is sent at 1.5.
+    # Window [0.6, 1.5]: every chunk in it counts, whichever request it belongs to.
+    recs = [_record(0.0, 0.1, 0.01, 150), _record(0.5, 0.6, 0.01, 200), _record(1.5, 1.6, 0.01, 50)]
+    got = steady_state(recs, concurrency=2)
+    inside = sum(1 for r in recs for t, _ in r.chunks if 0.6 <= t <= 1.5)
+    assert got["steady_s"] == pytest.approx(0.9)
+    assert got["steady_chunks"] == inside
+    assert got["steady_tok_s"] == pytest.approx(inside / 0.9)
+    assert got["steady_na"] is None
+
+
+def test_too_short_a_window_or_too_few_streams_is_not_a_figure() -> None:
+    short = steady_state([_record(0.0, 0.1, 0.01, 30), _record(0.15, 0.2, 0.01, 30)], 1)
+    assert short["steady_tok_s"] is None and "window" in short["steady_na"]
+    alone = steady_state([_record(0.0, 0.1, 0.01, 30)], 2)
+    assert alone["steady_tok_s"] is None and "only 1 of c=2" in alone["steady_na"]
+
+
+def test_failed_requests_add_no_tokens() -> None:
+    recs = [_record(0.0, 0.1, 0.01, 150), _record(0.5, 0.6, 0.01, 200, done=False)]
+    recs.append(_record(1.5, 1.6, 0.01, 50))
+    got = steady_state(recs, concurrency=2)
+    ok_inside = sum(1 for r in recs if r.ok for t, _ in r.chunks if 0.6 <= t <= 1.5)
+    assert (
+        got["steady_chunks"]
+        == ok_inside
+        < sum(1 for r in recs for t, _ in r.chunks if 0.6 <= t <= 1.5)
+    )
