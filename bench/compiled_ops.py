@@ -23,11 +23,17 @@ whole step.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from specwire.common.model.attention import prepare_uniform_mask
 from specwire.common.model.llama import LlamaModel
 from specwire.common.model.ops import TorchOps
+
+if TYPE_CHECKING:
+    from specwire.target_service.runner.model_runner import ModelRunner
+    from specwire.target_service.scheduler import Row
 
 # --compile value -> torch.compile mode
 MODES = {"default": "default", "max-autotune": "max-autotune-no-cudagraphs"}
@@ -149,3 +155,45 @@ class CompiledOps(TorchOps):
                     out, residual, *self.post_w[i], *self.pre_w[i + 1], cos, sin
                 )
         return self.last(out, residual, *self.post_w[last], self.norm_w)
+
+
+def _step_logits(runner: ModelRunner, step) -> torch.Tensor:
+    """The step's verify logits (every decode row's span, in order), as a new tensor."""
+    runner.wait(step)
+    return torch.cat([step.logits[o : o + n] for o, n in step.spans]).clone()
+
+
+def check_logits(
+    model: LlamaModel,
+    compiled: CompiledOps | None,
+    runner: ModelRunner,
+    rows: list[Row],
+    tables: list[list[int]],
+) -> dict:
+    """Max abs difference of the current variant's logits (eager, and graph replay where a
+    graph is captured) from the uncompiled `TorchOps` model's eager logits, same inputs. For
+    an uncompiled variant (e.g. the Triton ops on a GPU) it is the bf16 noise to compare with.
+
+    Each forward writes this step's K/V into the same slots before it attends, so every run
+    reads its own: the comparison is of the whole step."""
+    ops = model.ops
+    if compiled is not None:
+        compiled.detach()
+    model.set_ops(TorchOps())
+    try:
+        ref = _step_logits(runner, runner.forward(rows, tables, allow_graphs=False))
+    finally:
+        if compiled is not None:
+            compiled.attach()
+        else:
+            model.set_ops(ops)
+    eager = _step_logits(runner, runner.forward(rows, tables, allow_graphs=False))
+    graph = None
+    step = runner.forward(rows, tables)
+    if step.graph is not None:
+        graph = (_step_logits(runner, step) - ref).abs().max().item()
+    return dict(
+        max_abs_diff_eager=(eager - ref).abs().max().item(),
+        max_abs_diff_graph=graph,
+        ref_max_abs_logit=ref.abs().max().item(),
+    )

@@ -47,11 +47,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from compiled_ops import MODES as COMPILE_MODES  # noqa: E402  (bench/, next to this file)
-from compiled_ops import CompiledOps  # noqa: E402
+from compiled_ops import CompiledOps, check_logits  # noqa: E402
 
 from specwire.common.model.config import LLAMA3_8B, SMOLLM2_135M, TINY_RANDOM, ModelConfig  # noqa: E402
 from specwire.common.model.llama import LlamaModel  # noqa: E402
-from specwire.common.model.ops import TorchOps  # noqa: E402
 from specwire.common.model.triton_backend import make_backend, make_ops  # noqa: E402
 from specwire.target_service.request import Request  # noqa: E402
 from specwire.target_service.resources.kv_cache import KVCacheManager  # noqa: E402
@@ -216,6 +215,61 @@ def build_runners(
     return runners
 
 
+def measure_case(
+    name: str,
+    model: LlamaModel,
+    kv: KVCacheManager,
+    runner: ModelRunner,
+    batch: int,
+    k: int,
+    mode: str,
+    compiled: CompiledOps | None,
+    args: argparse.Namespace,
+) -> dict:
+    """One (batch, K) configuration with the model's current ops: latencies, floor and, with
+    --compile, the logits' difference from the torch ops."""
+    device = runner.device
+    rows, tables = make_rows(kv, batch, args.ctx, k, model.cfg.vocab_size)
+    q = 1 + k
+    diff = {}
+    if args.compile != ["off"]:  # every variant's logits against the torch ops
+        diff = check_logits(model, compiled, runner, rows, tables)
+    eager, graph, replay, prep, key = measure(runner, rows, tables, args.iters, device)
+    fl = floor_ms(model, batch, args.ctx, runner.kv_caches.dtype)
+    log(
+        f"{name} [{model.ops.name}] B={batch} q={q}: eager {eager:.3f} ms, "
+        f"graph {_f(graph)} ms, replay {_f(replay)} ms, prep {prep:.3f} ms, floor {fl:.3f} ms"
+        + (
+            f", max abs diff vs torch ops: eager {diff['max_abs_diff_eager']:.3g}, "
+            f"graph {_g(diff['max_abs_diff_graph'])} (max |logit| "
+            f"{diff['ref_max_abs_logit']:.3g})"
+            if diff
+            else ""
+        )
+    )
+    for r in rows:
+        kv.free(r.request)
+    return dict(
+        shape=name,
+        ops=model.ops.name,
+        compile=mode,
+        batch=batch,
+        q=q,
+        k=k,
+        ctx=args.ctx,
+        dtype=str(model.embed_tokens.weight.dtype).removeprefix("torch."),
+        eager_ms=eager,
+        graph_ms=graph,
+        replay_ms=replay,
+        prep_ms=prep,
+        floor_ms=fl,
+        graph_bucket=key,
+        graph_over_floor=graph / fl if graph else None,
+        plain_pytorch_graph_ms=PLAIN_GRAPH_MS.get((name, batch, q)),
+        **diff,
+    )
+
+
 def bench_shape(
     name: str, args: argparse.Namespace, device: torch.device, dtype: torch.dtype
 ) -> list[dict]:
@@ -259,47 +313,9 @@ def bench_shape(
         for batch in args.batches:
             for k in args.ks:
                 runner = runners[k] if k in runners else next(iter(runners.values()))
-                rows, tables = make_rows(kv, batch, args.ctx, k, cfg.vocab_size)
-                q = 1 + k
-                diff = {}
-                if args.compile != ["off"]:  # every variant's logits against the torch ops
-                    diff = check_logits(model, compiled, runner, rows, tables)
-                eager, graph, replay, prep, key = measure(runner, rows, tables, args.iters, device)
-                fl = floor_ms(model, batch, args.ctx, kv_caches.dtype)
-                rec = dict(
-                    shape=name,
-                    ops=model.ops.name,
-                    compile=mode,
-                    batch=batch,
-                    q=q,
-                    k=k,
-                    ctx=args.ctx,
-                    dtype=str(dtype).removeprefix("torch."),
-                    eager_ms=eager,
-                    graph_ms=graph,
-                    replay_ms=replay,
-                    prep_ms=prep,
-                    floor_ms=fl,
-                    graph_bucket=key,
-                    graph_over_floor=graph / fl if graph else None,
-                    plain_pytorch_graph_ms=PLAIN_GRAPH_MS.get((name, batch, q)),
-                    **diff,
+                results.append(
+                    measure_case(name, model, kv, runner, batch, k, mode, compiled, args)
                 )
-                results.append(rec)
-                log(
-                    f"{name} [{model.ops.name}] B={batch} q={q}: eager {eager:.3f} ms, "
-                    f"graph {_f(graph)} ms, replay {_f(replay)} ms, prep {prep:.3f} ms, "
-                    f"floor {fl:.3f} ms"
-                    + (
-                        f", max abs diff vs torch ops: eager {diff['max_abs_diff_eager']:.3g}, "
-                        f"graph {_g(diff['max_abs_diff_graph'])} (max |logit| "
-                        f"{diff['ref_max_abs_logit']:.3g})"
-                        if diff
-                        else ""
-                    )
-                )
-                for r in rows:
-                    kv.free(r.request)
         del runners  # their graphs and pools, before the next variant captures its own
         if compiled is not None:
             compiled.detach()
@@ -321,48 +337,6 @@ def _f(x: float | None, nd: int = 3) -> str:
 
 def _g(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.3g}"
-
-
-def _step_logits(runner: ModelRunner, step) -> torch.Tensor:
-    """The step's verify logits (every decode row's span, in order), as a new tensor."""
-    runner.wait(step)
-    return torch.cat([step.logits[o : o + n] for o, n in step.spans]).clone()
-
-
-def check_logits(
-    model: LlamaModel,
-    compiled: CompiledOps | None,
-    runner: ModelRunner,
-    rows: list[Row],
-    tables: list[list[int]],
-) -> dict:
-    """Max abs difference of the current variant's logits (eager, and graph replay where a
-    graph is captured) from the uncompiled `TorchOps` model's eager logits, same inputs. For
-    an uncompiled variant (e.g. the Triton ops on a GPU) it is the bf16 noise to compare with.
-
-    Each forward writes this step's K/V into the same slots before it attends, so every run
-    reads its own: the comparison is of the whole step."""
-    ops = model.ops
-    if compiled is not None:
-        compiled.detach()
-    model.set_ops(TorchOps())
-    try:
-        ref = _step_logits(runner, runner.forward(rows, tables, allow_graphs=False))
-    finally:
-        if compiled is not None:
-            compiled.attach()
-        else:
-            model.set_ops(ops)
-    eager = _step_logits(runner, runner.forward(rows, tables, allow_graphs=False))
-    graph = None
-    step = runner.forward(rows, tables)
-    if step.graph is not None:
-        graph = (_step_logits(runner, step) - ref).abs().max().item()
-    return dict(
-        max_abs_diff_eager=(eager - ref).abs().max().item(),
-        max_abs_diff_graph=graph,
-        ref_max_abs_logit=ref.abs().max().item(),
-    )
 
 
 def markdown(results: list[dict]) -> str:
