@@ -4,7 +4,7 @@
 #   PART=stage1: install the carried wheels, keep the first half, run the GPU tests (tiny-random)
 #                and, with VERIFY=1, verify_step (random weights of the real shapes)
 #   PART=stage2: join the halves where the loader finds the model, run the serving benchmark
-#                (SERVING_ARGS, then SERVING_ARGS2 if set).
+#                (SERVING_ARGS, then SERVING_ARGS2 and SERVING_ARGS3 if set).
 #   PART=serve:  on the same warm machine after stage2, another serving run (SERVING_ARGS).
 #   PART=hostab: tiny-random serving (host-bound) once per value of a target variable
 #                (HOSTAB_VAR, HOSTAB_VALUES; default: the GIL switch interval, SWITCH_INTERVALS).
@@ -21,8 +21,12 @@ run() {  # run NAME TIMEOUT CMD...
   echo "rc=$? $name $((SECONDS - t0))s" | tee -a "$OUT/summary.log"
   tail -"${TAIL:-30}" "$OUT/$name.log"
 }
-"$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target "$SITE" .whl/*.whl > /dev/null 2>&1 || echo "wheel install failed"
+# A call without .whl/ (stage2 carries the model's second half instead: the 64 MiB limit)
+# reuses what stage1 installed on the same warm machine.
+if compgen -G ".whl/*.whl" > /dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$SITE" .whl/*.whl > /dev/null 2>&1 || echo "wheel install failed"
+fi
 export PYTHONPATH="$SITE:$PWD:$PWD/tests"
 nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv | tee -a "$OUT/summary.log"
 case "${PART:?PART=stage1|stage2}" in
@@ -65,9 +69,13 @@ stage2)
       gzip -c "/tmp/profile_$cfg.txt" > "$OUT/profile_$cfg.txt.gz"
     done
   fi
-  [ -z "$SERVING_ARGS2" ] || run serving2 "${SERVING_LIMIT:-420}" "$PY" bench/serving.py \
-    --model smollm2-135m --device cuda --max-batch-size 64 --max-num-tokens 1024 --metrics \
-    --json "$OUT/serving2.json" $SERVING_ARGS2
+  # More runs on the same machine: SERVING_ARGS2, SERVING_ARGS3.
+  for i in 2 3; do
+    var="SERVING_ARGS$i"
+    [ -z "${!var}" ] || run "serving$i" "${SERVING_LIMIT:-420}" "$PY" bench/serving.py \
+      --model smollm2-135m --device cuda --max-batch-size 64 --max-num-tokens 1024 --metrics \
+      --json "$OUT/serving$i.json" ${!var}
+  done
   ;;
 hostab)  # the host's share alone (tiny-random: negligible GPU time), one run per value of
   # the target variable HOSTAB_VAR (default SPECWIRE_GIL_SWITCH_INTERVAL) in HOSTAB_VALUES
