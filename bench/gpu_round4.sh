@@ -80,11 +80,21 @@ stage2)
 hostab)  # the host's share alone (tiny-random: negligible GPU time), one run per value of
   # the target variable HOSTAB_VAR (default SPECWIRE_GIL_SWITCH_INTERVAL) in HOSTAB_VALUES
   # (default $SWITCH_INTERVALS, e.g. "2e-4 5e-5"); no model file needed
-  var=${HOSTAB_VAR:-SPECWIRE_GIL_SWITCH_INTERVAL}
+  # (values may repeat, for interleaved A/B runs: each run is named by its position too)
+  var=${HOSTAB_VAR:-SPECWIRE_GIL_SWITCH_INTERVAL}; i=0
   for v in ${HOSTAB_VALUES:-${SWITCH_INTERVALS:-2e-4}}; do
-    run "hostab_${var}_$v" 200 env "$var=$v" "$PY" bench/serving.py \
+    i=$((i + 1))
+    run "hostab_${i}_${var}_$v" 200 env "$var=$v" "$PY" bench/serving.py \
       --model tiny-random --device cuda --max-batch-size 64 --max-num-tokens 1024 --metrics \
-      --json "$OUT/hostab_${var}_$v.json" ${HOSTAB_ARGS:---configs none,ngram --concurrency 1,32,64 --min-prompts 48 --pass-factor 4}
+      --json "$OUT/hostab_${i}_${var}_$v.json" ${HOSTAB_ARGS:---configs none,ngram --concurrency 1,32,64 --min-prompts 48 --pass-factor 4}
+    # ENGINE_ONLY=1: after the first run, the same engine without its gRPC front end
+    if [ -n "$ENGINE_ONLY" ] && [ "$i" = 1 ]; then
+      for d in none ngram; do
+        run "engine_only_$d" 200 "$PY" bench/engine_only.py --model tiny-random --device cuda \
+          --drafter "$d" --concurrency 1,32,64 --min-prompts 48 --pass-factor 4 \
+          --json "$OUT/engine_only_$d.json"
+      done
+    fi
   done
   ;;
 serve)
