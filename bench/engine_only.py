@@ -81,7 +81,6 @@ async def main_async(args) -> list[dict]:
         max_draft_len=args.max_draft_len,
         max_batch_size=args.max_batch_size,
         max_num_tokens=args.max_num_tokens,
-        stream_interval=args.stream_interval,
         progress=False,
     )
     engine = build_engine(cfg)
@@ -116,7 +115,6 @@ def main() -> int:
     ap.add_argument("--max-draft-len", type=int, default=4)
     ap.add_argument("--max-batch-size", type=int, default=64)
     ap.add_argument("--max-num-tokens", type=int, default=1024)
-    ap.add_argument("--stream-interval", type=int, default=1)
     ap.add_argument("--concurrency", default="1,32,64")
     ap.add_argument("--min-prompts", type=int, default=48)
     ap.add_argument("--pass-factor", type=int, default=4)

@@ -60,7 +60,6 @@ ENGINE_FLAGS = {
     "stream_interval": Flag(
         "steps per streamed chunk (1 = every step): fewer, larger messages cost the server less"
         " host time per token under load; the first chunk and the last are never held"
-        " (0 = auto: ceil(batch rows / 16) steps, at most 8, no chunk held over 25 ms)"
     ),
 }
 

@@ -44,7 +44,7 @@ class TargetConfig:
     max_stop_strings: int = 16
     max_stop_len: int = 256  # characters per stop string
     max_queue: int = 256  # requests admitted beyond max_batch_size; more -> RESOURCE_EXHAUSTED
-    stream_interval: int = 1  # steps per streamed chunk (first and last never wait); 0 = auto
+    stream_interval: int = 1  # steps per streamed chunk (the first and the last never wait)
 
     def __post_init__(self) -> None:
         if self.max_draft_len < 0:
@@ -78,13 +78,10 @@ class TargetConfig:
         for flag, value in (
             ("--max-prompt-bytes", self.max_prompt_bytes),
             ("--max-stop-len", self.max_stop_len),
+            ("--stream-interval", self.stream_interval),
         ):
             if value < 1:
                 raise UserError(f"{flag} must be >= 1, got {value}")
-        if self.stream_interval < 0:
-            raise UserError(
-                f"--stream-interval must be >= 1 (or 0: auto), got {self.stream_interval}"
-            )
         if self.max_stop_strings < 0 or self.max_queue < 0:
             raise UserError("--max-stop-strings and --max-queue must be >= 0")
 

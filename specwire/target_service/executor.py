@@ -394,7 +394,7 @@ class Executor:
             req.stats.record(0, 0)
             self.stats.record(0, 0)
             observe(req, 0, 0)
-            rendered.append((stream, kept, reason, 0, 0, done.step_no, None, done.rows))
+            rendered.append((stream, kept, reason, 0, 0, done.step_no, None))
             if reason is not None:
                 self._release(req)
         # Per step, not per row: each metric update takes a lock, each queued item another.
@@ -488,7 +488,7 @@ class Executor:
             stream = self.streams[req.request_id]
             kept, reason = stream.append(toks, count=False)
             generated += len(kept)
-            rendered.append((stream, kept, reason, drafted, acc, self.step_no, lps, len(rows)))
+            rendered.append((stream, kept, reason, drafted, acc, self.step_no, lps))
             if reason is not None:
                 self._release(req)
         # Per step, not per row: each metric update takes a lock.

@@ -33,18 +33,6 @@ from specwire.target_service.verifier import TokenLogprob
 
 log = logging.getLogger(__name__)
 
-# --stream-interval 0 (auto): a chunk goes out once it spans ceil(rows / AUTO_ROWS) steps of
-# the step that rendered it (so about AUTO_ROWS messages a step whatever the load, at most
-# AUTO_MAX_STEPS steps per chunk), and never later than AUTO_MAX_HOLD_S after its first token.
-AUTO_ROWS = 16
-AUTO_MAX_STEPS = 8
-AUTO_MAX_HOLD_S = 0.025
-
-
-def auto_interval(rows: int) -> int:
-    """Steps per chunk for a step of `rows` rows under --stream-interval 0 (auto)."""
-    return max(1, min(AUTO_MAX_STEPS, -(-rows // AUTO_ROWS)))
-
 
 class OutputStream:
     """Per-request output state, owned by the executor; events go to `events` (thread-safe)."""
@@ -62,13 +50,9 @@ class OutputStream:
     ):
         self.request = request
         # Steps per streamed chunk (--stream-interval): the first chunk and the last are never
-        # held; between them a chunk goes out once it spans `interval` steps (0 = auto: the
-        # rendering step's batch sets it, see `auto_interval`, and a chunk is held at most
-        # `max_hold_s`).
+        # held; between them a chunk goes out once it spans `interval` steps.
         self.interval = interval
-        self.max_hold_s = AUTO_MAX_HOLD_S
         self.held: Chunk | None = None  # rendered, not sent yet
-        self.held_since = 0.0  # monotonic time the held chunk's first step was rendered
         self.chunks_sent = 0
         self.metrics = metrics or TargetMetrics()
         self.events = EventQueue() if events is None else events
@@ -164,12 +148,10 @@ class OutputStream:
         accepted: int,
         step: int,
         logprobs: list[TokenLogprob] | None = None,
-        batch_rows: int = 1,
     ) -> bool:
         """The output half (the output thread): detokenise, apply stop strings, stream a chunk
         and, when finished, the completion. True when the request finished here or before;
-        a stream that already finished ignores late tokens. `batch_rows`: the rows of the
-        step that committed these tokens (what --stream-interval 0 goes by)."""
+        a stream that already finished ignores late tokens."""
         if self.done:
             return True
         self.num_rendered += len(kept)
@@ -189,7 +171,7 @@ class OutputStream:
         held, self.held = self.held, None  # one read: `fail` may clear it from another thread
         if held is not None:
             chunk = held.merge(chunk)
-        if reason is None and self.chunks_sent and self._holds(chunk, held is None, batch_rows):
+        if reason is None and self.chunks_sent and chunk.num_steps < self.interval:
             self.held = chunk
         else:
             self._send(chunk)
@@ -197,16 +179,6 @@ class OutputStream:
             self.finish(reason)
             return True
         return False
-
-    def _holds(self, chunk: Chunk, fresh: bool, batch_rows: int) -> bool:
-        """Whether `chunk` (not the stream's first, not its last) waits for more steps."""
-        if self.interval:
-            return chunk.num_steps < self.interval
-        now = time.monotonic()
-        if fresh:
-            self.held_since = now
-        young = now - self.held_since < self.max_hold_s
-        return young and chunk.num_steps < auto_interval(batch_rows)
 
     def _send(self, chunk: Chunk) -> None:
         self.events.put(chunk)
@@ -295,13 +267,12 @@ class OutputWorker:
     def render_many(self, items: list[tuple]) -> None:
         """Render a step's rows, in order, queued as one item; each item is the arguments of
         `OutputStream.render` after the stream: (stream, kept, reason, drafted, accepted,
-        step, logprobs, batch_rows)."""
+        step, logprobs)."""
         if items:
             self.submit(self._render_many, items)
 
-    def _render(self, stream: OutputStream, *args) -> None:
-        reason = args[1]
-        if stream.render(*args) and reason is None:
+    def _render(self, stream: OutputStream, kept, reason, drafted, accepted, step, lps) -> None:
+        if stream.render(kept, reason, drafted, accepted, step, lps) and reason is None:
             self._on_stopped(stream.request.request_id)
 
     def _render_many(self, items: list[tuple]) -> None:
@@ -357,7 +328,7 @@ class StreamFactory:
         eos_ids: set[int],
         max_context: int,
         metrics: TargetMetrics | None = None,
-        interval: int = 1,  # steps per streamed chunk (0 = auto)
+        interval: int = 1,  # steps per streamed chunk
     ) -> None:
         self.metrics = metrics or TargetMetrics()  # the engine's: every stream reports to it
         self.interval = interval
