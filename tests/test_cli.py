@@ -191,37 +191,6 @@ def test_a_gil_switch_interval_out_of_range_is_a_one_line_error(value) -> None:
     ]
 
 
-@pytest.mark.parametrize(
-    ("spec", "message"),
-    [
-        ("0-", "--cpus '0-' is not a CPU list (e.g. 0-3 or 0,2,4, or all)"),
-        ("3-1", "--cpus '3-1' is not a CPU list (e.g. 0-3 or 0,2,4, or all)"),
-        ("zero", "--cpus 'zero' is not a CPU list (e.g. 0-3 or 0,2,4, or all)"),
-        ("0,100000", "--cpus 0,100000: CPU 100000 is not available to this process"),
-    ],
-)
-def test_a_bad_cpu_list_is_a_one_line_error(spec, message) -> None:
-    proc = specwire("target", "--model", "tiny-random", f"--cpus={spec}")
-    assert proc.returncode != 0
-    lines = proc.stderr.decode().strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"specwire: error: {message}"), lines
-
-
-def test_cpus_pins_every_thread_of_the_target() -> None:
-    """--cpus 0: the target and all the threads it starts (gRPC, executor, output, torch)
-    run on core 0 only."""
-    from procs import start_service, stop_service
-
-    cmd = SPECWIRE + ["target", "--model", "tiny-random", "--port", "0", "--drafter", "ngram"]
-    proc, _ = start_service(cmd + ["--cpus", "0"], None, r"specwire target listening on", 120)
-    try:
-        tids = os.listdir(f"/proc/{proc.pid}/task")
-        assert len(tids) > 3  # the server's and the engine's threads are up
-        assert {frozenset(os.sched_getaffinity(int(t))) for t in tids} == {frozenset({0})}
-    finally:
-        stop_service(proc)
-
-
 def test_version() -> None:
     proc = specwire("--version")
     assert proc.returncode == 0

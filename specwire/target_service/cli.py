@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
-import re
 import signal
 import sys
 import threading
@@ -110,53 +108,15 @@ def register(sub) -> None:
         "seconds a thread may hold the GIL while the executor waits for it (sys.setswitchinterval)",
         float,
     )
-    add_env_flag(
-        p,
-        "--cpus",
-        "SPECWIRE_CPUS",
-        "all",
-        "CPU cores the target's threads run on, e.g. 0-3 or 0,2 (all: no pinning); set before"
-        " any thread starts",
-    )
     add_server_flags(p)
     add_engine_flags(p)
     p.set_defaults(func=run)
-
-
-def parse_cpus(spec: str) -> set[int] | None:
-    """`--cpus`: "all" -> None (no pinning), else the cores of a list like "0-3,8"."""
-    if spec.strip() == "all":
-        return None
-    cpus: set[int] = set()
-    for part in spec.split(","):
-        m = re.fullmatch(r"\s*(\d+)(?:-(\d+))?\s*", part)
-        first, last = (int(m[1]), int(m[2] or m[1])) if m else (0, -1)
-        if last < first:
-            raise UserError(f"--cpus {spec!r} is not a CPU list (e.g. 0-3 or 0,2,4, or all)")
-        cpus.update(range(first, last + 1))
-    return cpus
-
-
-def pin_cpus(spec: str) -> None:
-    """Pin this process (and every thread it starts from now on) to the cores of `spec`."""
-    cpus = parse_cpus(spec)
-    if cpus is None:
-        return
-    allowed = os.sched_getaffinity(0)
-    missing = sorted(cpus - allowed)
-    if missing:
-        raise UserError(
-            f"--cpus {spec}: CPU {missing[0]} is not available to this process "
-            f"(available: {','.join(map(str, sorted(allowed)))})"
-        )
-    os.sched_setaffinity(0, cpus)
 
 
 def run(args: argparse.Namespace) -> int:
     from specwire.target_service.engine import build_engine
     from specwire.target_service.server import TargetServer
 
-    pin_cpus(args.cpus)  # first: the threads started below inherit it
     cfg = config_from_args(args)
     if not 1e-6 <= args.gil_switch_interval <= 0.1:  # CPython keeps whole microseconds
         raise UserError(
