@@ -46,6 +46,7 @@ from servers import CONFIGS, add_target_flags, running_config, scrape_metrics  #
 from serving_stats import (  # noqa: E402
     RequestRecord,
     config_markdown,
+    repeat_markdown,
     steady_state,
     summarise,
     summary_markdown,
@@ -343,6 +344,12 @@ def main() -> int:
     ap.add_argument("--kinds", default=",".join(KINDS), help="prompt kinds to mix")
     ap.add_argument("--seed", type=int, default=0, help="prompt pool order")
     ap.add_argument("--request-timeout", type=float, default=600.0)
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="rounds of every configuration (fresh servers each); >1 adds mean ratios and ranges",
+    )
     ap.add_argument("--json", default=None, metavar="PATH", help="write everything here")
     args = ap.parse_args()
     configs = [c for c in args.configs.split(",") if c]
@@ -350,8 +357,8 @@ def main() -> int:
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown or not levels or min(levels) < 1:
         ap.error(f"bad --configs {unknown} or --concurrency {levels}")
-    if args.pass_factor < 1:
-        ap.error("--pass-factor must be at least 1")
+    if args.pass_factor < 1 or args.repeat < 1:
+        ap.error("--pass-factor and --repeat must be at least 1")
 
     env = environment(args)
     pool, source = build_pool(args.chat, tuple(k for k in args.kinds.split(",") if k), args.seed)
@@ -374,9 +381,12 @@ def main() -> int:
         results=[],
         failures=[],
     )
-    for name in configs:
+    # --repeat: every configuration once per round, rounds one after the other, so slow drift
+    # of the machine hits every configuration alike
+    for rnd, name in [(r, n) for r in range(args.repeat) for n in configs]:
         try:
             rec = run_config(name, plans, args)
+            rec["round"] = rnd
             report["results"].append(rec)
             print("\n" + config_markdown(rec), flush=True)
         except Exception as exc:  # record it, go on with the next configuration
@@ -385,7 +395,10 @@ def main() -> int:
         if args.json:
             Path(args.json).write_text(json.dumps(report, indent=1))
     if report["results"]:
-        summary = summary_markdown(report["results"])
+        first_round = [r for r in report["results"] if r["round"] == 0]
+        summary = summary_markdown(first_round or report["results"])
+        if args.repeat > 1:
+            summary += "\n" + repeat_markdown(report["results"])
         report["summary_markdown"] = summary
         print("\n## Side by side\n\n" + summary, flush=True)
     if args.json:

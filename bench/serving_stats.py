@@ -333,3 +333,77 @@ def summary_markdown(results: list[dict]) -> str:
             cells.append("n/a" if not mal else f"{mal:.2f} ({s['acceptance_rate']:.2f})")
         lines.append(f"| {k} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def repeat_ratios(results: list[dict], key: str = "tok_per_s") -> dict[str, dict[str, dict]]:
+    """With `--repeat`: per configuration other than `none` and per timed pass, the ratio of
+    its mean tok/s over the rounds to `none`'s, and the range of the per-round ratios (round r
+    of a configuration against round r of `none`, servers started one after the other). `key`:
+    "tok_per_s" (overall) or "steady_tok_s". Also `none`'s own spread (max / min over rounds):
+    the noise floor of a single ratio."""
+
+    def tps(rec: dict, i: int) -> float | None:
+        p = rec["passes"][i]
+        return p["summary"]["tok_per_s"] if key == "tok_per_s" else p.get(key)
+
+    rounds: dict[str, list[dict]] = {}
+    for rec in results:
+        rounds.setdefault(rec["config"], []).append(rec)
+    base = rounds.get("none")
+    if not base:
+        return {}
+    out: dict[str, dict[str, dict]] = {}
+    first = results[0]["passes"]
+    for name, recs in rounds.items():
+        for i, p in enumerate(first):
+            if not p["timed"]:
+                continue
+            mine = [tps(r, i) for r in recs]
+            ref = [tps(r, i) for r in base]
+            if any(v is None for v in mine + ref) or min(ref) <= 0:
+                continue
+            cell = out.setdefault(name, {})[p["name"]] = {
+                "rounds": len(mine),
+                "mean": sum(mine) / len(mine),
+            }
+            if name == "none":
+                cell["spread"] = max(mine) / min(mine)
+            else:
+                pairs = [m / r for m, r in zip(mine, ref, strict=False)]
+                cell["ratio_of_means"] = cell["mean"] / (sum(ref) / len(ref))
+                cell["min"], cell["max"] = min(pairs), max(pairs)
+    return out
+
+
+def repeat_markdown(results: list[dict]) -> str:
+    """The `--repeat` table: mean tok/s per configuration, ratio of means to `none`, the range
+    of the per-round ratios, and `none`'s own spread, overall / steady."""
+    overall, steady = repeat_ratios(results), repeat_ratios(results, "steady_tok_s")
+    if "none" not in overall:
+        return ""
+    names = [n for n in overall if n != "none"]
+    head = "| pass | none mean tok/s | none max ÷ min | " + " | ".join(
+        f"{n} mean tok/s | {n} ÷ none (range of rounds) | steady" for n in names
+    )
+    lines = [head + " |", "|---" * head.count("|") + "|"]
+    for pname, b in overall["none"].items():
+        row = f"| {pname} | {b['mean']:.1f} | {b['spread']:.2f} |"
+        for n in names:
+            c = overall[n].get(pname)
+            st = steady.get(n, {}).get(pname)
+            if c is None:
+                row += " n/a | n/a | n/a |"
+                continue
+            row += (
+                f" {c['mean']:.1f} | {c['ratio_of_means']:.2f}× ({c['min']:.2f}–{c['max']:.2f}) |"
+                + (
+                    f" {st['ratio_of_means']:.2f}× ({st['min']:.2f}–{st['max']:.2f}) |"
+                    if st
+                    else " n/a |"
+                )
+            )
+        lines.append(row)
+    rounds = overall["none"][next(iter(overall["none"]))]["rounds"]
+    return f"Over {rounds} rounds (every configuration once per round, fresh servers):\n\n" + (
+        "\n".join(lines) + "\n"
+    )

@@ -49,3 +49,42 @@ def test_failed_requests_add_no_tokens() -> None:
         == ok_inside
         < sum(1 for r in recs for t, _ in r.chunks if 0.6 <= t <= 1.5)
     )
+
+
+def _config(name: str, tok_s: list[float], steady: list[float | None]) -> dict:
+    passes = [{"name": "warm-up", "timed": False, "summary": {"tok_per_s": 1.0}}]
+    passes += [
+        {"name": f"c={i}", "timed": True, "summary": {"tok_per_s": t}, "steady_tok_s": st}
+        for i, (t, st) in enumerate(zip(tok_s, steady, strict=True))
+    ]
+    return {"config": name, "passes": passes}
+
+
+def test_repeated_rounds_give_mean_ratios_and_their_range() -> None:
+    from serving_stats import repeat_markdown, repeat_ratios
+
+    results = [  # round 0, then round 1
+        _config("none", [100.0, 200.0], [110.0, None]),
+        _config("ngram", [150.0, 180.0], [160.0, None]),
+        _config("none", [120.0, 220.0], [130.0, None]),
+        _config("ngram", [132.0, 231.0], [140.0, None]),
+    ]
+    got = repeat_ratios(results)
+    assert got["none"]["c=0"]["spread"] == pytest.approx(1.2)
+    cell = got["ngram"]["c=1"]
+    assert cell["rounds"] == 2 and cell["mean"] == pytest.approx(205.5)
+    assert cell["ratio_of_means"] == pytest.approx(205.5 / 210.0)
+    assert (cell["min"], cell["max"]) == (pytest.approx(0.9), pytest.approx(1.05))
+    steady = repeat_ratios(results, "steady_tok_s")
+    assert steady["ngram"]["c=0"]["ratio_of_means"] == pytest.approx(150.0 / 120.0)
+    assert "c=1" not in steady["ngram"]  # no steady figure: no ratio
+    table = repeat_markdown(results)
+    assert "Over 2 rounds" in table
+    assert "| c=1 | 210.0 | 1.10 | 205.5 | 0.98× (0.90–1.05) | n/a |" in table
+
+
+def test_without_none_there_is_nothing_to_compare() -> None:
+    from serving_stats import repeat_markdown, repeat_ratios
+
+    results = [_config("ngram", [1.0], [1.0]), _config("ngram", [2.0], [2.0])]
+    assert repeat_ratios(results) == {} and repeat_markdown(results) == ""
