@@ -65,10 +65,13 @@ def test_costs_follow_real_steps():
     assert abs(p.sync_cost(8, 5) - (8e-3 + 1e-3)) < 1e-4
 
 
-def _window(p: DraftLengthPolicy, tokens_per_s: float, rows: int = 8) -> None:
-    """One measured window of the policy's current mode at `tokens_per_s` with `rows` rows."""
-    for _ in range(p.mode_window):
-        p.observe_rate(10, 10 / tokens_per_s, rows)
+def _window(p: DraftLengthPolicy, tokens_per_s: float, rows: int = 8) -> int:
+    """One measured window of the policy's current mode at `tokens_per_s` with `rows` rows;
+    its length in steps."""
+    for steps in range(1, p.mode_window + 1):
+        if p.observe_rate(10, 10 / tokens_per_s, rows):
+            return steps
+    raise AssertionError("a window outlived mode_window steps")
 
 
 def test_the_mode_follows_measured_rates():
@@ -173,8 +176,9 @@ def test_probes_survive_a_load_wobbling_across_a_bucket_edge():
     for _ in range(4 * p.max_probe_every):
         p.step_draft_len(four)  # the window's first step
         modes.append(p.mode)
-        for _ in range(p.mode_window):
-            p.observe_rate(10, 10 / (6000.0 if p.mode == "plain" else 4000.0), 5)
+        rate = 6000.0 if p.mode == "plain" else 4000.0
+        while not p.observe_rate(10, 10 / rate, 5):
+            pass
     assert 3 <= modes[2:].count("spec") <= 5  # one probe per 32 windows (after learning)
 
 
@@ -210,3 +214,24 @@ def test_new_requests_start_from_the_population_estimate():
     for i in range(40):
         _teach(p, _req(f"old{i}"), drafted=4, accepted=0, times=5)
     assert p.step_draft_len([_req("fresh")]) == 0
+
+
+def test_a_first_look_and_a_losing_probe_are_short_windows():
+    """A mode's first window at a load lasts `first_window` steps; once both modes have a
+    rate there, the winner's windows are whole, and a probe of the loser ends after
+    `first_window` steps when it trails by more than `early_exit` — but runs whole when close
+    (a close call needs the whole window's precision)."""
+    p = _policy({8: 1e-3})
+    assert _window(p, 2000.0) == p.first_window  # spec's first look at 8 rows
+    assert p.mode == "plain"
+    assert _window(p, 6000.0) == p.first_window  # plain's first look
+    assert p.mode == "plain"  # 6,000 beats 2,000
+    lengths = []
+    while p.mode == "plain":
+        lengths.append(_window(p, 6000.0))
+    assert set(lengths) == {p.mode_window}  # the winner's windows are whole
+    assert _window(p, 2000.0) == p.first_window  # the probe, a third of plain's rate
+    assert p.mode == "plain"
+    while p.mode == "plain":
+        _window(p, 6000.0)
+    assert _window(p, 5000.0) == p.mode_window  # within early_exit of plain: measured whole

@@ -6,20 +6,21 @@ Two decisions, at two time scales.
 (drafting needs every token on the host), a plain one is overlapped with the next step's
 preparation, and which one yields more tokens per second depends on everything at once: the
 batch, the drafts' real acceptance (bursty on code), the host's speed, a remote drafter's round
-trip, the cost of draining the pipeline to switch. So the policy runs one mode for a window
-of `mode_window` steps, measures the tokens generated per second and per row over it (the
-executor reports every step, a switch's drain and the loop between steps included), keeps an
-EMA per mode and batch-size bucket (a rate means nothing at another load), and then runs the
-mode with the better rate at the load just seen (speculation only when it is `spec_margin`
-faster: a near tie goes to the mode that cannot lose to no drafter); a window that starts at
-another load starts in the mode best there. At a load where the other mode has no rate yet it
-goes by what other loads imply (speculation pays less as the batch grows: plain winning at a
-smaller load wins here, speculation winning at a larger one wins here), and measures the
-other mode only when nothing is implied or a probe is due. Now and then it runs the losing
-mode for one window to re-measure it. How often: a probe costs one window at the losing rate,
-so the gap sets the interval — every `probe_every` windows when the modes are close, up to
-`max_probe_every` when the loser is far behind, keeping what probing costs near
-`probe_budget` of the throughput. It starts speculating.
+trip, the cost of draining the pipeline to switch. So the policy runs one mode for a window of
+`mode_window` steps (`first_window` for a mode's first look at a load, and for a window that
+already trails the other mode's rate there by more than `early_exit`), measures the tokens
+generated per second and per row over it (the executor reports every step, a switch's drain and
+the loop between steps included), keeps an EMA per mode and batch-size bucket (a rate means
+nothing at another load), and then runs the mode with the better rate at the load just seen
+(speculation only when it is `spec_margin` faster: a near tie goes to the mode that cannot lose
+to no drafter); a window that starts at another load starts in the mode best there. At a load
+where the other mode has no rate yet it goes by what other loads imply (speculation pays less as
+the batch grows: plain winning at a smaller load wins here, speculation winning at a larger one
+wins here), and measures the other mode only when nothing is implied or a probe is due. Now and
+then it runs the losing mode for one window to re-measure it. How often: a probe costs one
+window at the losing rate, so the gap sets the interval — every `probe_every` windows when the
+modes are close, up to `max_probe_every` when the loser is far behind, keeping what probing
+costs near `probe_budget` of the throughput. It starts speculating.
 
 **The draft length inside the speculative mode — modelled per step.** It picks the k that
 maximises expected committed tokens per second:
@@ -87,6 +88,13 @@ class DraftLengthPolicy:
     min_accept: float = 0.1  # below this per-draft acceptance a request stops drafting
     population_ema: float = 0.02  # weight of one request's step in the population estimate
     mode_window: int = 32  # steps per measured window of one mode
+    # A window ends after `first_window` steps when its mode has no rate at this load yet (a
+    # first look), or when the other mode's rate there is known and this window trails it by
+    # more than `early_exit` (a probe that is still losing): finding out that a mode loses
+    # costs a few steps, not a whole window (a remote drafter's losing window at 64 rows
+    # cost 11 % of a serving pass on the H200: bench/RESULTS.md, round 7).
+    first_window: int = 8
+    early_exit: float = 0.25
     probe_every: int = 8  # least windows between tries of the mode not in use
     max_probe_every: int = 32  # most windows between them
     probe_budget: float = 0.01  # throughput share probing may cost (sets the interval)
@@ -156,28 +164,42 @@ class DraftLengthPolicy:
             self.gpu[i] = _ema(self.gpu[i], device_wait, self.ema)
 
     # -- the mode ---------------------------------------------------------------------------------
-    def observe_rate(self, generated: int, seconds: float, rows: int) -> None:
+    def observe_rate(self, generated: int, seconds: float, rows: int) -> bool:
         """A step of the current mode with `rows` rows generated `generated` tokens in
-        `seconds` (a speculative step's time includes draining the step in flight)."""
+        `seconds` (a speculative step's time includes draining the step in flight). True when
+        this step ended the mode's window (the mode may change for the next step)."""
         w = self._window
         w[0] += generated
         w[1] += seconds
         w[2] += 1
         w[3] += rows
-        if w[2] < self.mode_window or w[1] <= 0:
-            return
+        if w[1] <= 0 or w[2] < self.first_window:
+            return False
         # Rates depend on the load as much as on the mode: keep them per batch-size bucket,
         # and per row (tokens/s/row), so a window of 5 rows and one of 8 in the same bucket
         # measure the mode, not how many requests happened to be running.
         rows = w[3] / w[2]
         load = _row_bucket(max(1, round(rows)))
         key = (self.mode, load)
-        self.rates[key] = _ema(self.rates.get(key), w[0] / w[1] / max(rows, 1.0), 0.5)
+        rate = w[0] / w[1] / max(rows, 1.0)
+        if w[2] < self.mode_window and not self._short(key, rate):
+            return False
+        self.rates[key] = _ema(self.rates.get(key), rate, 0.5)
         self._window = [0.0, 0.0, 0, 0]
         seen = self._windows[load] = self._windows.get(load, 0) + 1
         self._probing = False
         self.mode = self._next_mode(load, seen)
         self._planned = load
+        return True
+
+    def _short(self, key: tuple[str, int], rate: float) -> bool:
+        """Whether a window of `first_window` or more steps ends before `mode_window`: its
+        mode's first look at this load, or a window trailing the other mode's rate there by
+        more than `early_exit`."""
+        if key not in self.rates:
+            return True
+        other = self.rates.get(("plain" if key[0] == "spec" else "spec", key[1]))
+        return other is not None and rate < other * (1.0 - self.early_exit)
 
     def _start_window(self, rows: int) -> None:
         """A window starts with `rows` rows: at the load the last window ended with, or when
