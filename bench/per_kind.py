@@ -3,7 +3,7 @@
 Every configuration's server sees the same prompts in a given pass (each server is fresh), so
 per kind and pass: tok/s = sum(completion tokens) / sum(request end-to-end seconds), and the
 ratio to `none` compares the same requests. Most meaningful at c=1, where requests do not
-share steps.
+share steps. With `serving.py --repeat`, a configuration's rounds are pooled.
 
     python bench/per_kind.py bench/results/round4/final3_serving.json [--passes c=1,c=8]
 """
@@ -15,12 +15,15 @@ import gzip
 import json
 
 
-def per_kind(result: dict, pass_name: str) -> dict[str, tuple[int, float]]:
-    """kind -> (tokens, tok/s over its requests' end-to-end times) in one pass."""
-    p = next(p for p in result["passes"] if p["name"] == pass_name)
+def per_kind(rounds: list[dict], pass_name: str) -> dict[str, tuple[int, float]]:
+    """kind -> (tokens, tok/s over its requests' end-to-end times) in one pass, pooled over
+    a configuration's rounds (`serving.py --repeat`)."""
+    requests = [
+        r for rec in rounds for p in rec["passes"] if p["name"] == pass_name for r in p["requests"]
+    ]
     out: dict[str, tuple[int, float]] = {}
-    for kind in sorted({r["kind"] for r in p["requests"]}):
-        reqs = [r for r in p["requests"] if r["kind"] == kind and not r["error"]]
+    for kind in sorted({r["kind"] for r in requests}):
+        reqs = [r for r in requests if r["kind"] == kind and not r["error"]]
         tokens = sum(r["tokens"] for r in reqs)
         seconds = sum(r["e2e_s"] for r in reqs)
         out[kind] = (tokens, tokens / seconds if seconds else 0.0)
@@ -34,7 +37,9 @@ def main() -> None:
     args = ap.parse_args()
     opener = gzip.open if args.json.endswith(".gz") else open
     with opener(args.json, "rt") as f:
-        results = {r["config"]: r for r in json.load(f)["results"]}
+        results: dict[str, list[dict]] = {}
+        for r in json.load(f)["results"]:
+            results.setdefault(r["config"], []).append(r)
     base = results.get("none")
     if base is None:
         raise SystemExit("the JSON has no `none` configuration to compare with")
