@@ -7,7 +7,14 @@ default for n-gram) and the same drafter run on a worker thread (`ThreadedNGram`
 through the service's `module:Class` seam), for each --modes and each --batches (sequences per
 message). Each sequence commits one token per step; the first --warmup steps are not timed.
 
-    python bench/drafter_ping.py [--steps 600] [--batches 1,8,32] [--modes stream,unary]
+`--busy-threads N` runs N pure-Python threads in the pinging process for every measurement
+(with the target's 0.5 ms GIL switch interval), as a loaded target's gRPC loop and output
+thread are: every thread that must take the GIL back on the way from the reply to the caller
+then waits for it. `unary-future` is the round-6 unary exchange (a call future the caller
+waits on, completed by gRPC's channel thread), kept here to compare with today's blocking call.
+
+    python bench/drafter_ping.py [--steps 600] [--batches 1,8,32] [--modes stream,unary] \
+        [--busy-threads 0,1]
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import os
 import platform
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -40,10 +48,51 @@ class ThreadedNGram(NGramDrafter):
 DRAFTERS = {"ngram (event loop)": "ngram", "ngram (worker thread)": "drafter_ping:ThreadedNGram"}
 
 
+class FutureUnary(RemoteDrafter):
+    """Round 6's unary exchange: a call future, waited on by the caller."""
+
+    def _exchange_unary(self, msg):
+        deadline_s = self.config.deadline_ms / 1000
+        future = self._stub.Draft.future(msg, timeout=deadline_s)
+        return self._unary_reply(future, deadline_s + 0.05)
+
+
+class Busy:
+    """N threads running pure Python until stopped (a loaded target's other threads)."""
+
+    def __init__(self, n: int) -> None:
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._spin, daemon=True) for _ in range(n)]
+
+    def _spin(self) -> None:
+        x = 0
+        while not self._stop.is_set():
+            for i in range(1000):
+                x += i * i
+
+    def __enter__(self):
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join()
+
+
 def ping(address: str, mode: str, batch: int, steps: int, warmup: int) -> list[float]:
     """Seconds per `prepare_draft_tokens` (one message and its reply), after the warm-up."""
-    d = RemoteDrafter(
-        address, 4, 50_000, "fp", mode=mode, deadline_ms=1000, lookahead=0, connect_timeout_s=30
+    cls = FutureUnary if mode == "unary-future" else RemoteDrafter
+    d = cls(
+        address,
+        4,
+        50_000,
+        "fp",
+        mode=mode.removesuffix("-future"),
+        deadline_ms=1000,
+        lookahead=0,
+        connect_timeout_s=30,
     )
     res = ResourceRegistry()
     res.add(d.spec_resource_manager)
@@ -73,27 +122,35 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--batches", default="1,8,32")
-    ap.add_argument("--modes", default="stream,unary")
+    ap.add_argument("--modes", default="stream,unary", help="stream, unary, unary-future")
+    ap.add_argument("--busy-threads", default="0", help="e.g. 0,1: busy Python threads")
     args = ap.parse_args()
+    sys.setswitchinterval(5e-4)  # as `specwire target` sets it
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "bench")])}
     print(f"{platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs")
-    print("| drafter | mode | sequences | round trip p50 ms | p90 ms |")
-    print("|---|---|---|---|---|")
+    print("| drafter | busy threads | mode | sequences | round trip p50 ms | p90 ms |")
+    print("|---|---|---|---|---|---|")
     for label, spec in DRAFTERS.items():
         port = free_port()
         cmd = [sys.executable, "-m", "specwire.common.cli", "drafter", "--host", "127.0.0.1"]
         cmd += ["--port", str(port), "--drafter", spec]
         proc, _ = start_service(cmd, env, "listening", timeout=120, cwd=ROOT)
         try:
-            for mode in args.modes.split(","):
-                for batch in (int(b) for b in args.batches.split(",")):
+            cases = [
+                (int(n), mode, int(b))
+                for n in args.busy_threads.split(",")
+                for mode in args.modes.split(",")
+                for b in args.batches.split(",")
+            ]
+            for busy, mode, batch in cases:
+                with Busy(busy):
                     t = sorted(ping(f"127.0.0.1:{port}", mode, batch, args.steps, args.warmup))
-                    p90 = t[int(0.9 * len(t))]
-                    print(
-                        f"| {label} | {mode} | {batch} | {statistics.median(t) * 1e3:.3f} | "
-                        f"{p90 * 1e3:.3f} |",
-                        flush=True,
-                    )
+                p90 = t[int(0.9 * len(t))]
+                print(
+                    f"| {label} | {busy} | {mode} | {batch} | {statistics.median(t) * 1e3:.3f} | "
+                    f"{p90 * 1e3:.3f} |",
+                    flush=True,
+                )
         finally:
             stop_service(proc)
     return 0

@@ -409,9 +409,21 @@ class RemoteDrafter(Drafter):
             return self._stream_reply(msg.step, stream, end)
 
     def _exchange_unary(self, msg: drafter_pb2.DraftRequest) -> drafter_pb2.DraftResponse | None:
-        deadline_s = self.config.deadline_ms / 1000
-        future = self._stub.Draft.future(msg, timeout=deadline_s)
-        return self._unary_reply(future, deadline_s + 0.05)
+        """One blocking Draft call on the executor's thread: gRPC waits for the reply in C on
+        this thread, so only this thread needs the GIL back when it arrives. A future would
+        add a hand-over (gRPC's channel thread completes it, then wakes us), and each costs up
+        to a GIL switch interval when the server's other threads are busy: 1.34 ms against
+        2.22 ms a round trip next to one busy Python thread (`bench/drafter_ping.py
+        --busy-threads 1`, bench/RESULTS.md round 7)."""
+        try:
+            return self._stub.Draft(msg, timeout=self.config.deadline_ms / 1000)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                return self._count("late")
+            self._disconnect(f"Draft failed ({exc.code().name}: {exc.details()})")
+            return self._count("failed")
+        except ValueError:  # the channel closed under us (shutdown)
+            return self._count("failed")
 
     def _apply(self, reply, sent: dict[str, tuple[int, int]]) -> None:
         """Keep each proposal of `reply` (for the requests `sent` describes) as the request's
