@@ -31,13 +31,15 @@ from procs import free_port, output_tail, start_service, stop_service  # noqa: E
 
 # Configuration name -> the target's --drafter value ("remote" = a drafter service started here).
 # configuration -> drafter; a "-sync" configuration runs the same with --no-overlap (every
-# step synchronous), to measure overlapped steps side by side.
+# step synchronous), to measure overlapped steps side by side; "-unary" talks to its drafter
+# service with unary calls (--drafter-mode unary) instead of the stream.
 CONFIGS = {
     "none": "none",
     "none-sync": "none",
     "ngram": "ngram",
     "ngram-sync": "ngram",
     "remote-ngram": "remote",
+    "remote-ngram-unary": "remote",
 }
 TARGET_READY = r"specwire target listening on (\S+):(\d+)"
 DRAFTER_READY = r"specwire drafter listening on (\S+):(\d+)"
@@ -139,7 +141,7 @@ def running_config(config: str, args: argparse.Namespace) -> Iterator[Server]:
         drafter = CONFIGS[config]
         if drafter == "remote":
             dcmd = [sys.executable, "-m", "specwire.common.cli", "drafter", "--host", "127.0.0.1"]
-            dcmd += ["--port", "0", "--drafter", config.removeprefix("remote-")]
+            dcmd += ["--port", "0", "--drafter", config.split("-")[1]]
             # Room for the target's look-ahead: K drafts + K+1 more.
             dcmd += ["--max-draft-len", str(max(16, 2 * args.max_draft_len + 1))]
             dproc, m = start_service(dcmd, _env(), DRAFTER_READY, timeout=120, cwd=ROOT)
@@ -150,6 +152,8 @@ def running_config(config: str, args: argparse.Namespace) -> Iterator[Server]:
         cmd = target_command(args, drafter, metrics_port)
         if config.endswith("-sync"):
             cmd.append("--no-overlap")
+        if config.endswith("-unary"):
+            cmd += ["--drafter-mode", "unary"]
         proc, m = start_service(cmd, _env(), TARGET_READY, timeout=args.ready_timeout, cwd=ROOT)
         procs.append(proc)
         commands.append(cmd)
