@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import sys
 import time
@@ -84,6 +85,8 @@ async def main_async(args) -> list[dict]:
         progress=False,
     )
     engine = build_engine(cfg)
+    gc.collect()  # as `specwire target` does once warm
+    gc.freeze()
     engine.executor.start()
     pool = futures.ThreadPoolExecutor(4, "tokenize")
     prompts, _source = build_pool(True)

@@ -41,6 +41,7 @@ CONFIGS = {
     "remote-ngram": "remote",
     "remote-ngram-unary": "remote",
 }
+REMOTE_DRAFTERS = {"remote-ngram": "ngram", "remote-ngram-unary": "ngram"}  # service --drafter
 TARGET_READY = r"specwire target listening on (\S+):(\d+)"
 DRAFTER_READY = r"specwire drafter listening on (\S+):(\d+)"
 
@@ -141,7 +142,7 @@ def running_config(config: str, args: argparse.Namespace) -> Iterator[Server]:
         drafter = CONFIGS[config]
         if drafter == "remote":
             dcmd = [sys.executable, "-m", "specwire.common.cli", "drafter", "--host", "127.0.0.1"]
-            dcmd += ["--port", "0", "--drafter", config.split("-")[1]]
+            dcmd += ["--port", "0", "--drafter", REMOTE_DRAFTERS[config]]
             # Room for the target's look-ahead: K drafts + K+1 more.
             dcmd += ["--max-draft-len", str(max(16, 2 * args.max_draft_len + 1))]
             dproc, m = start_service(dcmd, _env(), DRAFTER_READY, timeout=120, cwd=ROOT)

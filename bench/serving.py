@@ -391,7 +391,7 @@ def main() -> int:
             print("\n" + config_markdown(rec), flush=True)
         except Exception as exc:  # record it, go on with the next configuration
             log(f"{name} FAILED: {exc}")
-            report["failures"].append(dict(config=name, error=traceback.format_exc()))
+            report["failures"].append(dict(config=name, round=rnd, error=traceback.format_exc()))
         if args.json:
             Path(args.json).write_text(json.dumps(report, indent=1))
     if report["results"]:

@@ -338,7 +338,8 @@ def summary_markdown(results: list[dict]) -> str:
 def repeat_ratios(results: list[dict], key: str = "tok_per_s") -> dict[str, dict[str, dict]]:
     """With `--repeat`: per configuration other than `none` and per timed pass, the ratio of
     its mean tok/s over the rounds to `none`'s, and the range of the per-round ratios (round r
-    of a configuration against round r of `none`, servers started one after the other). `key`:
+    of a configuration against round r of `none`, servers started one after the other; only
+    rounds where both ran). `key`:
     "tok_per_s" (overall) or "steady_tok_s". Also `none`'s own spread (max / min over rounds):
     the noise floor of a single ratio."""
 
@@ -346,20 +347,22 @@ def repeat_ratios(results: list[dict], key: str = "tok_per_s") -> dict[str, dict
         p = rec["passes"][i]
         return p["summary"]["tok_per_s"] if key == "tok_per_s" else p.get(key)
 
-    rounds: dict[str, list[dict]] = {}
+    rounds: dict[str, dict[int, dict]] = {}  # config -> round -> record
     for rec in results:
-        rounds.setdefault(rec["config"], []).append(rec)
+        by_round = rounds.setdefault(rec["config"], {})
+        by_round[rec.get("round", len(by_round))] = rec
     base = rounds.get("none")
     if not base:
         return {}
     out: dict[str, dict[str, dict]] = {}
     first = results[0]["passes"]
     for name, recs in rounds.items():
+        both = sorted(set(recs) & set(base))  # a round where either failed compares nothing
         for i, p in enumerate(first):
-            if not p["timed"]:
+            if not p["timed"] or not both:
                 continue
-            mine = [tps(r, i) for r in recs]
-            ref = [tps(r, i) for r in base]
+            mine = [tps(recs[r], i) for r in both]
+            ref = [tps(base[r], i) for r in both]
             if any(v is None for v in mine + ref) or min(ref) <= 0:
                 continue
             cell = out.setdefault(name, {})[p["name"]] = {
@@ -369,7 +372,7 @@ def repeat_ratios(results: list[dict], key: str = "tok_per_s") -> dict[str, dict
             if name == "none":
                 cell["spread"] = max(mine) / min(mine)
             else:
-                pairs = [m / r for m, r in zip(mine, ref, strict=False)]
+                pairs = [m / r for m, r in zip(mine, ref, strict=True)]
                 cell["ratio_of_means"] = cell["mean"] / (sum(ref) / len(ref))
                 cell["min"], cell["max"] = min(pairs), max(pairs)
     return out
@@ -382,6 +385,8 @@ def repeat_markdown(results: list[dict]) -> str:
     if "none" not in overall:
         return ""
     names = [n for n in overall if n != "none"]
+    if not names:
+        return ""
     head = "| pass | none mean tok/s | none max ÷ min | " + " | ".join(
         f"{n} mean tok/s | {n} ÷ none (range of rounds) | steady" for n in names
     )

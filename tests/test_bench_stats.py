@@ -51,23 +51,23 @@ def test_failed_requests_add_no_tokens() -> None:
     )
 
 
-def _config(name: str, tok_s: list[float], steady: list[float | None]) -> dict:
+def _config(name: str, tok_s: list[float], steady: list[float | None], rnd: int = 0) -> dict:
     passes = [{"name": "warm-up", "timed": False, "summary": {"tok_per_s": 1.0}}]
     passes += [
         {"name": f"c={i}", "timed": True, "summary": {"tok_per_s": t}, "steady_tok_s": st}
         for i, (t, st) in enumerate(zip(tok_s, steady, strict=True))
     ]
-    return {"config": name, "passes": passes}
+    return {"config": name, "passes": passes, "round": rnd}
 
 
 def test_repeated_rounds_give_mean_ratios_and_their_range() -> None:
     from serving_stats import repeat_markdown, repeat_ratios
 
     results = [  # round 0, then round 1
-        _config("none", [100.0, 200.0], [110.0, None]),
-        _config("ngram", [150.0, 180.0], [160.0, None]),
-        _config("none", [120.0, 220.0], [130.0, None]),
-        _config("ngram", [132.0, 231.0], [140.0, None]),
+        _config("none", [100.0, 200.0], [110.0, None], 0),
+        _config("ngram", [150.0, 180.0], [160.0, None], 0),
+        _config("none", [120.0, 220.0], [130.0, None], 1),
+        _config("ngram", [132.0, 231.0], [140.0, None], 1),
     ]
     got = repeat_ratios(results)
     assert got["none"]["c=0"]["spread"] == pytest.approx(1.2)
@@ -88,3 +88,17 @@ def test_without_none_there_is_nothing_to_compare() -> None:
 
     results = [_config("ngram", [1.0], [1.0]), _config("ngram", [2.0], [2.0])]
     assert repeat_ratios(results) == {} and repeat_markdown(results) == ""
+
+
+def test_rounds_pair_by_number_when_a_round_failed() -> None:
+    """ngram failed in round 0: its round 1 is compared with none's round 1 only."""
+    from serving_stats import repeat_ratios
+
+    results = [
+        _config("none", [100.0], [100.0], 0),
+        _config("none", [200.0], [200.0], 1),
+        _config("ngram", [210.0], [210.0], 1),
+    ]
+    cell = repeat_ratios(results)["ngram"]["c=0"]
+    assert cell["rounds"] == 1 and cell["ratio_of_means"] == pytest.approx(1.05)
+    assert (cell["min"], cell["max"]) == (pytest.approx(1.05), pytest.approx(1.05))

@@ -219,8 +219,9 @@ def test_new_requests_start_from_the_population_estimate():
 def test_a_first_look_and_a_losing_probe_are_short_windows():
     """A mode's first window at a load lasts `first_window` steps; once both modes have a
     rate there, the winner's windows are whole, and a probe of the loser ends after
-    `first_window` steps when it trails by more than `early_exit` — but runs whole when close
-    (a close call needs the whole window's precision)."""
+    `first_window` steps when it trails by more than `early_exit` (and then moves the loser's
+    rate by its share of a whole window) — but runs whole when close (a close call needs the
+    whole window's precision)."""
     p = _policy({8: 1e-3})
     assert _window(p, 2000.0) == p.first_window  # spec's first look at 8 rows
     assert p.mode == "plain"
@@ -230,8 +231,38 @@ def test_a_first_look_and_a_losing_probe_are_short_windows():
     while p.mode == "plain":
         lengths.append(_window(p, 6000.0))
     assert set(lengths) == {p.mode_window}  # the winner's windows are whole
-    assert _window(p, 2000.0) == p.first_window  # the probe, a third of plain's rate
+    before = p.rates[("spec", 8)]
+    assert _window(p, 1000.0) == p.first_window  # the probe, a sixth of plain's rate
     assert p.mode == "plain"
+    moved = (before - p.rates[("spec", 8)]) / (before - 1000.0 / 8)
+    assert abs(moved - 0.5 * p.first_window / p.mode_window) < 1e-9
     while p.mode == "plain":
         _window(p, 6000.0)
     assert _window(p, 5000.0) == p.mode_window  # within early_exit of plain: measured whole
+
+
+def test_only_a_probe_is_cut_short_and_only_at_its_first_window():
+    """The winner's own window is never cut, however badly a stretch of it goes; a probe that
+    looks fine at `first_window` steps runs whole even if it turns bad later (stopping the
+    first time it looks bad would stop noisy probes at their worst and bias them down)."""
+    p = _policy({8: 1e-3})
+    _window(p, 2000.0)  # spec's first look
+    _window(p, 6000.0)  # plain's first look: plain wins
+    assert p.mode == "plain"
+    steps = 0
+    while not p.observe_rate(10, 10 / 1000.0, 8):  # plain, the winner, at 1,000 tok/s
+        steps += 1
+    assert steps + 1 == p.mode_window
+    while p.mode == "plain":
+        _window(p, 6000.0)
+    steps = 0  # the probe: fine for `first_window` steps, then slow
+    while not p.observe_rate(10, 10 / (6000.0 if steps < p.first_window else 500.0), 8):
+        steps += 1
+    assert steps + 1 == p.mode_window
+
+
+def test_a_first_window_longer_than_the_window_is_refused():
+    import pytest
+
+    with pytest.raises(ValueError, match="first_window <= mode_window"):
+        DraftLengthPolicy(4, first_window=40, mode_window=32)

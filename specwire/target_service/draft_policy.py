@@ -7,20 +7,20 @@ Two decisions, at two time scales.
 preparation, and which one yields more tokens per second depends on everything at once: the
 batch, the drafts' real acceptance (bursty on code), the host's speed, a remote drafter's round
 trip, the cost of draining the pipeline to switch. So the policy runs one mode for a window of
-`mode_window` steps (`first_window` for a mode's first look at a load, and for a window that
-already trails the other mode's rate there by more than `early_exit`), measures the tokens
-generated per second and per row over it (the executor reports every step, a switch's drain and
-the loop between steps included), keeps an EMA per mode and batch-size bucket (a rate means
-nothing at another load), and then runs the mode with the better rate at the load just seen
-(speculation only when it is `spec_margin` faster: a near tie goes to the mode that cannot lose
-to no drafter); a window that starts at another load starts in the mode best there. At a load
-where the other mode has no rate yet it goes by what other loads imply (speculation pays less as
-the batch grows: plain winning at a smaller load wins here, speculation winning at a larger one
-wins here), and measures the other mode only when nothing is implied or a probe is due. Now and
-then it runs the losing mode for one window to re-measure it. How often: a probe costs one
-window at the losing rate, so the gap sets the interval — every `probe_every` windows when the
-modes are close, up to `max_probe_every` when the loser is far behind, keeping what probing
-costs near `probe_budget` of the throughput. It starts speculating.
+`mode_window` steps (`first_window` for a mode's first look at a load, and for a probe that
+trails the other mode's rate there by more than `early_exit` after `first_window` steps),
+measures the tokens generated per second and per row over it (the executor reports every step, a
+switch's drain and the loop between steps included), keeps an EMA per mode and batch-size bucket
+(a rate means nothing at another load), and then runs the mode with the better rate at the load
+just seen (speculation only when it is `spec_margin` faster: a near tie goes to the mode that
+cannot lose to no drafter); a window that starts at another load starts in the mode best there.
+At a load where the other mode has no rate yet it goes by what other loads imply (speculation
+pays less as the batch grows: plain winning at a smaller load wins here, speculation winning at
+a larger one wins here), and measures the other mode only when nothing is implied or a probe is
+due. Now and then it runs the losing mode for one window to re-measure it. How often: a probe
+costs one window at the losing rate, so the gap sets the interval — every `probe_every` windows
+when the modes are close, up to `max_probe_every` when the loser is far behind, keeping what
+probing costs near `probe_budget` of the throughput. It starts speculating.
 
 **The draft length inside the speculative mode — modelled per step.** It picks the k that
 maximises expected committed tokens per second:
@@ -89,10 +89,11 @@ class DraftLengthPolicy:
     population_ema: float = 0.02  # weight of one request's step in the population estimate
     mode_window: int = 32  # steps per measured window of one mode
     # A window ends after `first_window` steps when its mode has no rate at this load yet (a
-    # first look), or when the other mode's rate there is known and this window trails it by
-    # more than `early_exit` (a probe that is still losing): finding out that a mode loses
-    # costs a few steps, not a whole window (a remote drafter's losing window at 64 rows
-    # cost 11 % of a serving pass on the H200: bench/RESULTS.md, round 7).
+    # first look), or when it is a probe of the losing mode that, at that step, trails the
+    # winner's rate by more than `early_exit`: finding out that a mode still loses costs a few
+    # steps, not a whole window (a remote drafter's measuring windows cost up to 12 % of a
+    # serving pass on the H200: bench/RESULTS.md, round 7). A probe cut short counts in the
+    # rate's average by its share of a whole window.
     first_window: int = 8
     early_exit: float = 0.25
     probe_every: int = 8  # least windows between tries of the mode not in use
@@ -115,6 +116,11 @@ class DraftLengthPolicy:
     _probing: bool = False  # the current window measures a mode chosen to be measured
 
     def __post_init__(self) -> None:
+        if not 1 <= self.first_window <= self.mode_window:
+            raise ValueError(
+                f"need 1 <= first_window <= mode_window, got {self.first_window}, "
+                f"{self.mode_window}"
+            )
         if not 1 <= self.probe_every <= self.max_probe_every or not 0 < self.probe_budget < 1:
             raise ValueError(
                 "need 1 <= probe_every <= max_probe_every and 0 < probe_budget < 1, got "
@@ -182,9 +188,9 @@ class DraftLengthPolicy:
         load = _row_bucket(max(1, round(rows)))
         key = (self.mode, load)
         rate = w[0] / w[1] / max(rows, 1.0)
-        if w[2] < self.mode_window and not self._short(key, rate):
+        if w[2] < self.mode_window and not (w[2] == self.first_window and self._short(key, rate)):
             return False
-        self.rates[key] = _ema(self.rates.get(key), rate, 0.5)
+        self.rates[key] = _ema(self.rates.get(key), rate, 0.5 * w[2] / self.mode_window)
         self._window = [0.0, 0.0, 0, 0]
         seen = self._windows[load] = self._windows.get(load, 0) + 1
         self._probing = False
@@ -193,13 +199,14 @@ class DraftLengthPolicy:
         return True
 
     def _short(self, key: tuple[str, int], rate: float) -> bool:
-        """Whether a window of `first_window` or more steps ends before `mode_window`: its
-        mode's first look at this load, or a window trailing the other mode's rate there by
-        more than `early_exit`."""
+        """Whether a window that has run `first_window` steps ends now: its mode's first look
+        at this load, or a probe trailing the other mode's rate there by more than
+        `early_exit` (checked once, at this step: checking every step would stop a noisy
+        probe at its worst moment and bias the loser's rate down)."""
         if key not in self.rates:
             return True
         other = self.rates.get(("plain" if key[0] == "spec" else "spec", key[1]))
-        return other is not None and rate < other * (1.0 - self.early_exit)
+        return self._probing and other is not None and rate < other * (1.0 - self.early_exit)
 
     def _start_window(self, rows: int) -> None:
         """A window starts with `rows` rows: at the load the last window ended with, or when
@@ -264,8 +271,9 @@ class DraftLengthPolicy:
 
     def probe_interval(self, load: int) -> int:
         """Windows until the losing mode at `load` is measured again: a probe window costs
-        (1 - loser/winner) of one window's throughput, so probe as often as that stays within
-        `probe_budget`, between `probe_every` and `max_probe_every` windows."""
+        (1 - loser/winner) of one window's throughput (at most: a probe still far behind stops
+        after `first_window` steps), so probe as often as that stays within `probe_budget`,
+        between `probe_every` and `max_probe_every` windows."""
         spec, plain = self.rates.get(("spec", load)), self.rates.get(("plain", load))
         if not spec or not plain:
             return self.probe_every

@@ -412,8 +412,8 @@ class RemoteDrafter(Drafter):
         """One blocking Draft call on the executor's thread: gRPC waits for the reply in C on
         this thread, so only this thread needs the GIL back when it arrives. A future would
         add a hand-over (gRPC's channel thread completes it, then wakes us), and each costs up
-        to a GIL switch interval when the server's other threads are busy: 1.34 ms against
-        2.22 ms a round trip next to one busy Python thread (`bench/drafter_ping.py
+        to a GIL switch interval when the server's other threads are busy: 1.41 ms against
+        2.73 ms a round trip next to one busy Python thread (`bench/drafter_ping.py
         --busy-threads 1`, bench/RESULTS.md round 7)."""
         try:
             return self._stub.Draft(msg, timeout=self.config.deadline_ms / 1000)
