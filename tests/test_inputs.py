@@ -40,3 +40,20 @@ def test_varlen_step_from_rows():
     assert step.spans == [(0, 4), (4, 1)]
     # The placeholder at flat index 10 is gathered from the previous step's logit row 2.
     assert step.feed == [(10, 2)]
+
+
+def test_slots_of_is_slot_of_for_every_token() -> None:
+    """The block-run form of `slots_of` equals `slot_of` token by token: inside the table,
+    past its end (dummy block or -1), across block edges, for one token and for many."""
+    import random
+
+    from specwire.common.model.paged import slot_of
+
+    rng = random.Random(0)
+    for _ in range(500):
+        bs = rng.choice([1, 2, 4, 16])
+        table = rng.sample(range(100), rng.randint(0, 6))
+        start, count = rng.randint(0, 8 * bs), rng.randint(1, 9 * bs)
+        dummy = rng.choice([-1, 0, 99])
+        want = [slot_of(table, t, bs, dummy) for t in range(start, start + count)]
+        assert slots_of(table, start, count, bs, dummy) == want, (table, start, count, bs)

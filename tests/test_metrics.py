@@ -234,3 +234,31 @@ def test_cli_json_request_log_and_labelled_metrics():
     assert 0 <= rec["ttft_s"] <= rec["total_s"]
     assert rec["draft_tokens"] >= rec["accepted_tokens"] >= 0
     assert "acceptance_rate" in rec
+
+
+def test_observing_a_step_of_latencies_at_once_equals_one_at_a_time() -> None:
+    """`observe_many` (a whole step's inter-token latencies, one lock per bucket) exports
+    exactly what observing each value does, bucket edges included."""
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from specwire.target_service.metrics import observe_many
+
+    values = [0.0, 0.001, 0.0015, 0.002, 0.0025, 0.05, 0.05, 3.0, 1e9]
+    one, many = CollectorRegistry(), CollectorRegistry()
+    h1 = Histogram("lat", "x", buckets=(0.001, 0.002, 0.05, 1.0), registry=one)
+    h2 = Histogram("lat", "x", buckets=(0.001, 0.002, 0.05, 1.0), registry=many)
+    for v in values:
+        h1.observe(v)
+    observe_many(h2, values)
+    observe_many(h2, [])
+
+    def samples(reg):
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for m in reg.collect()
+            for s in m.samples
+            if not s.name.endswith("_created")
+        }
+
+    assert samples(many) == samples(one)
+    assert samples(one)[("lat_bucket", (("le", "0.002"),))] == 4.0

@@ -146,13 +146,14 @@ class IncrementalDecoder:
 
     def __init__(self, tokenizer: Tokenizer, *, skip_special_tokens: bool = False):
         self._tokenizer = tokenizer
+        self._core = tokenizer.core  # looked up once: `core` goes through transformers
         self._skip_special_tokens = skip_special_tokens
         self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
         self._held: list[int] = []
 
     def feed(self, token_id: int) -> str:
         """The text that `token_id` completes ("" while a character is incomplete)."""
-        text = self._stream.step(self._tokenizer.core, token_id)
+        text = self._stream.step(self._core, token_id)
         if text is None:
             self._held.append(token_id)
             return ""
@@ -160,7 +161,9 @@ class IncrementalDecoder:
         return text
 
     def feed_many(self, token_ids: list[int]) -> str:
-        return "".join(self.feed(t) for t in token_ids)
+        if len(token_ids) == 1:  # a plain step's one token: no generator, no join
+            return self.feed(token_ids[0])
+        return "".join([self.feed(t) for t in token_ids])
 
     def flush(self) -> str:
         """Text of tokens still held back; the decoder starts afresh afterwards."""

@@ -384,13 +384,14 @@ class Executor:
         finally:
             self._gpu_wait += time.perf_counter() - t0
         now = time.monotonic()
-        rendered = []
+        rendered: list[tuple] = []
+        itls: list[float] = []
         observe = self.scheduler.policy.observe
         for req, index, off in done.pending:
             if req.finished:
                 continue  # cancelled, stopped or ended by EOS while this step ran
             stream = self.streams[req.request_id]
-            kept, reason = stream.resolve(index, tokens[off], now)
+            kept, reason = stream.resolve(index, tokens[off], now, itls)
             req.stats.record(0, 0)
             self.stats.record(0, 0)
             observe(req, 0, 0)
@@ -398,6 +399,7 @@ class Executor:
             if reason is not None:
                 self._release(req)
         # Per step, not per row: each metric update takes a lock, each queued item another.
+        self.metrics.observe_itl(itls)
         self.metrics.tokens.inc(len(rendered))
         done.generated = len(rendered)
         self._generated += len(rendered)

@@ -22,6 +22,7 @@ so they are right whichever path released a request (a finish, a cancel, a failu
 
 from __future__ import annotations
 
+import bisect
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -63,6 +64,28 @@ DRAFTER_COUNTERS = {
     "prefetched": "Replies to drafts asked for as a step committed (submit), collected later",
     "lookahead": "Requests whose step drafts came from a kept proposal's look-ahead, unasked",
 }
+
+
+def observe_many(histogram: Histogram, values: Sequence[float]) -> None:
+    """`histogram.observe(v)` for every value, adding each bucket's count and the sum once
+    (one lock each instead of two a value: a 64-row step observes 64 latencies). Relies on
+    prometheus_client's Histogram fields; where they are not as expected, one at a time."""
+    bounds = getattr(histogram, "_upper_bounds", None)
+    buckets = getattr(histogram, "_buckets", None)
+    total = getattr(histogram, "_sum", None)
+    if not values:
+        return
+    if bounds is None or buckets is None or total is None or len(bounds) != len(buckets):
+        for v in values:
+            histogram.observe(v)
+        return
+    counts = [0] * len(bounds)
+    for v in values:
+        counts[bisect.bisect_left(bounds, v)] += 1  # first bound >= v (the last is +Inf)
+    total.inc(sum(values))
+    for bucket, n in zip(buckets, counts, strict=True):
+        if n:
+            bucket.inc(n)
 
 
 class TargetMetrics:
@@ -237,6 +260,10 @@ class TargetMetrics:
             self.ttft.observe(now - req.arrival_time)
         else:
             self.itl.observe((now - previous) / num_tokens)
+
+    def observe_itl(self, values: Sequence[float]) -> None:
+        """Inter-token latencies of a whole step at once (the overlapped steps' hot path)."""
+        observe_many(self.itl, values)
 
     def on_cancelled(self, req: Request) -> None:
         request_log.cancelled(req)

@@ -61,7 +61,11 @@ class OutputStream:
         self.decoder = IncrementalDecoder(tokenizer)
         self.eos_ids = eos_ids
         self.max_context = max_context
-        self.text = ""  # everything decoded so far (stop strings cut it)
+        # Everything decoded so far (stop strings cut it). Without stop strings every piece
+        # is final the moment it is decoded: the pieces are joined once, at the end (growing
+        # one string a token at a time copies it whole each time).
+        self.text = ""
+        self._pieces: list[str] | None = None if request.stop else []
         self.sent = 0  # characters of `text` already streamed
         self.num_rendered = 0  # output tokens rendered (the executor may be a step ahead)
         self.done = False  # a Complete or Failed event was sent: nothing more goes out
@@ -124,11 +128,14 @@ class OutputStream:
             len(req.prompt_ids) + num_output >= self.max_context or num_output >= req.max_new_tokens
         )
 
-    def resolve(self, index: int, token: int, now: float) -> tuple[list[int], str | None]:
+    def resolve(
+        self, index: int, token: int, now: float, itls: list[float] | None = None
+    ) -> tuple[list[int], str | None]:
         """`append` for overlapped steps: output position `index` held a placeholder while its
         step ran; now (`now`) its token is known. On a finish, later placeholders (a step
         launched before this token was read) are dropped. The caller counts the token in the
-        metrics (once for the whole step)."""
+        metrics (once for the whole step); with `itls`, its inter-token latency too (appended
+        there, observed by the caller once for the step)."""
         req = self.request
         if req.first_token_time is None:
             req.first_token_time = now
@@ -136,7 +143,11 @@ class OutputStream:
         reason = self._finish_rule(token, index + 1)
         if reason:
             del req.output_ids[index + 1 :]
-        self.metrics.on_latency(req, 1, self.last_commit_time, now)
+        previous = self.last_commit_time
+        if itls is not None and previous is not None:
+            itls.append(now - previous)
+        else:
+            self.metrics.on_latency(req, 1, previous, now)
         self.last_commit_time = now
         return [token], reason
 
@@ -156,16 +167,14 @@ class OutputStream:
             return True
         self.num_rendered += len(kept)
         ids_for_text = kept[:-1] if reason == "eos" else kept
-        self.text += self.decoder.feed_many(ids_for_text)
+        delta = self.decoder.feed_many(ids_for_text)
         if reason:
-            self.text += self.decoder.flush()
-        stop_at = self._find_stop()
-        if stop_at is not None:
-            self.text = self.text[:stop_at]
-            reason = "stop"
-        visible = len(self.text) if reason else len(self.text) - self._held_back()
-        delta = self.text[self.sent : max(self.sent, visible)]
-        self.sent = max(self.sent, visible)
+            delta += self.decoder.flush()
+        if self._pieces is not None:  # no stop strings: all of it goes out now
+            if delta:
+                self._pieces.append(delta)
+        else:
+            delta, reason = self._cut_stops(delta, reason)
         lps = self._with_text(logprobs[: len(kept)]) if logprobs is not None else None
         chunk = Chunk(kept, delta, drafted, min(accepted, len(kept)), step, lps, self.index)
         held, self.held = self.held, None  # one read: `fail` may clear it from another thread
@@ -179,6 +188,19 @@ class OutputStream:
             self.finish(reason)
             return True
         return False
+
+    def _cut_stops(self, new_text: str, reason: str | None) -> tuple[str, str | None]:
+        """With stop strings: append `new_text`, end at a stop string, hold back a tail that
+        may start one; (the text that may go out now, the finish reason)."""
+        self.text += new_text
+        stop_at = self._find_stop()
+        if stop_at is not None:
+            self.text = self.text[:stop_at]
+            reason = "stop"
+        visible = len(self.text) if reason else len(self.text) - self._held_back()
+        delta = self.text[self.sent : max(self.sent, visible)]
+        self.sent = max(self.sent, visible)
+        return delta, reason
 
     def _send(self, chunk: Chunk) -> None:
         self.events.put(chunk)
@@ -226,6 +248,8 @@ class OutputStream:
         ttft = (req.first_token_time or now) - req.arrival_time
         # Recorded before the client hears: once it has its completion, the metrics count it.
         self.metrics.on_finished(req, reason, self.num_rendered)
+        if self._pieces is not None:
+            self.text = "".join(self._pieces)
         self.events.put(
             Complete(
                 finish_reason=reason,

@@ -27,5 +27,20 @@ def slot_of(table: Sequence[int], t: int, block_size: int, dummy_block: int = -1
 def slots_of(
     table: Sequence[int], start: int, count: int, block_size: int, dummy_block: int = -1
 ) -> list[int]:
-    """Slots of tokens start .. start+count-1 (see `slot_of`)."""
-    return [slot_of(table, t, block_size, dummy_block) for t in range(start, start + count)]
+    """Slots of tokens start .. start+count-1 (see `slot_of`), a block's run at a time: a
+    prompt chunk costs a few list extends, not a Python call per token."""
+    if count == 1:
+        return [slot_of(table, start, block_size, dummy_block)]
+    out: list[int] = []
+    t, end, n = start, start + count, len(table)
+    while t < end:
+        i, off = divmod(t, block_size)
+        take = min(block_size - off, end - t)
+        block = table[i] if i < n else dummy_block
+        if block < 0:
+            out.extend([-1] * take)
+        else:
+            first = block * block_size + off
+            out.extend(range(first, first + take))
+        t += take
+    return out
