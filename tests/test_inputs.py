@@ -57,3 +57,64 @@ def test_slots_of_is_slot_of_for_every_token() -> None:
         dummy = rng.choice([-1, 0, 99])
         want = [slot_of(table, t, bs, dummy) for t in range(start, start + count)]
         assert slots_of(table, start, count, bs, dummy) == want, (table, start, count, bs)
+
+
+def _reference_step(prep: InputPreparer, rows, tables) -> tuple:
+    """The varlen step by the definition, row by row through `row_tokens` (what the short
+    path for plain decode rows must reproduce)."""
+    from specwire.common.model.paged import blocks_for
+
+    ids, pos, slots, cu, seq_lens, tabs, logit_rows, spans, feed = (
+        [],
+        [],
+        [],
+        [0],
+        [],
+        [],
+        [],
+        [],
+        [],
+    )
+    for row, table in zip(rows, tables, strict=True):
+        toks, start = prep.row_tokens(row)
+        n = len(toks)
+        if row.feed_src >= 0:
+            feed.append((len(ids) + row.num_committed - 1, row.feed_src))
+        ids += toks
+        pos += range(start, start + n)
+        slots += slots_of(table, start, n, prep.block_size)
+        cu.append(cu[-1] + n)
+        seq_lens.append(start + n)
+        tabs.append(table[: blocks_for(start + n, prep.block_size)])
+        if row.decode:
+            m = 1 + len(row.drafts)
+            spans.append((len(logit_rows), m))
+            logit_rows += range(len(ids) - m, len(ids))
+    return ids, pos, slots, cu, seq_lens, tabs, logit_rows, spans, feed
+
+
+def test_plain_decode_rows_take_the_short_path_to_the_same_step() -> None:
+    """Plain decode rows (one token, no drafts) have a short path in `prepare_varlen`; mixed
+    with verify rows and prompt chunks, with and without a fed placeholder, with the token's
+    block inside or past the table, the step equals the definition."""
+    import random
+
+    rng = random.Random(1)
+    prep = InputPreparer(block_size=4, max_blocks_per_seq=16, dummy_block=0, device="cpu")
+    for _ in range(200):
+        rows, tables = [], []
+        for j in range(rng.randint(1, 8)):
+            plen, olen = rng.randint(1, 12), rng.randint(1, 12)
+            req = _req(f"r{j}", rng.sample(range(50), plen), rng.sample(range(50), olen), 0)
+            if rng.random() < 0.2:  # a prompt chunk
+                req.output_ids, req.num_computed = [], rng.randint(0, plen - 1)
+                rows.append(Row(req, plen - req.num_computed, decode=False))
+            else:
+                req.num_computed = plen + olen - 1  # its last token is the one fed
+                drafts = rng.choice([[], [], [7, 8]])
+                rows.append(Row(req, 1, decode=True, drafts=drafts, feed_src=rng.choice([-1, 3])))
+            tables.append(rng.sample(range(1, 40), rng.randint(1, 7)))
+        step = prep.prepare_varlen(rows, tables)
+        got = (step.ids, step.positions, step.slots, step.cu_seqlens, step.seq_lens, step.tables)
+        got += (step.logit_rows, step.spans, step.feed)
+        assert got == _reference_step(prep, rows, tables)

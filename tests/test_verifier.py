@@ -87,3 +87,22 @@ def test_invalid_sampling_params_are_refused():
     for kwargs in ({"temperature": -1.0}, {"top_p": 0.0}, {"top_p": 1.5}, {"top_k": -2}):
         with pytest.raises(ValueError):
             SamplingConfig(**kwargs)
+
+
+def test_plain_rows_recorded_at_once_equal_one_at_a_time() -> None:
+    """The overlapped step records its draft-free rows in one call (SpecStats.record_plain)."""
+    from specwire.target_service.request import SpecStats
+
+    for before in ([], [(3, 2), (4, 0)]):
+        one, many = SpecStats(), SpecStats()
+        for d, a in before:
+            one.record(d, a)
+            many.record(d, a)
+        for _ in range(5):
+            one.record(0, 0)
+        many.record_plain(5)
+        many.record_plain(0)
+        assert one == many
+    empty = SpecStats()
+    empty.record_plain(0)
+    assert empty == SpecStats() and empty.histogram == []  # nothing verified: nothing recorded

@@ -393,12 +393,12 @@ class Executor:
             stream = self.streams[req.request_id]
             kept, reason = stream.resolve(index, tokens[off], now, itls)
             req.stats.record(0, 0)
-            self.stats.record(0, 0)
             observe(req, 0, 0)
             rendered.append((stream, kept, reason, 0, 0, done.step_no, None))
             if reason is not None:
                 self._release(req)
         # Per step, not per row: each metric update takes a lock, each queued item another.
+        self.stats.record_plain(len(rendered))
         self.metrics.observe_itl(itls)
         self.metrics.tokens.inc(len(rendered))
         done.generated = len(rendered)

@@ -69,6 +69,15 @@ class SpecStats:
             self.histogram.extend([0] * (accepted + 1 - len(self.histogram)))
         self.histogram[accepted] += 1
 
+    def record_plain(self, rows: int) -> None:
+        """`record(0, 0)` for `rows` plain (draft-free) verifications at once."""
+        if rows <= 0:
+            return
+        self.steps += rows
+        if not self.histogram:
+            self.histogram.append(0)
+        self.histogram[0] += rows
+
     def merge(self, other: SpecStats) -> None:
         self.steps += other.steps
         self.draft_tokens += other.draft_tokens
@@ -130,6 +139,11 @@ class Request:
     def token_ids(self) -> list[int]:
         """Prompt + committed output (the prefix drafts continue)."""
         return self.prompt_ids + self.output_ids
+
+    def token_at(self, index: int) -> int:
+        """`token_ids[index]` without building the list."""
+        p = len(self.prompt_ids)
+        return self.prompt_ids[index] if index < p else self.output_ids[index - p]
 
     def tokens_between(self, start: int, end: int) -> list[int]:
         """`token_ids[start:end]` without building the whole list (hot path: every step)."""

@@ -63,6 +63,8 @@ class KVCacheManager(ResourceManager):
     def reserve(self, request: Request, num_slots: int) -> None:
         """Grow the request's block table to cover `num_slots` tokens."""
         need = self.blocks_needed(request, num_slots)
+        if need == 0 and request.request_id in self._tables:  # most decode steps
+            return
         got = self._pool.allocate(need)
         if got is None:
             raise OutOfBlocks(

@@ -157,6 +157,22 @@ class InputPreparer:
         feed: list[tuple[int, int]] = []
         bs = self.block_size
         for row, table in zip(rows, tables, strict=True):
+            if row.decode and row.num_committed == 1 and not row.drafts and not row.pad:
+                # A plain decode row (most rows of a loaded step): one token, one slot.
+                req, i = row.request, len(ids)
+                p = req.num_computed
+                if row.feed_src >= 0:
+                    feed.append((i, row.feed_src))
+                ids.append(req.token_at(p))
+                pos.append(p)
+                b = p // bs
+                slots.append(table[b] * bs + p % bs if b < len(table) else -1)
+                cu.append(i + 1)
+                seq_lens.append(p + 1)
+                row_tables.append(table[: b + 1])
+                spans.append((len(logit_rows), 1))
+                logit_rows.append(i)
+                continue
             toks, start = self.row_tokens(row)
             n = len(toks)
             if row.feed_src >= 0:
