@@ -12,8 +12,8 @@ overlapped path: speculation's verify needs real logits).
 
     python bench/host_only.py --concurrency 1,32,64 [--profile executor|output]
 
-Prints tok/s per pass and, with --profile, the top functions of that thread (cProfile over
-the thread's own CPU time).
+Prints tok/s per pass and, with --profile, the top functions of that thread (cProfile;
+wall time, so a function's share includes its waits for the GIL).
 """
 
 from __future__ import annotations
@@ -91,8 +91,7 @@ def main() -> int:
     runner.forward = StubForward(runner, engine.loaded.config.vocab_size, cfg.max_num_tokens)
     gc.collect()
     gc.freeze()
-    # per-thread CPU time: waits for the GIL or the queue count for nothing
-    profiler = cProfile.Profile(time.thread_time) if args.profile else None
+    profiler = cProfile.Profile() if args.profile else None
     if profiler is not None:  # profile the chosen thread from its start
         name = {"executor": "specwire-executor", "output": "specwire-output"}[args.profile]
         real_start = threading.Thread.start

@@ -157,7 +157,8 @@ class IncrementalDecoder:
         if text is None:
             self._held.append(token_id)
             return ""
-        self._held.clear()
+        if self._held:
+            self._held.clear()
         return text
 
     def feed_many(self, token_ids: list[int]) -> str:

@@ -94,6 +94,8 @@ class EventQueue:
 
     def put(self, event: Event) -> None:
         self._q.put(event)
+        if self._waiter is None:  # nobody waits (`aget` re-checks the queue after it sets one)
+            return
         with self._lock:
             waiter, self._waiter = self._waiter, None
         if waiter is not None:
