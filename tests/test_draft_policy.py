@@ -216,16 +216,16 @@ def test_new_requests_start_from_the_population_estimate():
     assert p.step_draft_len([_req("fresh")]) == 0
 
 
-def test_a_first_look_and_a_losing_probe_are_short_windows():
-    """A mode's first window at a load lasts `first_window` steps; once both modes have a
-    rate there, the winner's windows are whole, and a probe of the loser ends after
-    `first_window` steps when it trails by more than `early_exit` (and then moves the loser's
-    rate by its share of a whole window) — but runs whole when close (a close call needs the
-    whole window's precision)."""
+def test_a_losing_probe_is_a_short_window_and_a_first_look_is_whole():
+    """A mode's first window at a load is whole (a few steps would misjudge it); once both
+    modes have a rate there, the winner's windows are whole, and a probe of the loser ends
+    after `first_window` steps when it trails by more than `early_exit` (and then moves the
+    loser's rate by its share of a whole window) — but runs whole when close (a close call
+    needs the whole window's precision)."""
     p = _policy({8: 1e-3})
-    assert _window(p, 2000.0) == p.first_window  # spec's first look at 8 rows
+    assert _window(p, 2000.0) == p.mode_window  # spec's first look at 8 rows
     assert p.mode == "plain"
-    assert _window(p, 6000.0) == p.first_window  # plain's first look
+    assert _window(p, 6000.0) == p.mode_window  # plain's first look
     assert p.mode == "plain"  # 6,000 beats 2,000
     lengths = []
     while p.mode == "plain":

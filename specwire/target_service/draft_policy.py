@@ -7,20 +7,20 @@ Two decisions, at two time scales.
 preparation, and which one yields more tokens per second depends on everything at once: the
 batch, the drafts' real acceptance (bursty on code), the host's speed, a remote drafter's round
 trip, the cost of draining the pipeline to switch. So the policy runs one mode for a window of
-`mode_window` steps (`first_window` for a mode's first look at a load, and for a probe that
-trails the other mode's rate there by more than `early_exit` after `first_window` steps),
-measures the tokens generated per second and per row over it (the executor reports every step, a
-switch's drain and the loop between steps included), keeps an EMA per mode and batch-size bucket
-(a rate means nothing at another load), and then runs the mode with the better rate at the load
-just seen (speculation only when it is `spec_margin` faster: a near tie goes to the mode that
-cannot lose to no drafter); a window that starts at another load starts in the mode best there.
-At a load where the other mode has no rate yet it goes by what other loads imply (speculation
-pays less as the batch grows: plain winning at a smaller load wins here, speculation winning at
-a larger one wins here), and measures the other mode only when nothing is implied or a probe is
-due. Now and then it runs the losing mode for one window to re-measure it. How often: a probe
-costs one window at the losing rate, so the gap sets the interval — every `probe_every` windows
-when the modes are close, up to `max_probe_every` when the loser is far behind, keeping what
-probing costs near `probe_budget` of the throughput. It starts speculating.
+`mode_window` steps (a probe that trails the other mode's rate there by more than `early_exit`
+after `first_window` steps ends there), measures the tokens generated per second and per row
+over it (the executor reports every step, a switch's drain and the loop between steps included),
+keeps an EMA per mode and batch-size bucket (a rate means nothing at another load), and then
+runs the mode with the better rate at the load just seen (speculation only when it is
+`spec_margin` faster: a near tie goes to the mode that cannot lose to no drafter); a window that
+starts at another load starts in the mode best there. At a load where the other mode has no rate
+yet it goes by what other loads imply (speculation pays less as the batch grows: plain winning
+at a smaller load wins here, speculation winning at a larger one wins here), and measures the
+other mode only when nothing is implied or a probe is due. Now and then it runs the losing mode
+for one window to re-measure it. How often: a probe costs one window at the losing rate, so the
+gap sets the interval — every `probe_every` windows when the modes are close, up to
+`max_probe_every` when the loser is far behind, keeping what probing costs near `probe_budget`
+of the throughput. It starts speculating.
 
 **The draft length inside the speculative mode — modelled per step.** It picks the k that
 maximises expected committed tokens per second:
@@ -88,12 +88,13 @@ class DraftLengthPolicy:
     min_accept: float = 0.1  # below this per-draft acceptance a request stops drafting
     population_ema: float = 0.02  # weight of one request's step in the population estimate
     mode_window: int = 32  # steps per measured window of one mode
-    # A window ends after `first_window` steps when its mode has no rate at this load yet (a
-    # first look), or when it is a probe of the losing mode that, at that step, trails the
-    # winner's rate by more than `early_exit`: finding out that a mode still loses costs a few
-    # steps, not a whole window (a remote drafter's measuring windows cost up to 12 % of a
-    # serving pass on the H200: bench/RESULTS.md, round 7). A probe cut short counts in the
-    # rate's average by its share of a whole window.
+    # A probe of the losing mode that, after `first_window` steps, trails the winner's rate at
+    # this load by more than `early_exit` ends there: finding out that a mode still loses
+    # costs a few steps, not a whole window (a remote drafter's losing windows cost up to 12 %
+    # of a serving pass on the H200: bench/RESULTS.md, round 7), and counts in the rate's
+    # average by its share of a whole window. A mode's first look at a load stays a whole
+    # window: a few steps at the start of a response (n-gram drafts have nothing to match
+    # yet) would misjudge speculation for a long while.
     first_window: int = 8
     early_exit: float = 0.25
     probe_every: int = 8  # least windows between tries of the mode not in use
@@ -199,14 +200,17 @@ class DraftLengthPolicy:
         return True
 
     def _short(self, key: tuple[str, int], rate: float) -> bool:
-        """Whether a window that has run `first_window` steps ends now: its mode's first look
-        at this load, or a probe trailing the other mode's rate there by more than
-        `early_exit` (checked once, at this step: checking every step would stop a noisy
-        probe at its worst moment and bias the loser's rate down)."""
-        if key not in self.rates:
-            return True
+        """Whether a window that has run `first_window` steps ends now: a probe trailing the
+        other mode's rate at this load by more than `early_exit` (checked once, at this step:
+        checking every step would stop a noisy probe at its worst moment and bias the loser's
+        rate down)."""
         other = self.rates.get(("plain" if key[0] == "spec" else "spec", key[1]))
-        return self._probing and other is not None and rate < other * (1.0 - self.early_exit)
+        return (
+            self._probing
+            and key in self.rates
+            and other is not None
+            and rate < other * (1.0 - self.early_exit)
+        )
 
     def _start_window(self, rows: int) -> None:
         """A window starts with `rows` rows: at the load the last window ended with, or when
