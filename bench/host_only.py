@@ -76,6 +76,9 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--max-batch-size", type=int, default=64)
     ap.add_argument("--profile", choices=("executor", "output"), default=None)
+    ap.add_argument(
+        "--gc-threshold", type=int, default=None, help="gc.set_threshold(N) after warm-up"
+    )
     args = ap.parse_args()
     sys.setswitchinterval(5e-4)  # as `specwire target` sets it
     cfg = TargetConfig(
@@ -91,6 +94,8 @@ def main() -> int:
     runner.forward = StubForward(runner, engine.loaded.config.vocab_size, cfg.max_num_tokens)
     gc.collect()
     gc.freeze()
+    if args.gc_threshold is not None:
+        gc.set_threshold(args.gc_threshold, *gc.get_threshold()[1:])
     profiler = cProfile.Profile() if args.profile else None
     if profiler is not None:  # profile the chosen thread from its start
         name = {"executor": "specwire-executor", "output": "specwire-output"}[args.profile]
