@@ -109,6 +109,9 @@ def test_plain_decode_rows_take_the_short_path_to_the_same_step() -> None:
             if rng.random() < 0.2:  # a prompt chunk
                 req.output_ids, req.num_computed = [], rng.randint(0, plen - 1)
                 rows.append(Row(req, plen - req.num_computed, decode=False))
+            elif rng.random() < 0.2:  # the prompt's last token fed alone, nothing generated
+                req.output_ids, req.num_computed = [], plen - 1
+                rows.append(Row(req, 1, decode=True))
             else:
                 req.num_computed = plen + olen - 1  # its last token is the one fed
                 drafts = rng.choice([[], [], [7, 8]])

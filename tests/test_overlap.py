@@ -164,3 +164,22 @@ def test_adaptive_policy_switches_between_drafting_and_overlap(baseline):
     assert out == baseline
     assert _overlapped(eng) > 0
     assert eng.executor.stats.draft_tokens > 0  # and some steps speculated
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_every_token_after_the_first_is_one_inter_token_latency(overlap):
+    """TTFT once per request, an inter-token latency for every later token — whether the
+    step's latencies are observed one by one (synchronous) or all at once (overlapped)."""
+    eng = _engine(overlap=overlap)
+    done = run_to_completion(eng, PROMPTS[:6], max_new_tokens=12)
+    metrics = eng.executor.metrics
+    labels = {"model": metrics.model}
+
+    def sample(name: str) -> float:
+        return metrics.registry.get_sample_value(name, labels)
+
+    tokens = sum(len(c.token_ids) for c in done)
+    assert sample("specwire_time_to_first_token_seconds_count") == len(done) == 6
+    assert sample("specwire_inter_token_latency_seconds_count") == tokens - len(done) > 0
+    assert sample("specwire_inter_token_latency_seconds_sum") > 0
+    assert (_overlapped(eng) > 0) == overlap

@@ -94,7 +94,11 @@ class EventQueue:
 
     def put(self, event: Event) -> None:
         self._q.put(event)
-        if self._waiter is None:  # nobody waits (`aget` re-checks the queue after it sets one)
+        # Nobody waits: return without the lock. Safe because the event is queued BEFORE the
+        # waiter is read here, and `aget` sets its waiter BEFORE it re-checks the queue: if
+        # this read misses a waiter, that reader's re-check sees the event (ordering the GIL
+        # gives; the lock still guards taking a waiter).
+        if self._waiter is None:
             return
         with self._lock:
             waiter, self._waiter = self._waiter, None

@@ -27,8 +27,8 @@ def slot_of(table: Sequence[int], t: int, block_size: int, dummy_block: int = -1
 def slots_of(
     table: Sequence[int], start: int, count: int, block_size: int, dummy_block: int = -1
 ) -> list[int]:
-    """Slots of tokens start .. start+count-1 (see `slot_of`), a block's run at a time: a
-    prompt chunk costs a few list extends, not a Python call per token."""
+    """Slots of tokens start .. start+count-1 (see `slot_of`; block ids are >= 0), a block's
+    run at a time: a prompt chunk costs a few list extends, not a Python call per token."""
     if count == 1:
         return [slot_of(table, start, block_size, dummy_block)]
     out: list[int] = []
