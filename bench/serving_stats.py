@@ -339,9 +339,8 @@ def repeat_ratios(results: list[dict], key: str = "tok_per_s") -> dict[str, dict
     """With `--repeat`: per configuration other than `none` and per timed pass, the ratio of
     its mean tok/s over the rounds to `none`'s, and the range of the per-round ratios (round r
     of a configuration against round r of `none`, servers started one after the other; only
-    rounds where both ran). `key`:
-    "tok_per_s" (overall) or "steady_tok_s". Also `none`'s own spread (max / min over rounds):
-    the noise floor of a single ratio."""
+    rounds where both ran). `key`: "tok_per_s" (overall) or "steady_tok_s". Also `none`'s own
+    spread (max / min over rounds): the noise floor of a single ratio."""
 
     def tps(rec: dict, i: int) -> float | None:
         p = rec["passes"][i]

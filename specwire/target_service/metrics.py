@@ -70,11 +70,11 @@ def observe_many(histogram: Histogram, values: Sequence[float]) -> None:
     """`histogram.observe(v)` for every value, adding each bucket's count and the sum once
     (one lock each instead of two a value: a 64-row step observes 64 latencies). Relies on
     prometheus_client's Histogram fields; where they are not as expected, one at a time."""
+    if not values:
+        return
     bounds = getattr(histogram, "_upper_bounds", None)
     buckets = getattr(histogram, "_buckets", None)
     total = getattr(histogram, "_sum", None)
-    if not values:
-        return
     if bounds is None or buckets is None or total is None or len(bounds) != len(buckets):
         for v in values:
             histogram.observe(v)

@@ -129,13 +129,13 @@ class OutputStream:
         )
 
     def resolve(
-        self, index: int, token: int, now: float, itls: list[float] | None = None
+        self, index: int, token: int, now: float, itls: list[float]
     ) -> tuple[list[int], str | None]:
         """`append` for overlapped steps: output position `index` held a placeholder while its
         step ran; now (`now`) its token is known. On a finish, later placeholders (a step
         launched before this token was read) are dropped. The caller counts the token in the
-        metrics (once for the whole step); with `itls`, its inter-token latency too (appended
-        there, observed by the caller once for the step)."""
+        metrics, and observes its inter-token latency (appended to `itls`), once for the whole
+        step; a first token's TTFT is observed here."""
         req = self.request
         if req.first_token_time is None:
             req.first_token_time = now
@@ -144,7 +144,7 @@ class OutputStream:
         if reason:
             del req.output_ids[index + 1 :]
         previous = self.last_commit_time
-        if itls is not None and previous is not None:
+        if previous is not None:
             itls.append(now - previous)
         else:
             self.metrics.on_latency(req, 1, previous, now)

@@ -286,10 +286,15 @@ class RemoteDrafter(Drafter):
             future.cancel()
             return self._count("late")
         except grpc.RpcError as exc:
-            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                return self._count("late")
-            self._disconnect(f"Draft failed ({exc.code().name}: {exc.details()})")
-            return self._count("failed")
+            return self._call_failed(exc)
+
+    def _call_failed(self, exc: grpc.RpcError) -> None:
+        """A Draft call that raised: past its deadline it was late; otherwise the connection
+        is suspect (reconnect in the background). None: the step goes without these drafts."""
+        if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return self._count("late")
+        self._disconnect(f"Draft failed ({exc.code().name}: {exc.details()})")
+        return self._count("failed")
 
     def _stream_reply(self, step: int, stream, end: float):
         """The stream's reply for `step`, waiting until `end` (monotonic); None if late or the
@@ -418,10 +423,7 @@ class RemoteDrafter(Drafter):
         try:
             return self._stub.Draft(msg, timeout=self.config.deadline_ms / 1000)
         except grpc.RpcError as exc:
-            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                return self._count("late")
-            self._disconnect(f"Draft failed ({exc.code().name}: {exc.details()})")
-            return self._count("failed")
+            return self._call_failed(exc)
         except ValueError:  # the channel closed under us (shutdown)
             return self._count("failed")
 

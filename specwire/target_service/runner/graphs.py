@@ -16,8 +16,9 @@ are read), so every host-side buffer has two twins used alternately: a step neve
 inputs over a copy the GPU has not made yet, nor copies its tokens over ones the executor has
 not read. Each bucket is captured once per twin, with the upload from that twin's pinned
 inputs and the copy of the argmax back to its pinned outputs inside the graph: a step costs the
-host three CUDA calls (an event, the replay, an event), which matters on a virtualised driver
-where each call is dear; the two events are timed, so each step's device time is known. A token
+host two CUDA calls (the replay, an event after it), which matters on a virtualised driver
+where each call is dear; one replay in `TIMING_EVERY` adds a timed event before it, so a sample
+of the steps' device time is known. A token
 that step n+1 feeds but step n computes (a placeholder on the host) is gathered on the device,
 inside the graph, from step n's argmax (`feed`).
 """

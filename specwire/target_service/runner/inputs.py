@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from specwire.common.model.attention import AttentionMetadata
-from specwire.common.model.paged import blocks_for, slots_of
+from specwire.common.model.paged import blocks_for, slot_of, slots_of
 from specwire.target_service.scheduler import Row
 
 
@@ -165,11 +165,10 @@ class InputPreparer:
                     feed.append((i, row.feed_src))
                 ids.append(req.token_at(p))
                 pos.append(p)
-                b = p // bs
-                slots.append(table[b] * bs + p % bs if b < len(table) else -1)
+                slots.append(slot_of(table, p, bs))
                 cu.append(i + 1)
                 seq_lens.append(p + 1)
-                row_tables.append(table[: b + 1])
+                row_tables.append(table[: p // bs + 1])
                 spans.append((len(logit_rows), 1))
                 logit_rows.append(i)
                 continue
