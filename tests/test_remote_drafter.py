@@ -361,7 +361,8 @@ def test_late_reply_is_never_applied_to_a_newer_step(servers):
         h = Harness(f"127.0.0.1:{port}", deadline_ms=100)
         a = make_request("a", REPETITIVE)
         assert h.step([a]) == [[]]
-        time.sleep(0.6)  # the late reply for step 1 arrives while nobody waits
+        # The late reply for step 1 arrives while nobody waits (its stream slot frees).
+        wait_until(lambda: h.drafter._inflight is None, timeout=10, what="step 1's reply")
         assert h.step([a]) == [[1]]
         assert h.counters()["late"] == 1
         h.drafter.close()
