@@ -57,6 +57,8 @@ async def run_pass(engine, plan, args, pool) -> dict:
                     break
                 elif isinstance(ev, Failed):
                     errors += 1
+                    if errors == 1:
+                        print(f"first error: {ev.code}: {ev.message}", flush=True)
                     break
 
     t0 = time.perf_counter()

@@ -6,11 +6,14 @@ The real engine (`build_engine`, tiny-random) runs its executor, output thread a
 servicer-like asyncio consumer of `bench/engine_only.py`; only `ModelRunner.forward` is
 replaced: it does the GPU path's host part (`InputPreparer.prepare_varlen` and the staging of
 those lists into host arrays, as `TokenGraphs.replay` does) and returns each row's next token
-from a fixed pseudo-random table instead of launching a model. A stub, because the device part
-cannot run here; no figure from it says anything about GPU time. Plain decoding only (the
-overlapped path: speculation's verify needs real logits).
+from a fixed pseudo-random function of the token fed at that position (and of the position: a
+second table at every 5th, so that n-gram drafts are sometimes wrong) instead of launching a
+model. Greedy output is then a deterministic function of the context, as a model's is, so
+speculation (`--drafter ngram`: synchronous steps, drafting, verification, committing several
+tokens a row) runs its real host path too, and with the same output as plain decoding. A stub,
+because the device part cannot run here; no figure from it says anything about GPU time.
 
-    python bench/host_only.py --concurrency 1,32,64 [--profile executor|output]
+    python bench/host_only.py --concurrency 1,32,64 [--drafter ngram] [--profile executor|output]
 
 Prints tok/s per pass and, with --profile, the top functions of that thread (cProfile;
 wall time, so a function's share includes its waits for the GIL).
@@ -46,12 +49,17 @@ from specwire.target_service.runner.model_runner import StepLogits  # noqa: E402
 
 class StubForward:
     """`ModelRunner.forward` minus the device: the varlen inputs are prepared and staged on
-    the host as on the GPU path, the next tokens come from a table."""
+    the host as on the GPU path; the next token at a logit row is `table[id]` (`alt[id]` at
+    every 5th position) of the id fed there. Tokens the step in flight computes are gathered
+    from the previous call's outputs (`feed`), as the graph does on the device."""
 
-    def __init__(self, runner, vocab: int, max_tokens: int) -> None:
+    def __init__(self, runner, vocab: int, max_tokens: int, span: int = 512) -> None:
         self.inputs = runner.inputs
-        self.table = torch.from_numpy(np.random.default_rng(0).integers(3, vocab, 1 << 16))
-        self.n = 0
+        rng = np.random.default_rng(0)
+        span = min(span, vocab - 3)
+        self.table = rng.integers(3, 3 + span, vocab)
+        self.alt = rng.integers(3, 3 + span, vocab)
+        self.last = np.zeros(0, np.int64)
         shape = (max_tokens,)
         self.h_ids, self.h_pos, self.h_slots = (np.zeros(shape, np.int64) for _ in range(3))
 
@@ -61,11 +69,35 @@ class StubForward:
         self.h_ids[:t] = step.ids
         self.h_pos[:t] = step.positions
         self.h_slots[:t] = step.slots
-        k = len(step.logit_rows)
-        start = self.n % (len(self.table) - k)
-        self.n += k
-        greedy = self.table[start : start + k]
-        return StepLogits(torch.empty(0), step.spans, "stub", greedy=greedy)
+        ids = self.h_ids[:t].copy()  # the "device" part from here on
+        if step.feed:
+            dst, src = np.array(step.feed, np.int64).T
+            ids[dst] = self.last[src]
+        at = np.array(step.logit_rows, np.int64)
+        fed, pos = ids[at], self.h_pos[at]
+        self.last = np.where(pos % 5 == 4, self.alt[fed], self.table[fed])
+        return StepLogits(torch.empty(0), step.spans, "stub", greedy=torch.from_numpy(self.last))
+
+
+class StepCPU:
+    """The executor thread's CPU time in its steps (`time.thread_time`: time spent waiting for
+    the GIL or sleeping is not counted, so it is steadier on a small shared machine than
+    throughput)."""
+
+    def __init__(self, executor) -> None:
+        self.seconds, self.steps = 0.0, 0
+        step = executor.step
+
+        def timed() -> None:
+            t0 = time.thread_time()
+            step()
+            self.seconds += time.thread_time() - t0
+            self.steps += 1
+
+        executor.step = timed
+
+    def reset(self) -> None:
+        self.seconds, self.steps = 0.0, 0
 
 
 def main() -> int:
@@ -75,6 +107,8 @@ def main() -> int:
     ap.add_argument("--pass-factor", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--max-batch-size", type=int, default=64)
+    ap.add_argument("--drafter", default="none", help="none or ngram (in-process)")
+    ap.add_argument("--max-draft-len", type=int, default=4)
     ap.add_argument("--profile", choices=("executor", "output"), default=None)
     ap.add_argument(
         "--gc-threshold", type=int, default=None, help="gc.set_threshold(N) after warm-up"
@@ -83,7 +117,8 @@ def main() -> int:
     sys.setswitchinterval(5e-4)  # as `specwire target` sets it
     cfg = TargetConfig(
         model="tiny-random",
-        drafter="none",
+        drafter=args.drafter,
+        max_draft_len=args.max_draft_len,
         max_batch_size=args.max_batch_size,
         max_num_tokens=1024,
         max_context_len=2048,
@@ -92,6 +127,8 @@ def main() -> int:
     engine = build_engine(cfg)
     runner = engine.runner
     runner.forward = StubForward(runner, engine.loaded.config.vocab_size, cfg.max_num_tokens)
+    engine.executor.drafts.pads = False  # as on the GPU's varlen backends: real drafts only
+    cpu = StepCPU(engine.executor)
     gc.collect()
     gc.freeze()
     if args.gc_threshold is not None:
@@ -130,11 +167,14 @@ def main() -> int:
     async def go() -> None:
         for plan in plans:
             t0 = time.perf_counter()
+            cpu.reset()
             rec = await run_pass(engine, plan, args, pool)
             print(
-                f"host-only {plan.name}: {rec['tokens']} tokens in {rec['wall_s']:.2f}s "
-                f"({rec['tok_per_s']:.0f} tok/s), chunks {rec['chunks']}, errors {rec['errors']}"
-                f" [{time.perf_counter() - t0:.1f}s]",
+                f"host-only {args.drafter} {plan.name}: {rec['tokens']} tokens in "
+                f"{rec['wall_s']:.2f}s ({rec['tok_per_s']:.0f} tok/s), chunks {rec['chunks']}, "
+                f"errors {rec['errors']}; executor CPU {cpu.seconds * 1e6 / cpu.steps:.0f} us/step"
+                f" over {cpu.steps} steps, {cpu.seconds * 1e6 / max(rec['tokens'], 1):.1f} "
+                f"us/token [{time.perf_counter() - t0:.1f}s]",
                 flush=True,
             )
 

@@ -169,7 +169,8 @@ def test_adaptive_policy_switches_between_drafting_and_overlap(baseline):
 @pytest.mark.parametrize("overlap", [True, False])
 def test_every_token_after_the_first_is_one_inter_token_latency(overlap):
     """TTFT once per request, an inter-token latency for every later token — whether the
-    step's latencies are observed one by one (synchronous) or all at once (overlapped)."""
+    step is synchronous (`emit`) or overlapped (`resolve`); both observe a whole step's
+    latencies at once."""
     eng = _engine(overlap=overlap)
     done = run_to_completion(eng, PROMPTS[:6], max_new_tokens=12)
     metrics = eng.executor.metrics

@@ -178,6 +178,25 @@ def test_remote_drafter_is_lossless_over_50_prompts(tiny, baseline, drafters, ki
     eng.shutdown()
 
 
+@pytest.mark.parametrize("mode", ["stream", "unary"])
+def test_remote_drafter_with_the_two_batch_overlap_is_lossless(tiny, baseline, drafters, mode):
+    """Halves alternate: one half's drafts are asked for when it commits and collected when
+    it is launched again, while the other half ran. Output unchanged, nothing failed."""
+    server = drafters(drafter="ngram")
+    eng = engine(tiny, f"grpc://{server.address}", drafter_mode=mode, two_batch_overlap=True)
+    results = run_all(eng, PROMPTS)
+    assert [c.token_ids for c in results] == baseline["short"]
+    metrics = eng.executor.metrics
+    labels = {"model": metrics.model}
+    assert metrics.registry.get_sample_value("specwire_two_batch_steps_total", labels) > 0
+    c = eng.drafter.counters()
+    assert c["failed"] == c["stale"] == c["unknown_request"] == 0 and c["prefetched"] > 0
+    assert 0 < eng.executor.stats.accepted_tokens
+    wait_until(lambda: len(server.engine.store) == 0, timeout=10, what="sessions freed")
+    server.engine.check_integrity()
+    eng.shutdown()
+
+
 LOOKUP_PLUGIN = "examples.python.lookup_drafter:LastOccurrenceDrafter"
 
 

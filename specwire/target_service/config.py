@@ -25,6 +25,9 @@ class TargetConfig:
     dtype: str = "float32"
     cuda_graphs: bool = True
     overlap: bool = True  # launch plain greedy steps before the previous one is read
+    # Speculative steps alternate two halves of the batch: one half is prepared and committed
+    # while the device runs the other (greedy requests; off until measured on the GPU).
+    two_batch_overlap: bool = False
     attention: str = "auto"  # auto (triton on CUDA, sdpa on CPU) | triton | sdpa
     exact: bool = False  # batch-invariant GEMMs: bf16 speculation token-exact (GPU)
     fused: bool = False  # experimental: norms and SiLU·up folded into Triton GEMMs (GPU)

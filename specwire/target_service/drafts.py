@@ -85,7 +85,11 @@ class DraftIntake:
     def _check_into(self, row: Row) -> None:
         """Move the drafter's output from the request's mailbox into the row, checked."""
         req = row.request
-        drafts = list(req.draft_tokens or [])
+        if not req.draft_tokens:  # most rows under load: nothing proposed
+            row.drafts, row.draft_probs = [], None
+            req.draft_tokens, req.draft_probs = [], None
+            return
+        drafts = list(req.draft_tokens)
         probs = req.draft_probs
         budget = req.draft_budget
         if len(drafts) > budget:
@@ -96,12 +100,22 @@ class DraftIntake:
             probs = list(probs)[: len(drafts)]
             if len(probs) != len(drafts):
                 probs = None  # incomplete distributions: treat drafts as point masses
-        if not all(self._token_ok(t) for t in drafts) or not self._dists_ok(probs):
+        if not self._tokens_ok(drafts) or not self._dists_ok(probs):
             req.stats.refused_draft_tokens += len(drafts)
             self.stats.refused_draft_tokens += len(drafts)
             drafts, probs = [], None
-        row.drafts, row.draft_probs = [int(t) for t in drafts], probs
+        plain = all(type(t) is int for t in drafts)
+        row.drafts, row.draft_probs = drafts if plain else [int(t) for t in drafts], probs
         req.draft_tokens, req.draft_probs = [], None
+
+    def _tokens_ok(self, tokens: list) -> bool:
+        """Every draft a real token id (hot path: plain ints in range are checked at C speed,
+        anything else one by one)."""
+        if not tokens:
+            return True
+        if all(type(t) is int for t in tokens):
+            return 0 <= min(tokens) and max(tokens) < self.vocab_size
+        return all(self._token_ok(t) for t in tokens)
 
     def _token_ok(self, t: object) -> bool:
         """A real token id: an integer (not a bool) inside the vocabulary."""

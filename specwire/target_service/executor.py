@@ -43,7 +43,7 @@ from specwire.target_service.resources.base import ResourceRegistry
 from specwire.target_service.resources.kv_cache import KVCacheManager
 from specwire.target_service.runner.model_runner import ModelRunner, StepLogits
 from specwire.target_service.scheduler import Row, ScheduledBatch, Scheduler
-from specwire.target_service.verifier import TokenLogprob, Verifier
+from specwire.target_service.verifier import TokenLogprob, Verified, Verifier
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,19 @@ class _InFlight:
     src: dict[str, int] = field(default_factory=dict)  # request id -> its logit row
 
 
+@dataclass
+class _InFlightSpec:
+    """A speculative step of the two-batch overlap: launched with its drafts, not read yet.
+    Its requests are neither scheduled nor preempted until it is completed."""
+
+    step_no: int
+    rows: list[Row]
+    logits: StepLogits
+    t_launch: float
+    ids: frozenset[str]  # its requests
+    rows_total: int  # its rows plus those of the step in flight when it launched
+
+
 class Executor:
     def __init__(
         self,
@@ -78,6 +91,7 @@ class Executor:
         vocab_size: int,
         metrics: TargetMetrics | None = None,  # the one make_stream's streams report to
         overlap: bool = True,  # overlap plain greedy steps (see the module docstring)
+        two_batch: bool = False,  # speculative steps alternate two halves of the batch
     ) -> None:
         self.scheduler = scheduler
         self.resources = resources
@@ -89,7 +103,9 @@ class Executor:
         self.max_draft_len = max_draft_len
         self.vocab_size = vocab_size
         self.overlap = overlap
+        self.two_batch = two_batch
         self._inflight: _InFlight | None = None
+        self._inflight_spec: _InFlightSpec | None = None  # two-batch overlap
         self._generated = 0  # output tokens committed so far (the policy's rates)
         # When the last step() ended (None after idling): a synchronous step's rate window
         # runs from there, so the loop's work between steps counts against it as it does
@@ -182,13 +198,14 @@ class Executor:
                     and not self._inbox
                     and not self.scheduler.has_work
                     and self._inflight is None
+                    and self._inflight_spec is None
                 ):
                     self._mark = None  # idle time is nobody's step
                     self._wake.wait(timeout=1.0)
                 if self._stop:
                     return
             self._drain_inbox()
-            if self.scheduler.has_work or self._inflight is not None:
+            if not self.idle:
                 self.step()
 
     def _drain_inbox(self) -> None:
@@ -211,7 +228,9 @@ class Executor:
     @property
     def idle(self) -> bool:
         """Nothing scheduled and no step in flight."""
-        return not self.scheduler.has_work and self._inflight is None
+        return (
+            not self.scheduler.has_work and self._inflight is None and self._inflight_spec is None
+        )
 
     def run_until_idle(self, max_steps: int = 1_000_000) -> None:
         """Drive steps on the caller's thread (tests and benchmarks without the server)."""
@@ -228,8 +247,16 @@ class Executor:
         """One step: a plain greedy step overlaps with the next one's preparation; a step that
         drafts, samples or reports logprobs first reads the step in flight, then runs alone."""
         overlap, step_k = self._plan()
+        two = self._two_batch_ok(overlap, step_k)
+        if not two and self._inflight_spec is not None:
+            self._finish_spec()  # leaving the two-batch overlap: its last step is timed alone
+            self._mark = time.perf_counter()
         t_start, generated = self._mark or time.perf_counter(), self._generated
         try:
+            if two:
+                self._finish_inflight(observe=False)  # drafting needs every token on the host
+                self._step_two_batch(step_k)
+                return
             if not overlap:
                 self._finish_inflight(observe=False)  # drafting needs every token on the host
             t0 = time.perf_counter()
@@ -251,15 +278,29 @@ class Executor:
             overlap = False
         return overlap, step_k
 
-    def _schedule(self, step_k: int) -> ScheduledBatch | None:
+    def _two_batch_ok(self, overlap: bool, step_k: int) -> bool:
+        """Whether this step runs as one half of the two-batch overlap: a speculative step
+        (the policy drafts), overlapping allowed, every request greedy without logprobs (their
+        tokens are read from the argmax copied back, never from logits the next step
+        overwrites), and at least two requests to split."""
+        if not (self.two_batch and self.overlap and not overlap and step_k > 0):
+            return False
+        sched = self.scheduler
+        return self._sync_requests <= 0 and len(sched.running) + len(sched.waiting) >= 2
+
+    def _schedule(
+        self, step_k: int, exclude: frozenset[str] = frozenset(), max_rows: int | None = None
+    ) -> ScheduledBatch | None:
         """The next batch, or None when nothing can run (the step in flight is read: its
         finishing requests may hold the KV blocks needed)."""
         self._gpu_wait = 0.0
-        batch = self.scheduler.schedule(step_k=step_k)
+        batch = self.scheduler.schedule(step_k=step_k, exclude=exclude, max_rows=max_rows)
         if batch.preempted:
             self.metrics.preemptions.inc(len(batch.preempted))
         if not batch:
-            if self._inflight is not None:
+            if self._inflight_spec is not None:
+                self._finish_spec()
+            elif self._inflight is not None:
                 self._finish_inflight()
             else:
                 time.sleep(0.001)  # waiting for KV blocks held by finishing requests
@@ -347,6 +388,97 @@ class Executor:
             self._gpu_wait = 0.0
             self._complete(prev)
             self._observed_plain(prev, t0 - prev.t_launch)
+
+    # -- two-batch overlap (speculative steps) ----------------------------------------------
+    def _step_two_batch(self, step_k: int) -> None:
+        """Schedule, draft and launch the requests that are not in the step in flight (at
+        most half of all), then read and commit the step in flight: its verification,
+        committing and streaming, and this step's scheduling and drafting, run on the host
+        while the device runs the other half."""
+        prev = self._inflight_spec
+        in_flight = len(prev.rows) if prev is not None else 0
+        sched = self.scheduler
+        total = min(len(sched.running) + len(sched.waiting), sched.config.max_batch_size)
+        max_rows = min(sched.config.max_batch_size - in_flight, (total + 1) // 2)
+        if max_rows <= 0:
+            self._finish_spec()
+            return
+        t0 = time.perf_counter()
+        exclude = prev.ids if prev is not None else frozenset()
+        batch = self._schedule(step_k, exclude, max_rows)
+        if batch is None:
+            return
+        decode = batch.decode_rows
+        try:
+            self.resources.prepare(batch.requests)
+            t1 = time.perf_counter()
+            if self.drafts.prepare(decode, ask_drafter=True, step_no=self.step_no):
+                self.metrics.draft_seconds.observe(time.perf_counter() - t1)
+            logits = self.runner.forward(
+                batch.rows, [self.kv.block_table(r) for r in batch.requests]
+            )
+        except Exception:
+            # Run it the careful way: finish the step in flight, then retry in isolation.
+            log.warning("two-batch step %d failed to launch; retrying it", self.step_no)
+            self._finish_spec()
+            self._gpu_wait = 0.0
+            self._run_isolated([r for r in batch.rows if not r.request.finished], draft=True)
+            return
+        if logits.graph is None:
+            self.metrics.eager_steps.inc()
+        self.metrics.two_batch_steps.inc()
+        ids = frozenset(r.request.request_id for r in batch.rows)
+        rows_total = len(batch.rows) + in_flight
+        self._inflight_spec = _InFlightSpec(self.step_no, batch.rows, logits, t0, ids, rows_total)
+        if prev is not None:
+            generated = self._generated
+            self._gpu_wait = 0.0
+            self._complete_spec(prev)
+            self._observed_spec(prev, self._generated - generated, t0 - prev.t_launch)
+
+    def _finish_spec(self) -> None:
+        """Read and commit the two-batch step in flight, if any (timed launch to now)."""
+        prev = self._inflight_spec
+        if prev is None:
+            return
+        generated = self._generated
+        self._gpu_wait = 0.0
+        self._complete_spec(prev)
+        self._observed_spec(prev, self._generated - generated, time.perf_counter() - prev.t_launch)
+
+    def _observed_spec(self, done: _InFlightSpec, generated: int, period: float) -> None:
+        # Per row of both halves: each request runs every other period.
+        self.scheduler.policy.observe_rate(generated, period, done.rows_total)
+        self._count_step(period)
+
+    def _complete_spec(self, done: _InFlightSpec) -> None:
+        """Wait for a two-batch step, verify and commit it. Rows of requests that finished
+        meanwhile (cancelled, stopped) are dropped. If reading or verifying raises, the other
+        step in flight is completed first (nothing else may use the device's staging buffers
+        while it runs), then this step's rows are retried in isolation, without drafts."""
+        if self._inflight_spec is done:
+            self._inflight_spec = None
+        decode = [r for r in done.rows if r.decode]
+        t0 = time.perf_counter()
+        try:
+            self.runner.wait(done.logits)
+            self._observe_gpu(done.logits)
+            verified = self.verifier.verify(decode, done.logits)
+        except Exception:
+            log.warning("two-batch step %d failed; retrying its rows", done.step_no)
+            self._gpu_wait += time.perf_counter() - t0
+            self._finish_spec()
+            self._run_isolated([r for r in done.rows if not r.request.finished], draft=False)
+            return
+        self._gpu_wait += time.perf_counter() - t0
+        rows = done.rows
+        if any(r.request.finished for r in rows):
+            keep = [i for i, r in enumerate(decode) if not r.request.finished]
+            verified = Verified(
+                [verified.tokens[i] for i in keep], [verified.logprobs[i] for i in keep]
+            )
+            rows = [r for r in rows if not r.request.finished]
+        self._commit(ScheduledBatch(rows=rows), verified)
 
     def _finish_inflight(self, observe: bool = True) -> None:
         """Read the step in flight, if any. `observe`: time it as a plain step (launch to
@@ -479,6 +611,8 @@ class Executor:
         logprobs: Sequence[list[TokenLogprob] | None],
     ) -> None:
         rendered, verified, generated = [], [], 0
+        itls: list[float] = []
+        now = time.monotonic()
         observe = self.scheduler.policy.observe
         for row, toks, lps in zip(rows, new_tokens, logprobs, strict=True):
             req = row.request
@@ -488,13 +622,14 @@ class Executor:
             observe(req, drafted, acc)
             verified.append((drafted, acc))
             stream = self.streams[req.request_id]
-            kept, reason = stream.append(toks, count=False)
+            kept, reason = stream.append(toks, itls, now)
             generated += len(kept)
             rendered.append((stream, kept, reason, drafted, acc, self.step_no, lps))
             if reason is not None:
                 self._release(req)
         # Per step, not per row: each metric update takes a lock.
         self.metrics.on_verified(verified)
+        self.metrics.observe_itl(itls)
         self.metrics.tokens.inc(generated)
         self._generated += generated
         self.output.render_many(rendered)

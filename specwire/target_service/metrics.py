@@ -108,6 +108,12 @@ class TargetMetrics:
             "specwire_overlapped_steps",
             "Steps launched before the previous step's tokens were read (plain greedy steps)",
         )
+        self.two_batch_steps = family(
+            Counter,
+            "specwire_two_batch_steps",
+            "Speculative steps launched while the other half of the batch ran"
+            " (--two-batch-overlap)",
+        )
         self.preemptions = family(
             Counter,
             "specwire_preemptions",

@@ -85,13 +85,17 @@ class OutputStream:
         kept, reason = self.append(new_tokens)
         return self.render(kept, reason, drafted, accepted, step, logprobs)
 
-    def append(self, new_tokens: list[int], count: bool = True) -> tuple[list[int], str | None]:
+    def append(
+        self, new_tokens: list[int], itls: list[float] | None = None, now: float | None = None
+    ) -> tuple[list[int], str | None]:
         """The executor's half: append verified tokens and apply the token-level finish rules
         (EOS, context, length). Returns the tokens kept and the finish reason, if any. Cheap:
-        no text is produced here. `count=False`: the caller counts the kept tokens in the
-        metrics (once for a whole step)."""
+        no text is produced here. With `itls`, the caller counts the kept tokens in the metrics
+        and observes the chunk's inter-token latency (appended to `itls`) once for a whole
+        step, as `resolve` does; a first token's TTFT is observed here."""
         req = self.request
-        now = time.monotonic()
+        if now is None:
+            now = time.monotonic()
         if req.first_token_time is None:
             req.first_token_time = now
         kept: list[int] = []
@@ -102,10 +106,13 @@ class OutputStream:
             reason = self._finish_rule(tok, len(req.output_ids))
             if reason:
                 break
-        if count:
-            self.metrics.on_committed(req, len(kept), self.last_commit_time, now)
+        previous = self.last_commit_time
+        if itls is None:
+            self.metrics.on_committed(req, len(kept), previous, now)
+        elif previous is not None:
+            itls.append((now - previous) / len(kept))
         else:
-            self.metrics.on_latency(req, len(kept), self.last_commit_time, now)
+            self.metrics.on_latency(req, len(kept), previous, now)
         self.last_commit_time = now
         return kept, reason
 

@@ -161,11 +161,12 @@ class Request:
     @property
     def useful_drafts(self) -> int:
         """Drafts that could be used at all (never past max_new_tokens)."""
-        remaining = self.max_new_tokens - len(self.output_ids) - 1
+        out = len(self.output_ids)
+        remaining = self.max_new_tokens - out - 1
         if self.max_context_len:
             # Verify positions never pass the end of the context: the last committed token
             # sits at num_tokens - 1, its drafts after it, and the bonus token must fit too.
-            remaining = min(remaining, self.max_context_len - self.num_tokens - 1)
+            remaining = min(remaining, self.max_context_len - len(self.prompt_ids) - out - 1)
         return max(0, min(self.max_draft_len, remaining))
 
     @property

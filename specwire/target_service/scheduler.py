@@ -32,7 +32,7 @@ class SchedulerConfig:
             raise ValueError("max_num_tokens must leave room for one decode row (1 + K)")
 
 
-@dataclass
+@dataclass(slots=True)
 class Row:
     """One request's share of a step."""
 
@@ -97,9 +97,13 @@ class Scheduler:
 
     def draft_len(self) -> int:
         """The draft length the policy picks for the next step (before request caps)."""
-        queue = self.running
-        decode_next = [r for r in queue if r.num_tokens - r.num_computed == 1]
-        prefill = sum(r.num_tokens - r.num_computed for r in queue) - len(decode_next)
+        decode_next, prefill = [], 0
+        for r in self.running:
+            left = len(r.prompt_ids) + len(r.output_ids) - r.num_computed  # uncached tokens
+            if left == 1:
+                decode_next.append(r)
+            else:
+                prefill += left
         return self.policy.step_draft_len(decode_next, min(prefill, self.config.max_num_tokens))
 
     def wants_drafts(self, step_k: int) -> bool:
@@ -112,15 +116,29 @@ class Scheduler:
             cap(r, step_k) > 0 for r in waiting
         )
 
-    def schedule(self, step_k: int | None = None) -> ScheduledBatch:
-        """Plan the next step. `step_k` overrides the policy's draft length (0: no drafts)."""
+    def schedule(
+        self,
+        step_k: int | None = None,
+        exclude: frozenset[str] | set[str] = frozenset(),
+        max_rows: int | None = None,
+    ) -> ScheduledBatch:
+        """Plan the next step. `step_k` overrides the policy's draft length (0: no drafts).
+        Two-batch overlap: requests in `exclude` (the step in flight) are neither scheduled
+        nor preempted (the device may still write their cache blocks), and the step takes at
+        most `max_rows` rows."""
         batch = ScheduledBatch()
         tokens_left = self.config.max_num_tokens
         free_blocks = self.kv.num_free_blocks
-        queue = list(self.running)
+        if exclude:
+            queue = [r for r in self.running if r.request_id not in exclude]
+        else:
+            queue = list(self.running)
+        row_limit = self.config.max_batch_size
+        if max_rows is not None:
+            row_limit = min(row_limit, max_rows)
         if step_k is None:
             step_k = self.draft_len()
-        while queue and len(batch.rows) < self.config.max_batch_size and tokens_left > 0:
+        while queue and len(batch.rows) < row_limit and tokens_left > 0:
             req = queue.pop(0)
             row, cost, blocks = self._plan_row(req, tokens_left, step_k)
             while blocks > free_blocks and queue:
@@ -128,14 +146,15 @@ class Scheduler:
                 free_blocks += len(self.kv.block_table(victim))
                 self._preempt(victim, batch)
             if blocks > free_blocks:
-                if not batch.rows:
-                    # Alone and still too big: wait for blocks (never crash, never leak).
+                if not batch.rows and not exclude:
+                    # Alone and still too big: wait for blocks (never crash, never leak). With
+                    # a step in flight, wait for it instead: it may give blocks back.
                     self._preempt(req, batch)
                 break
             self._commit(row, cost, blocks, batch)
             tokens_left -= cost
             free_blocks -= blocks
-        while self.waiting and len(batch.rows) < self.config.max_batch_size and tokens_left > 0:
+        while self.waiting and len(batch.rows) < row_limit and tokens_left > 0:
             req = self.waiting[0]
             row, cost, blocks = self._plan_row(req, tokens_left, step_k)
             if blocks > free_blocks:
