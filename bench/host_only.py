@@ -47,14 +47,42 @@ from specwire.target_service.engine import build_engine  # noqa: E402
 from specwire.target_service.runner.model_runner import StepLogits  # noqa: E402
 
 
+class DeviceClock:
+    """A simulated device (`--device-ms`): steps run one after another, each taking a fixed
+    time plus a time per token; `synchronize` sleeps (the GIL released, as a CUDA wait) until
+    the step's end. A model of a GPU, not a measurement of one."""
+
+    def __init__(self, ms: float, us_per_token: float) -> None:
+        self.step_s, self.token_s = ms / 1e3, us_per_token / 1e6
+        self.free_at = 0.0
+
+    def launch(self, tokens: int) -> _StepEnd:
+        start = max(time.perf_counter(), self.free_at)
+        self.free_at = start + self.step_s + tokens * self.token_s
+        return _StepEnd(self.free_at)
+
+
+class _StepEnd:
+    def __init__(self, at: float) -> None:
+        self.at = at
+
+    def synchronize(self) -> None:
+        left = self.at - time.perf_counter()
+        if left > 0:
+            time.sleep(left)
+
+
 class StubForward:
     """`ModelRunner.forward` minus the device: the varlen inputs are prepared and staged on
     the host as on the GPU path; the next token at a logit row is `table[id]` (`alt[id]` at
     every 5th position) of the id fed there. Tokens the step in flight computes are gathered
     from the previous call's outputs (`feed`), as the graph does on the device."""
 
-    def __init__(self, runner, vocab: int, max_tokens: int, span: int = 512) -> None:
+    def __init__(
+        self, runner, vocab: int, max_tokens: int, device: DeviceClock | None, span: int = 512
+    ) -> None:
         self.inputs = runner.inputs
+        self.device = device
         rng = np.random.default_rng(0)
         span = min(span, vocab - 3)
         self.table = rng.integers(3, 3 + span, vocab)
@@ -76,7 +104,9 @@ class StubForward:
         at = np.array(step.logit_rows, np.int64)
         fed, pos = ids[at], self.h_pos[at]
         self.last = np.where(pos % 5 == 4, self.alt[fed], self.table[fed])
-        return StepLogits(torch.empty(0), step.spans, "stub", greedy=torch.from_numpy(self.last))
+        done = self.device.launch(t) if self.device is not None else None
+        greedy = torch.from_numpy(self.last)
+        return StepLogits(torch.empty(0), step.spans, "stub", greedy=greedy, done=done)
 
 
 class StepCPU:
@@ -109,6 +139,14 @@ def main() -> int:
     ap.add_argument("--max-batch-size", type=int, default=64)
     ap.add_argument("--drafter", default="none", help="none or ngram (in-process)")
     ap.add_argument("--max-draft-len", type=int, default=4)
+    ap.add_argument("--two-batch-rows", type=int, default=0)
+    ap.add_argument(
+        "--device-ms",
+        type=float,
+        default=0.0,
+        help="simulate a device: each step takes this long (plus --device-us-per-token)",
+    )
+    ap.add_argument("--device-us-per-token", type=float, default=0.0)
     ap.add_argument("--profile", choices=("executor", "output"), default=None)
     ap.add_argument(
         "--gc-threshold", type=int, default=None, help="gc.set_threshold(N) after warm-up"
@@ -119,6 +157,7 @@ def main() -> int:
         model="tiny-random",
         drafter=args.drafter,
         max_draft_len=args.max_draft_len,
+        two_batch_rows=args.two_batch_rows,
         max_batch_size=args.max_batch_size,
         max_num_tokens=1024,
         max_context_len=2048,
@@ -126,7 +165,11 @@ def main() -> int:
     )
     engine = build_engine(cfg)
     runner = engine.runner
-    runner.forward = StubForward(runner, engine.loaded.config.vocab_size, cfg.max_num_tokens)
+    device = None
+    if args.device_ms or args.device_us_per_token:
+        device = DeviceClock(args.device_ms, args.device_us_per_token)
+    vocab = engine.loaded.config.vocab_size
+    runner.forward = StubForward(runner, vocab, cfg.max_num_tokens, device)
     engine.executor.drafts.pads = False  # as on the GPU's varlen backends: real drafts only
     cpu = StepCPU(engine.executor)
     gc.collect()
@@ -164,13 +207,16 @@ def main() -> int:
     plans = plan_passes(prompts, levels, None, 16, args.min_prompts, args.pass_factor)
     pool = futures.ThreadPoolExecutor(4, "tokenize")
 
+    label = args.drafter + (f" two-batch>={args.two_batch_rows}" if args.two_batch_rows else "")
+
     async def go() -> None:
         for plan in plans:
             t0 = time.perf_counter()
             cpu.reset()
             rec = await run_pass(engine, plan, args, pool)
             print(
-                f"host-only {args.drafter} {plan.name}: {rec['tokens']} tokens in "
+                f"host-only {label} "
+                f"{plan.name}: {rec['tokens']} tokens in "
                 f"{rec['wall_s']:.2f}s ({rec['tok_per_s']:.0f} tok/s), chunks {rec['chunks']}, "
                 f"errors {rec['errors']}; executor CPU {cpu.seconds * 1e6 / cpu.steps:.0f} us/step"
                 f" over {cpu.steps} steps, {cpu.seconds * 1e6 / max(rec['tokens'], 1):.1f} "

@@ -183,7 +183,7 @@ def test_remote_drafter_with_the_two_batch_overlap_is_lossless(tiny, baseline, d
     """Halves alternate: one half's drafts are asked for when it commits and collected when
     it is launched again, while the other half ran. Output unchanged, nothing failed."""
     server = drafters(drafter="ngram")
-    eng = engine(tiny, f"grpc://{server.address}", drafter_mode=mode, two_batch_overlap=True)
+    eng = engine(tiny, f"grpc://{server.address}", drafter_mode=mode, two_batch_rows=2)
     results = run_all(eng, PROMPTS)
     assert [c.token_ids for c in results] == baseline["short"]
     metrics = eng.executor.metrics

@@ -1,4 +1,4 @@
-"""The two-batch overlap (`--two-batch-overlap`) is lossless: speculative steps that alternate
+"""The two-batch overlap (`--two-batch-rows N`) is lossless: speculative steps that alternate
 two halves of the batch — one half scheduled, drafted and launched while the other is still in
 flight — give, token for token, what plain synchronous decoding gives, with preemption,
 cancellation, late EOS, a failing request and sampled neighbours.
@@ -29,7 +29,7 @@ def _engine(drafter="ngram", two_batch=True, **kw):
         drafter=drafter,
         max_draft_len=4,
         progress=False,
-        two_batch_overlap=two_batch,
+        two_batch_rows=kw.pop("two_batch_rows", 2 if two_batch else 0),
         max_batch_size=kw.pop("max_batch_size", 8),
         **kw,
     )

@@ -30,9 +30,10 @@ ENGINE_FLAGS = {
     ),
     "cuda_graphs": Flag("run every step eagerly, without CUDA graphs"),
     "overlap": Flag("run every step synchronously (no step launched before the last is read)"),
-    "two_batch_overlap": Flag(
-        "speculative steps alternate two halves of the batch, one prepared while the device"
-        " runs the other (greedy requests; experimental, not yet measured on a GPU)"
+    "two_batch_rows": Flag(
+        "speculative steps alternate two halves of the batch when at least this many requests"
+        " run, one half prepared while the device runs the other (greedy requests; 0 = never;"
+        " experimental, not yet measured on a GPU)"
     ),
     "attention": Flag(
         "auto (triton on CUDA, sdpa on CPU) | triton | sdpa", choices=("auto", "triton", "sdpa")

@@ -25,9 +25,10 @@ class TargetConfig:
     dtype: str = "float32"
     cuda_graphs: bool = True
     overlap: bool = True  # launch plain greedy steps before the previous one is read
-    # Speculative steps alternate two halves of the batch: one half is prepared and committed
-    # while the device runs the other (greedy requests; off until measured on the GPU).
-    two_batch_overlap: bool = False
+    # Speculative steps alternate two halves of the batch when at least this many requests
+    # run: one half is prepared and committed while the device runs the other (greedy
+    # requests). 0 = never (the default until measured on a GPU).
+    two_batch_rows: int = 0
     attention: str = "auto"  # auto (triton on CUDA, sdpa on CPU) | triton | sdpa
     exact: bool = False  # batch-invariant GEMMs: bf16 speculation token-exact (GPU)
     fused: bool = False  # experimental: norms and SiLU·up folded into Triton GEMMs (GPU)
@@ -62,6 +63,8 @@ class TargetConfig:
             raise UserError("--device cuda was asked for but no CUDA GPU is available")
         if self.max_batch_size < 1:
             raise UserError("--max-batch-size must be >= 1")
+        if self.two_batch_rows < 0:
+            raise UserError(f"--two-batch-rows must be >= 0, got {self.two_batch_rows}")
         if self.max_context_len < 2:
             raise UserError("--max-context-len must be >= 2")
         if self.max_num_tokens < 1 + self.max_draft_len:

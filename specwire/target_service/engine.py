@@ -293,11 +293,11 @@ def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine
         vocab_size=loaded.config.vocab_size,
         metrics=metrics,
         overlap=cfg.overlap,
-        two_batch=cfg.two_batch_overlap,
+        two_batch_rows=cfg.two_batch_rows,
     )
     log.info(
         "engine ready: model=%s device=%s drafter=%s K=%d graphs=%s attention=%s ops=%s policy=%s"
-        " overlap=%s two-batch=%s",
+        " overlap=%s two-batch-rows=%d",
         cfg.model,
         cfg.device,
         cfg.drafter,
@@ -307,6 +307,6 @@ def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine
         model.ops.name,
         "adaptive" if policy.adaptive else "static",
         cfg.overlap,
-        cfg.two_batch_overlap,
+        cfg.two_batch_rows,
     )
     return Engine(cfg, loaded, kv, resources, drafter, runner, executor)

@@ -91,7 +91,7 @@ class Executor:
         vocab_size: int,
         metrics: TargetMetrics | None = None,  # the one make_stream's streams report to
         overlap: bool = True,  # overlap plain greedy steps (see the module docstring)
-        two_batch: bool = False,  # speculative steps alternate two halves of the batch
+        two_batch_rows: int = 0,  # speculative steps alternate two halves from this many rows
     ) -> None:
         self.scheduler = scheduler
         self.resources = resources
@@ -103,7 +103,7 @@ class Executor:
         self.max_draft_len = max_draft_len
         self.vocab_size = vocab_size
         self.overlap = overlap
-        self.two_batch = two_batch
+        self.two_batch_rows = two_batch_rows
         self._inflight: _InFlight | None = None
         self._inflight_spec: _InFlightSpec | None = None  # two-batch overlap
         self._generated = 0  # output tokens committed so far (the policy's rates)
@@ -282,11 +282,12 @@ class Executor:
         """Whether this step runs as one half of the two-batch overlap: a speculative step
         (the policy drafts), overlapping allowed, every request greedy without logprobs (their
         tokens are read from the argmax copied back, never from logits the next step
-        overwrites), and at least two requests to split."""
-        if not (self.two_batch and self.overlap and not overlap and step_k > 0):
+        overwrites), and at least `two_batch_rows` (and two) requests to split."""
+        if not (self.two_batch_rows > 0 and self.overlap and not overlap and step_k > 0):
             return False
         sched = self.scheduler
-        return self._sync_requests <= 0 and len(sched.running) + len(sched.waiting) >= 2
+        rows = len(sched.running) + len(sched.waiting)
+        return self._sync_requests <= 0 and rows >= max(2, self.two_batch_rows)
 
     def _schedule(
         self, step_k: int, exclude: frozenset[str] = frozenset(), max_rows: int | None = None

@@ -111,8 +111,7 @@ class TargetMetrics:
         self.two_batch_steps = family(
             Counter,
             "specwire_two_batch_steps",
-            "Speculative steps launched while the other half of the batch ran"
-            " (--two-batch-overlap)",
+            "Speculative steps launched while the other half of the batch ran (--two-batch-rows)",
         )
         self.preemptions = family(
             Counter,
