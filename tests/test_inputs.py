@@ -93,10 +93,10 @@ def _reference_step(prep: InputPreparer, rows, tables) -> tuple:
     return ids, pos, slots, cu, seq_lens, tabs, logit_rows, spans, feed
 
 
-def test_plain_decode_rows_take_the_short_path_to_the_same_step() -> None:
-    """Plain decode rows (one token, no drafts) have a short path in `prepare_varlen`; mixed
-    with verify rows and prompt chunks, with and without a fed placeholder, with the token's
-    block inside or past the table, the step equals the definition."""
+def test_steady_decode_rows_take_the_short_path_to_the_same_step() -> None:
+    """Steady decode rows (one committed token, then any drafts) have a short path in
+    `prepare_varlen`; mixed with prompt chunks, with and without a fed placeholder, with the
+    tokens' blocks inside, across or past the table, the step equals the definition."""
     import random
 
     rng = random.Random(1)
@@ -114,7 +114,7 @@ def test_plain_decode_rows_take_the_short_path_to_the_same_step() -> None:
                 rows.append(Row(req, 1, decode=True))
             else:
                 req.num_computed = plen + olen - 1  # its last token is the one fed
-                drafts = rng.choice([[], [], [7, 8]])
+                drafts = rng.choice([[], [], [7], [7, 8], [7, 8, 9, 10, 11, 12]])
                 rows.append(Row(req, 1, decode=True, drafts=drafts, feed_src=rng.choice([-1, 3])))
             tables.append(rng.sample(range(1, 40), rng.randint(1, 7)))
         step = prep.prepare_varlen(rows, tables)

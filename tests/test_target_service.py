@@ -351,3 +351,41 @@ def test_held_tokens_go_out_before_a_cancel_and_not_after_a_failure(tiny, end) -
         assert events[2].completion_tokens == 3 and events[2].token_ids == [40, 41, 42]
     else:
         assert [type(e) for e in events] == [Chunk, Failed]
+
+
+def test_appending_a_chunk_applies_the_finish_rules_token_by_token(tiny) -> None:
+    """`OutputStream.append` keeps the tokens up to the first that ends the request (EOS
+    unless ignored, the context, the length) whether or not it takes its shortcut for chunks
+    that cannot end it: against the rules applied one token at a time."""
+    import random
+
+    from specwire.target_service.output import OutputStream
+    from specwire.target_service.request import Request
+
+    rng = random.Random(5)
+    for _ in range(300):
+        prompt = [1] * rng.randint(1, 6)
+        req = Request("r", prompt, max_new_tokens=rng.randint(1, 12), ignore_eos=rng.random() < 0.2)
+        eos, context = {rng.randint(0, 9)}, len(prompt) + rng.randint(1, 14)
+        stream = OutputStream(req, tiny.tokenizer, eos, context)
+        expected: list[int] = []
+        while True:
+            chunk = [rng.randint(0, 9) for _ in range(rng.randint(1, 5))]
+            want, why = [], None
+            for tok in chunk:
+                want.append(tok)
+                n = len(expected) + len(want)
+                if tok in eos and not req.ignore_eos:
+                    why = "eos"
+                elif len(prompt) + n >= context:
+                    why = "context"
+                elif n >= req.max_new_tokens:
+                    why = "length"
+                if why:
+                    break
+            kept, reason = stream.append(chunk)
+            expected += want
+            assert (kept, reason) == (want, why)
+            assert req.output_ids == expected
+            if reason:
+                break

@@ -106,3 +106,21 @@ def test_plain_rows_recorded_at_once_equal_one_at_a_time() -> None:
     empty = SpecStats()
     empty.record_plain(0)
     assert empty == SpecStats() and empty.histogram == []  # nothing verified: nothing recorded
+
+
+def test_a_steps_rows_recorded_at_once_equal_one_at_a_time() -> None:
+    """The synchronous step records its rows' (drafted, accepted) in one call
+    (SpecStats.record_many), growing the histogram as `record` does."""
+    import random
+
+    from specwire.target_service.request import SpecStats
+
+    rng = random.Random(3)
+    for _ in range(50):
+        one, many = SpecStats(), SpecStats()
+        for _ in range(rng.randint(0, 4)):
+            rows = [(d, rng.randint(0, d)) for d in rng.choices(range(9), k=rng.randint(0, 6))]
+            for d, a in rows:
+                one.record(d, a)
+            many.record_many(rows)
+        assert one == many

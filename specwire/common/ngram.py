@@ -43,11 +43,12 @@ class NGramIndex:
         self.tokens.extend(new_tokens)
         self._buf += array("q", new_tokens).tobytes()
 
-    def _start(self, n: int) -> int | None:
-        """Where the tokens after the chosen earlier occurrence of the last `n` tokens begin:
-        the latest (or oldest) occurrence that has at least one token after it."""
+    def _start(self, tail: bytes, n: int) -> int | None:
+        """Where the tokens after the chosen earlier occurrence of the last `n` tokens begin
+        (`tail` holds the last few tokens, at least `n`): the latest (or oldest) occurrence
+        that has at least one token after it."""
         buf, w = self._buf, _WIDTH
-        pattern = bytes(buf[-n * w :])
+        pattern = tail[len(tail) - n * w :]
         end = len(buf) - w  # an occurrence must end before the last token
         if self.prefer_latest:
             i = buf.rfind(pattern, 0, end)
@@ -62,16 +63,18 @@ class NGramIndex:
     def propose(self, budget: int) -> list[int]:
         """Up to `budget` tokens continuing the longest earlier match of the suffix."""
         toks = self.tokens
-        if budget <= 0 or len(toks) < 2:
+        n_tok = len(toks)
+        if budget <= 0 or n_tok < 2:
             return []
-        for n in range(min(self.max_ngram, len(toks) - 1), 0, -1):
-            start = self._start(n)
+        longest = min(self.max_ngram, n_tok - 1)
+        tail = bytes(self._buf[-longest * _WIDTH :])  # the suffix, copied once for all n
+        for n in range(longest, 0, -1):
+            start = self._start(tail, n)
             if start is not None:
-                # Copy with overlap (like LZ77): a match close to the end continues into the
-                # draft itself, so periodic text ("abcabc...") gets full-length drafts.
-                out: list[int] = []
-                for j in range(budget):
-                    i = start + j
-                    out.append(toks[i] if i < len(toks) else out[i - len(toks)])
+                out = toks[start : start + budget]
+                if len(out) < budget:
+                    # Copy with overlap (like LZ77): a match close to the end continues into
+                    # the draft itself, so periodic text ("abcabc...") gets full-length drafts.
+                    out = (out * (budget // len(out) + 1))[:budget]
                 return out
         return []

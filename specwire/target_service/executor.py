@@ -619,7 +619,6 @@ class Executor:
             req = row.request
             drafted, acc = len(row.drafts), len(toks) - 1
             req.stats.record(drafted, acc)
-            self.stats.record(drafted, acc)
             observe(req, drafted, acc)
             verified.append((drafted, acc))
             stream = self.streams[req.request_id]
@@ -629,6 +628,7 @@ class Executor:
             if reason is not None:
                 self._release(req)
         # Per step, not per row: each metric update takes a lock.
+        self.stats.record_many(verified)
         self.metrics.on_verified(verified)
         self.metrics.observe_itl(itls)
         self.metrics.tokens.inc(generated)

@@ -59,7 +59,7 @@ class OutputStream:
         self.index = index
         self.tokenizer = tokenizer
         self.decoder = IncrementalDecoder(tokenizer)
-        self.eos_ids = eos_ids
+        self.eos_ids = frozenset(eos_ids)
         self.max_context = max_context
         # Everything decoded so far (stop strings cut it). Without stop strings every piece
         # is final the moment it is decoded: the pieces are joined once, at the end (growing
@@ -98,14 +98,24 @@ class OutputStream:
             now = time.monotonic()
         if req.first_token_time is None:
             req.first_token_time = now
-        kept: list[int] = []
+        out = req.output_ids
+        total = len(out) + len(new_tokens)
         reason = None
-        for tok in new_tokens:
-            req.output_ids.append(tok)
-            kept.append(tok)
-            reason = self._finish_rule(tok, len(req.output_ids))
-            if reason:
-                break
+        if (
+            total < req.max_new_tokens
+            and len(req.prompt_ids) + total < self.max_context
+            and (req.ignore_eos or self.eos_ids.isdisjoint(new_tokens))
+        ):  # no token can end the request (most steps): the rules need no token-by-token look
+            out.extend(new_tokens)
+            kept = list(new_tokens)
+        else:
+            kept = []
+            for tok in new_tokens:
+                out.append(tok)
+                kept.append(tok)
+                reason = self._finish_rule(tok, len(out))
+                if reason:
+                    break
         previous = self.last_commit_time
         if itls is None:
             self.metrics.on_committed(req, len(kept), previous, now)

@@ -69,6 +69,21 @@ class SpecStats:
             self.histogram.extend([0] * (accepted + 1 - len(self.histogram)))
         self.histogram[accepted] += 1
 
+    def record_many(self, rows: list[tuple[int, int]]) -> None:
+        """`record(drafted, accepted)` for each of a step's rows, at once."""
+        if not rows:
+            return
+        accepted = [a for _, a in rows]
+        self.steps += len(rows)
+        self.draft_tokens += sum(d for d, _ in rows)
+        self.accepted_tokens += sum(accepted)
+        top = max(accepted)
+        if len(self.histogram) <= top:
+            self.histogram.extend([0] * (top + 1 - len(self.histogram)))
+        hist = self.histogram
+        for a in accepted:
+            hist[a] += 1
+
     def record_plain(self, rows: int) -> None:
         """`record(0, 0)` for `rows` plain (draft-free) verifications at once."""
         if rows <= 0:

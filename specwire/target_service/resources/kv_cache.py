@@ -55,10 +55,15 @@ class KVCacheManager(ResourceManager):
         self._planned[request.request_id] = num_slots
 
     def prepare(self, batch: Sequence[Request]) -> None:
+        planned, tables, bs = self._planned, self._tables, self.block_size
         for req in batch:
-            slots = self._planned.pop(req.request_id, None)
-            if slots is not None:
-                self.reserve(req, slots)
+            slots = planned.pop(req.request_id, None)
+            if slots is None:
+                continue
+            table = tables.get(req.request_id)
+            if table is not None and len(table) * bs >= slots:
+                continue  # covered already (most decode steps)
+            self.reserve(req, slots)
 
     def reserve(self, request: Request, num_slots: int) -> None:
         """Grow the request's block table to cover `num_slots` tokens."""

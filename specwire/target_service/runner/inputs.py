@@ -157,20 +157,30 @@ class InputPreparer:
         feed: list[tuple[int, int]] = []
         bs = self.block_size
         for row, table in zip(rows, tables, strict=True):
-            if row.decode and row.num_committed == 1 and not row.drafts and not row.pad:
-                # A plain decode row (most rows of a loaded step): one token, one slot.
+            if row.decode and row.num_committed == 1 and not row.pad:
+                # A steady decode row (most rows of a loaded step): its last committed token,
+                # then its drafts; logits at every one of them.
                 req, i = row.request, len(ids)
                 p = req.num_computed
                 if row.feed_src >= 0:
                     feed.append((i, row.feed_src))
                 ids.append(req.token_at(p))
-                pos.append(p)
-                slots.append(slot_of(table, p, bs))
-                cu.append(i + 1)
-                seq_lens.append(p + 1)
-                row_tables.append(table[: p // bs + 1])
-                spans.append((len(logit_rows), 1))
-                logit_rows.append(i)
+                drafts = row.drafts
+                if drafts:
+                    n = 1 + len(drafts)
+                    ids.extend(drafts)
+                    pos.extend(range(p, p + n))
+                    slots.extend(slots_of(table, p, n, bs))
+                    logit_rows.extend(range(i, i + n))
+                else:
+                    n = 1
+                    pos.append(p)
+                    slots.append(slot_of(table, p, bs))
+                    logit_rows.append(i)
+                cu.append(i + n)
+                seq_lens.append(p + n)
+                row_tables.append(table[: (p + n - 1) // bs + 1])
+                spans.append((len(logit_rows) - n, n))
                 continue
             toks, start = self.row_tokens(row)
             n = len(toks)
