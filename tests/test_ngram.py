@@ -28,7 +28,7 @@ def reference(tokens: list[int], max_ngram: int, latest: bool, budget: int) -> l
 
 @settings(max_examples=400, deadline=None)
 @given(
-    chunks=st.lists(st.lists(st.integers(0, 6) | st.integers(0, 1 << 40), max_size=12), max_size=8),
+    chunks=st.lists(st.lists(st.integers(0, 6) | st.integers(0, 1 << 30), max_size=12), max_size=8),
     max_ngram=st.integers(1, 4),
     latest=st.booleans(),
     budget=st.integers(0, 6),
@@ -55,3 +55,15 @@ def test_periodic_text_gets_full_length_drafts():
     index = NGramIndex(3)
     index.extend([1, 2, 3, 1, 2, 3, 1, 2])
     assert index.propose(5) == [3, 1, 2, 3, 1]
+
+
+def test_an_id_outside_int32_is_refused_whole():
+    """The pool holds int32 ids (as the wire does); a larger one is a ValueError (the drafter
+    contract's "cannot hold") and nothing of that update is kept."""
+    import pytest
+
+    index = NGramIndex(2)
+    index.extend([1, 2, 1])
+    with pytest.raises(ValueError, match="int32"):
+        index.extend([2, 1 << 40])
+    assert len(index) == 3 and index.propose(2) == reference([1, 2, 1], 2, True, 2)

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from array import array
 
-_WIDTH = 8  # bytes per token in the search buffer (array typecode "q")
+_WIDTH = 4  # bytes per token in the search buffer (array typecode "i": token ids are int32,
+# as on the wire; half the bytes of int64 to scan per query)
 
 
 class NGramIndex:
@@ -39,9 +40,13 @@ class NGramIndex:
         return len(self.tokens)
 
     def extend(self, new_tokens: list[int]) -> None:
-        """Append committed tokens."""
+        """Append committed tokens. ValueError for an id outside int32 (nothing appended)."""
+        try:
+            packed = array("i", new_tokens).tobytes()
+        except OverflowError as exc:
+            raise ValueError(f"token ids must fit in int32: {exc}") from None
         self.tokens.extend(new_tokens)
-        self._buf += array("q", new_tokens).tobytes()
+        self._buf += packed
 
     def _start(self, tail: bytes, n: int) -> int | None:
         """Where the tokens after the chosen earlier occurrence of the last `n` tokens begin
