@@ -85,6 +85,25 @@ def test_session_store_deltas_resync_finish_and_ttl():
     store.check_integrity()
 
 
+def test_expiry_on_every_message_scans_at_most_once_per_eighth_of_the_ttl():
+    """`expire_due` runs with every message: a session past its TTL goes at the first scan
+    due, and scans are at least TTL/8 apart (a session outlives its TTL by at most that)."""
+    now = [0.0]
+    store = SessionStore(NGramDrafter(), ttl_s=8.0, clock=lambda: now[0])
+    store.apply("a", 0, [1])
+    now[0] = 1.0
+    store.apply("b", 0, [1])
+    now[0] = 8.5
+    store.expire_due()  # the first scan: "a" (idle 8.5 s) goes, "b" (7.5 s) stays
+    assert "a" not in store and "b" in store
+    now[0] = 9.2
+    store.expire_due()  # "b" is past its TTL, but the next scan is due at 9.5
+    assert "b" in store
+    now[0] = 9.5
+    store.expire_due()
+    assert "b" not in store
+
+
 # -- ngram over gRPC ----------------------------------------------------------------------------
 
 

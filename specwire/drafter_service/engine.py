@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from specwire.common.drafting import SessionDrafter, SparseDist
 from specwire.common.errors import UserError
@@ -19,8 +20,7 @@ from specwire.drafter_service.sessions import SessionStore
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class SeqUpdate:
+class SeqUpdate(NamedTuple):  # immutable and cheap to build: one per sequence per message
     request_id: str
     base_len: int
     new_tokens: list[int]
@@ -28,7 +28,7 @@ class SeqUpdate:
     finished: bool = False
 
 
-@dataclass
+@dataclass(slots=True)
 class SeqDraft:
     request_id: str
     base_len: int  # the length the draft continues: update.base_len + len(new_tokens)
@@ -39,6 +39,13 @@ class SeqDraft:
 
 def validate(updates: list[SeqUpdate]) -> None:
     """Raise UserError naming the first malformed update."""
+    ids = {u.request_id for u in updates}
+    if (
+        len(ids) == len(updates)
+        and "" not in ids
+        and all(u.base_len >= 0 and u.max_draft_tokens >= 0 for u in updates)
+    ):
+        return  # well formed (every message of a healthy target): one pass, no strings
     seen: set[str] = set()
     for i, u in enumerate(updates):
         where = f"sequences[{i}]"
@@ -82,7 +89,7 @@ class DraftEngine:
         if self.delay_s:
             time.sleep(self.delay_s)  # injected latency, outside the lock like a slow network
         with self.store.lock:  # the drafter is not thread-safe; one step at a time
-            self.store.expire()
+            self.store.expire_due()
             out: list[SeqDraft] = []
             todo: list[tuple[SeqDraft, object, int]] = []
             for u in updates:
@@ -117,7 +124,10 @@ class DraftEngine:
             log.exception("drafter %s failed; answering without drafts", self.drafter.name)
             return
         for (answer, _, budget), (tokens, probs) in zip(todo, proposals, strict=True):
-            answer.tokens = [int(t) for t in tokens][:budget]
+            tokens = list(tokens)[:budget]
+            if not all(type(t) is int for t in tokens):
+                tokens = [int(t) for t in tokens]
+            answer.tokens = tokens
             if want_probs and probs is not None and len(probs) >= len(answer.tokens):
                 answer.probs = list(probs)[: len(answer.tokens)]
 

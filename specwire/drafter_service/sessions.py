@@ -67,6 +67,7 @@ class SessionStore:
         self.max_tokens = max_tokens
         self.lock = threading.RLock()
         self._sessions: dict[Key, Session] = {}
+        self._next_expiry = float("-inf")  # `expire_due` scans no earlier than this
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -139,6 +140,15 @@ class SessionStore:
             for key in old:
                 self._drop(key)
             return [rid for _, rid in old]
+
+    def expire_due(self) -> None:
+        """`expire`, at most once per eighth of the TTL (a session outlives its TTL by at most
+        that): a scan of every session for every message would cost a loaded service more
+        than the messages' own sequences."""
+        now = self.clock()
+        if now >= self._next_expiry:
+            self._next_expiry = now + self.ttl_s / 8
+            self.expire()
 
     def clear(self) -> None:
         with self.lock:
