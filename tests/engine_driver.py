@@ -2,7 +2,22 @@
 
 from __future__ import annotations
 
+from specwire.target_service.config import TargetConfig
+from specwire.target_service.engine import build_engine
 from specwire.target_service.output import Complete
+
+
+def tiny_engine(drafter: str = "none", **kw):
+    """A tiny-random engine on the CPU: K = 4, 8 rows a step unless `kw` says otherwise."""
+    kw.setdefault("max_batch_size", 8)
+    cfg = TargetConfig(model="tiny-random", drafter=drafter, max_draft_len=4, progress=False, **kw)
+    return build_engine(cfg)
+
+
+def counter(engine, name: str) -> float:
+    """A counter of the engine's /metrics registry (its public face), e.g. `steps`."""
+    metrics = engine.executor.metrics
+    return metrics.registry.get_sample_value(f"specwire_{name}_total", {"model": metrics.model})
 
 
 def run_to_completion(engine, prompts, max_new_tokens=24, speculate=True) -> list[Complete]:

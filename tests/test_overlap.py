@@ -10,11 +10,10 @@ step's argmax, results read one step late.
 from __future__ import annotations
 
 import pytest
-from engine_driver import run_to_completion
+from engine_driver import counter as _counter
+from engine_driver import run_to_completion, tiny_engine
 from lossless_prompts import lossless_prompts
 
-from specwire.target_service.config import TargetConfig
-from specwire.target_service.engine import build_engine
 from specwire.target_service.output import Complete
 from specwire.target_service.request import SamplingConfig
 
@@ -22,22 +21,7 @@ PROMPTS = lossless_prompts(24)
 
 
 def _engine(drafter="none", overlap=True, **kw):
-    cfg = TargetConfig(
-        model="tiny-random",
-        drafter=drafter,
-        max_draft_len=4,
-        progress=False,
-        overlap=overlap,
-        max_batch_size=kw.pop("max_batch_size", 8),
-        **kw,
-    )
-    return build_engine(cfg)
-
-
-def _counter(engine, name: str) -> float:
-    """A counter of the engine's /metrics registry (its public face), e.g. `steps`."""
-    metrics = engine.executor.metrics
-    return metrics.registry.get_sample_value(f"specwire_{name}_total", {"model": metrics.model})
+    return tiny_engine(drafter, overlap=overlap, **kw)
 
 
 def _overlapped(engine) -> float:

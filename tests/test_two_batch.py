@@ -11,12 +11,11 @@ request runs in two steps at once. `InFlightWatch` checks that from the runner's
 from __future__ import annotations
 
 import pytest
-from engine_driver import run_to_completion
+from engine_driver import counter as _counter
+from engine_driver import run_to_completion, tiny_engine
 from faulty_plugins import POISON_IDS
 from lossless_prompts import lossless_prompts
 
-from specwire.target_service.config import TargetConfig
-from specwire.target_service.engine import build_engine
 from specwire.target_service.output import Complete, Failed
 from specwire.target_service.request import SamplingConfig
 
@@ -24,21 +23,8 @@ PROMPTS = lossless_prompts(24)
 
 
 def _engine(drafter="ngram", two_batch=True, **kw):
-    cfg = TargetConfig(
-        model="tiny-random",
-        drafter=drafter,
-        max_draft_len=4,
-        progress=False,
-        two_batch_rows=kw.pop("two_batch_rows", 2 if two_batch else 0),
-        max_batch_size=kw.pop("max_batch_size", 8),
-        **kw,
-    )
-    return build_engine(cfg)
-
-
-def _counter(engine, name: str) -> float:
-    metrics = engine.executor.metrics
-    return metrics.registry.get_sample_value(f"specwire_{name}_total", {"model": metrics.model})
+    kw.setdefault("two_batch_rows", 2 if two_batch else 0)
+    return tiny_engine(drafter, **kw)
 
 
 class InFlightWatch:
