@@ -32,16 +32,25 @@ from procs import free_port, output_tail, start_service, stop_service  # noqa: E
 # Configuration name -> the target's --drafter value ("remote" = a drafter service started here).
 # configuration -> drafter; a "-sync" configuration runs the same with --no-overlap (every
 # step synchronous), to measure overlapped steps side by side; "-unary" talks to its drafter
-# service with unary calls (--drafter-mode unary) instead of the stream.
+# service with unary calls (--drafter-mode unary) instead of the stream; "-2b" runs
+# speculative steps as two alternating halves from TWO_BATCH_ROWS requests on
+# (--two-batch-rows).
 CONFIGS = {
     "none": "none",
     "none-sync": "none",
     "ngram": "ngram",
     "ngram-sync": "ngram",
+    "ngram-2b": "ngram",
     "remote-ngram": "remote",
     "remote-ngram-unary": "remote",
+    "remote-ngram-2b": "remote",
 }
-REMOTE_DRAFTERS = {"remote-ngram": "ngram", "remote-ngram-unary": "ngram"}  # service --drafter
+REMOTE_DRAFTERS = {  # service --drafter
+    "remote-ngram": "ngram",
+    "remote-ngram-unary": "ngram",
+    "remote-ngram-2b": "ngram",
+}
+TWO_BATCH_ROWS = 32  # where the simulated device broke even (bench/RESULTS.md, round 8)
 TARGET_READY = r"specwire target listening on (\S+):(\d+)"
 DRAFTER_READY = r"specwire drafter listening on (\S+):(\d+)"
 
@@ -155,6 +164,8 @@ def running_config(config: str, args: argparse.Namespace) -> Iterator[Server]:
             cmd.append("--no-overlap")
         if config.endswith("-unary"):
             cmd += ["--drafter-mode", "unary"]
+        if config.endswith("-2b"):
+            cmd += ["--two-batch-rows", str(TWO_BATCH_ROWS)]
         proc, m = start_service(cmd, _env(), TARGET_READY, timeout=args.ready_timeout, cwd=ROOT)
         procs.append(proc)
         commands.append(cmd)
