@@ -86,3 +86,48 @@ def test_thousands_of_random_steps_never_leak():
     assert kv.num_free_blocks == start_free
     assert finished > 100
     assert preemptions > 0, "the pool was sized to force preemption; none happened"
+
+
+def test_a_step_beside_one_in_flight_never_touches_its_requests():
+    """Two-batch overlap: requests of the step in flight (`exclude`) are neither scheduled
+    nor preempted (the device may still write their blocks); `max_rows` caps a step."""
+    kv = KVCacheManager(num_blocks=9, block_size=4, max_draft_len=0)  # 8 usable blocks
+    sched = Scheduler(SchedulerConfig(max_batch_size=8, max_num_tokens=64, max_draft_len=0), kv)
+    a, b, c = _req(0, 12, k=0), _req(1, 8, k=0), _req(2, 8, k=0)
+    for r in (a, b, c):
+        sched.add(r)
+    first = sched.schedule(step_k=0, max_rows=2)
+    assert [r.request_id for r in first.requests] == ["r0", "r1"]  # capped at two rows
+    kv.prepare(first.requests)
+    second = sched.schedule(step_k=0, exclude={a.request_id})
+    assert {r.request_id for r in second.requests} == {"r1", "r2"}
+    assert not second.preempted and a in sched.running
+
+
+def test_beside_a_step_in_flight_a_request_short_of_blocks_waits_and_nobody_jumps_ahead():
+    """A running request that does not fit while a step is in flight is not preempted (that
+    step may give blocks back) and no newer request is admitted ahead of it into the blocks
+    it is waiting for."""
+    kv = KVCacheManager(num_blocks=9, block_size=4, max_draft_len=0)  # 8 usable blocks
+    sched = Scheduler(SchedulerConfig(max_batch_size=8, max_num_tokens=24, max_draft_len=0), kv)
+    a, b, c = _req(0, 12, k=0), _req(1, 8, k=0), _req(2, 16, k=0)
+    for r in (a, b, c):
+        sched.add(r)
+    first = sched.schedule(step_k=0)
+    assert [(r.request.request_id, r.num_committed) for r in first.rows] == [
+        ("r0", 12),
+        ("r1", 8),
+        ("r2", 4),  # a chunk: the step's 24 tokens are spent
+    ]
+    kv.prepare(first.requests)  # a 3 blocks, b 2, c 1: 2 left
+    for row in first.rows:
+        row.request.num_computed += row.num_committed
+    b.state = RequestState.DECODE
+    b.output_ids.append(7)  # b's next token needs a third block
+    newcomer = _req(3, 2, k=0)  # one block would hold it
+    sched.add(newcomer)
+    # a's step is in flight. b takes a block; c's rest needs 3 of the 1 left.
+    step = sched.schedule(step_k=0, exclude={a.request_id})
+    assert [r.request_id for r in step.requests] == ["r1"]
+    assert not step.preempted and c in sched.running
+    assert newcomer in sched.waiting  # not admitted ahead of c

@@ -353,10 +353,12 @@ def test_held_tokens_go_out_before_a_cancel_and_not_after_a_failure(tiny, end) -
         assert [type(e) for e in events] == [Chunk, Failed]
 
 
-def test_appending_a_chunk_applies_the_finish_rules_token_by_token(tiny) -> None:
+@pytest.mark.parametrize("batched_itls", [False, True])
+def test_appending_a_chunk_applies_the_finish_rules_token_by_token(tiny, batched_itls) -> None:
     """`OutputStream.append` keeps the tokens up to the first that ends the request (EOS
     unless ignored, the context, the length) whether or not it takes its shortcut for chunks
-    that cannot end it: against the rules applied one token at a time."""
+    that cannot end it: against the rules applied one token at a time. With `itls` (the
+    executor's step-at-once latencies) one latency per chunk after the first is collected."""
     import random
 
     from specwire.target_service.output import OutputStream
@@ -369,6 +371,8 @@ def test_appending_a_chunk_applies_the_finish_rules_token_by_token(tiny) -> None
         eos, context = {rng.randint(0, 9)}, len(prompt) + rng.randint(1, 14)
         stream = OutputStream(req, tiny.tokenizer, eos, context)
         expected: list[int] = []
+        itls: list[float] | None = [] if batched_itls else None
+        chunks = 0
         while True:
             chunk = [rng.randint(0, 9) for _ in range(rng.randint(1, 5))]
             want, why = [], None
@@ -383,9 +387,12 @@ def test_appending_a_chunk_applies_the_finish_rules_token_by_token(tiny) -> None
                     why = "length"
                 if why:
                     break
-            kept, reason = stream.append(chunk)
+            kept, reason = stream.append(chunk, itls)
+            chunks += 1
             expected += want
             assert (kept, reason) == (want, why)
             assert req.output_ids == expected
             if reason:
                 break
+        if itls is not None:
+            assert len(itls) == chunks - 1

@@ -28,24 +28,29 @@ def _engine(drafter="ngram", two_batch=True, **kw):
 
 
 class InFlightWatch:
-    """Wraps the runner: records every launch's requests and which launches are unread, and
-    fails the test if a launch holds a request of an unread one, or if more than two steps
-    are ever unread (the graphs' two sets of staging buffers)."""
+    """Wraps the runner and fails the test (`violations`) if a launch holds a request of an
+    unread step (except a plain overlapped row fed on the device from that step:
+    `feed_src`), if a launch would reuse the staging buffers of an unread step (launches
+    alternate between two sets, as CUDA-graph replays do), or if more than two steps are
+    ever unread."""
 
     def __init__(self, runner) -> None:
-        self.unread: dict[int, set[str]] = {}  # id(StepLogits) -> its requests
+        self.unread: dict[int, tuple[set[str], int]] = {}  # id(StepLogits) -> (requests, twin)
         self.launches = 0
         self.most_unread = 0
         self.violations: list[str] = []
         forward, wait = runner.forward, runner.wait
 
         def watched_forward(rows, tables, *args, **kw):
-            ids = {row.request.request_id for row in rows}
-            for other in self.unread.values():
+            ids = {row.request.request_id for row in rows if row.feed_src < 0}
+            twin = self.launches % 2
+            for other, other_twin in self.unread.values():
                 if ids & other:
                     self.violations.append(f"launch {self.launches} reuses {ids & other}")
+                if twin == other_twin:
+                    self.violations.append(f"launch {self.launches} reuses an unread twin")
             logits = forward(rows, tables, *args, **kw)
-            self.unread[id(logits)] = ids
+            self.unread[id(logits)] = ({row.request.request_id for row in rows}, twin)
             self.launches += 1
             self.most_unread = max(self.most_unread, len(self.unread))
             return logits
@@ -57,6 +62,20 @@ class InFlightWatch:
         runner.forward, runner.wait = watched_forward, watched_wait
 
 
+class RateLog:
+    """Records what the executor reports to the draft-length policy (`observe_rate`)."""
+
+    def __init__(self, policy) -> None:
+        self.generated = 0
+        observe = policy.observe_rate
+
+        def logged(generated, seconds, rows):
+            self.generated += generated
+            return observe(generated, seconds, rows)
+
+        policy.observe_rate = logged
+
+
 @pytest.fixture(scope="module")
 def baseline():
     eng = _engine(drafter="none", two_batch=False, overlap=False)
@@ -66,8 +85,11 @@ def baseline():
 def test_two_batch_equals_plain_decoding(baseline):
     eng = _engine()
     watch = InFlightWatch(eng.runner)
-    out = [c.token_ids for c in run_to_completion(eng, PROMPTS, max_new_tokens=20)]
+    rates = RateLog(eng.executor.scheduler.policy)
+    done = run_to_completion(eng, PROMPTS, max_new_tokens=20)
+    out = [c.token_ids for c in done]
     assert out == baseline
+    assert rates.generated == sum(len(t) for t in out)  # every token reported once
     assert watch.violations == []
     assert watch.most_unread == 2  # a half was launched while the other was unread
     assert _counter(eng, "two_batch_steps") >= 0.8 * _counter(eng, "steps") > 0
@@ -78,11 +100,9 @@ def test_two_batch_equals_plain_decoding(baseline):
 def test_off_by_default_and_with_no_overlap(baseline):
     for kw in ({"two_batch": False}, {"overlap": False}):
         eng = _engine(**kw)
-        watch = InFlightWatch(eng.runner)
         out = [c.token_ids for c in run_to_completion(eng, PROMPTS[:8], max_new_tokens=20)]
         assert out == baseline[:8]
         assert _counter(eng, "two_batch_steps") == 0
-        assert watch.most_unread <= 2  # plain overlapped steps: at most one ahead
 
 
 def test_preemption_never_touches_the_half_in_flight(baseline):
@@ -157,20 +177,81 @@ def test_a_failing_request_fails_alone(baseline):
     assert eng.kv.num_free_blocks == eng.kv.num_blocks - 1
 
 
-def test_a_sampled_neighbour_turns_it_off_and_greedy_output_is_unchanged(baseline):
-    """A sampled request's tokens come from its logits on the host, which the next half's
-    launch would overwrite: while it runs, speculative steps are synchronous."""
-    eng = _engine()
-    tok, ex = eng.loaded.tokenizer, eng.executor
-    sampled = ex.submit(
-        eng.new_request(
-            tok.encode("a sampled neighbour"),
-            max_new_tokens=30,
-            sampling=SamplingConfig(temperature=0.8, seed=7),
-        )
+def _sampled(eng):
+    return eng.new_request(
+        eng.loaded.tokenizer.encode("a sampled neighbour"),
+        max_new_tokens=30,
+        sampling=SamplingConfig(temperature=0.8, seed=7),
     )
-    greedy = [ex.submit(eng.new_request(tok.encode(p), max_new_tokens=20)) for p in PROMPTS[:6]]
-    ex.run_until_idle()
-    assert isinstance(_events(sampled)[-1], Complete)
-    assert [_events(s)[-1].token_ids for s in greedy] == baseline[:6]
-    assert _counter(eng, "two_batch_steps") == 0
+
+
+def test_a_sampled_neighbour_arriving_mid_flight_turns_it_off(baseline):
+    """A sampled request's tokens come from its logits on the host, which the next half's
+    launch would overwrite: when one arrives, the half in flight is read and speculative
+    steps turn synchronous until it is gone. Greedy output is unchanged, and the sample
+    equals the same seed's without the two-batch overlap."""
+    samples = []
+    for two_batch in (False, True):
+        eng = _engine(two_batch=two_batch)
+        tok, ex = eng.loaded.tokenizer, eng.executor
+        watch = InFlightWatch(eng.runner)
+        greedy = [ex.submit(eng.new_request(tok.encode(p), max_new_tokens=20)) for p in PROMPTS[:6]]
+        ex.run_until_idle(max_steps=4)
+        assert (ex._inflight_spec is not None) == two_batch
+        sampled = ex.submit(_sampled(eng))
+        ex.run_until_idle()
+        assert [_events(s)[-1].token_ids for s in greedy] == baseline[:6]
+        samples.append(_events(sampled)[-1].token_ids)
+        assert watch.violations == []
+        assert (_counter(eng, "two_batch_steps") > 0) == two_batch
+    assert samples[0] == samples[1]
+
+
+def test_switching_between_plain_and_two_batch_steps(baseline):
+    """The draft-length policy turns speculation off and on (a cost table that makes drafting
+    pay only at some batch sizes): plain overlapped steps and two-batch halves alternate, each
+    switch reading what is in flight. Output unchanged; every token reported to the policy
+    exactly once."""
+    eng = _engine()
+    policy = eng.executor.scheduler.policy
+    policy.adaptive = True
+    policy.seed_costs({1: 1e-3, 4: 1e-3, 8: 1.1e-3, 12: 1.2e-3, 16: 4e-3, 64: 16e-3, 1024: 0.3})
+    watch = InFlightWatch(eng.runner)
+    rates = RateLog(policy)
+    out = [c.token_ids for c in run_to_completion(eng, PROMPTS, max_new_tokens=20)]
+    assert out == baseline
+    assert _counter(eng, "two_batch_steps") > 0 and _counter(eng, "overlapped_steps") > 0
+    assert rates.generated == sum(len(t) for t in out)
+    assert watch.violations == []
+
+
+@pytest.mark.parametrize("where", ["launch", "read"])
+def test_a_step_that_raises_is_retried_after_the_other_half_is_read(baseline, where):
+    """Every fifth launch (or read) of a half raises: the other half is read first (nothing
+    else may use the staging buffers while it runs), then the failed rows are retried
+    without drafts. Output unchanged, no launch while a twin is unread, every token reported
+    once, no KV block leaked (run_to_completion)."""
+    eng = _engine()
+    ex = eng.executor
+    watch = InFlightWatch(eng.runner)
+    rates = RateLog(ex.scheduler.policy)
+    calls = [0]
+
+    def faulty(real):
+        def call(*args, **kw):
+            calls[0] += 1
+            if calls[0] % 5 == 0 and ex._inflight_spec is not None:
+                raise RuntimeError(f"injected {where} failure")
+            return real(*args, **kw)
+
+        return call
+
+    if where == "launch":
+        ex.drafts.prepare = faulty(ex.drafts.prepare)  # raises inside the launch's try
+    else:
+        ex.verifier.verify = faulty(ex.verifier.verify)  # raises while a half is read
+    out = [c.token_ids for c in run_to_completion(eng, PROMPTS, max_new_tokens=20)]
+    assert out == baseline
+    assert watch.violations == []
+    assert rates.generated == sum(len(t) for t in out)
+    assert calls[0] > 5 and _counter(eng, "two_batch_steps") > 0

@@ -32,8 +32,8 @@ ENGINE_FLAGS = {
     "overlap": Flag("run every step synchronously (no step launched before the last is read)"),
     "two_batch_rows": Flag(
         "speculative steps alternate two halves of the batch when at least this many requests"
-        " run, one half prepared while the device runs the other (greedy requests; 0 = never;"
-        " experimental, not yet measured on a GPU)"
+        " are running or waiting, one half prepared while the device runs the other (greedy"
+        " requests; 0 = never; experimental, not yet measured on a GPU)"
     ),
     "attention": Flag(
         "auto (triton on CUDA, sdpa on CPU) | triton | sdpa", choices=("auto", "triton", "sdpa")

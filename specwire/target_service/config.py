@@ -26,8 +26,8 @@ class TargetConfig:
     cuda_graphs: bool = True
     overlap: bool = True  # launch plain greedy steps before the previous one is read
     # Speculative steps alternate two halves of the batch when at least this many requests
-    # run: one half is prepared and committed while the device runs the other (greedy
-    # requests). 0 = never (the default until measured on a GPU).
+    # are running or waiting (up to max_batch_size): one half is prepared and committed while
+    # the device runs the other (greedy requests). 0 = never (until measured on a GPU).
     two_batch_rows: int = 0
     attention: str = "auto"  # auto (triton on CUDA, sdpa on CPU) | triton | sdpa
     exact: bool = False  # batch-invariant GEMMs: bf16 speculation token-exact (GPU)

@@ -106,6 +106,9 @@ class Executor:
         self.two_batch_rows = two_batch_rows
         self._inflight: _InFlight | None = None
         self._inflight_spec: _InFlightSpec | None = None  # two-batch overlap
+        # A plain step drained on entering the two-batch overlap: (tokens, seconds) that count
+        # toward the first half's report, as a synchronous step counts its drain.
+        self._spec_carry: tuple[int, float] | None = None
         self._generated = 0  # output tokens committed so far (the policy's rates)
         # When the last step() ended (None after idling): a synchronous step's rate window
         # runs from there, so the loop's work between steps counts against it as it does
@@ -254,7 +257,12 @@ class Executor:
         t_start, generated = self._mark or time.perf_counter(), self._generated
         try:
             if two:
-                self._finish_inflight(observe=False)  # drafting needs every token on the host
+                if self._inflight is not None:
+                    self._finish_inflight(observe=False)  # drafting needs every token
+                    self._spec_carry = (
+                        self._generated - generated,
+                        time.perf_counter() - t_start,
+                    )
                 self._step_two_batch(step_k)
                 return
             if not overlap:
@@ -286,7 +294,7 @@ class Executor:
         if not (self.two_batch_rows > 0 and self.overlap and not overlap and step_k > 0):
             return False
         sched = self.scheduler
-        rows = len(sched.running) + len(sched.waiting)
+        rows = min(len(sched.running) + len(sched.waiting), sched.config.max_batch_size)
         return self._sync_requests <= 0 and rows >= max(2, self.two_batch_rows)
 
     def _schedule(
@@ -420,16 +428,21 @@ class Executor:
             )
         except Exception:
             # Run it the careful way: finish the step in flight, then retry in isolation.
+            # (Without drafts, as any retry: the drafter was asked once for this step.)
             log.warning("two-batch step %d failed to launch; retrying it", self.step_no)
             self._finish_spec()
             self._gpu_wait = 0.0
-            self._run_isolated([r for r in batch.rows if not r.request.finished], draft=True)
+            generated, rows = self._generated, [r for r in batch.rows if not r.request.finished]
+            self._run_isolated(rows, draft=False)
+            now = time.perf_counter()
+            self.scheduler.policy.observe_rate(self._generated - generated, now - t0, total)
+            self._count_step(now - t0)
             return
         if logits.graph is None:
             self.metrics.eager_steps.inc()
         self.metrics.two_batch_steps.inc()
         ids = frozenset(r.request.request_id for r in batch.rows)
-        rows_total = len(batch.rows) + in_flight
+        rows_total = max(total, len(batch.rows) + in_flight)
         self._inflight_spec = _InFlightSpec(self.step_no, batch.rows, logits, t0, ids, rows_total)
         if prev is not None:
             generated = self._generated
@@ -437,17 +450,24 @@ class Executor:
             self._complete_spec(prev)
             self._observed_spec(prev, self._generated - generated, t0 - prev.t_launch)
 
-    def _finish_spec(self) -> None:
-        """Read and commit the two-batch step in flight, if any (timed launch to now)."""
+    def _finish_spec(self, observe: bool = True) -> None:
+        """Read and commit the two-batch step in flight, if any (timed launch to now).
+        `observe=False`: its tokens are the caller's to report."""
         prev = self._inflight_spec
         if prev is None:
             return
         generated = self._generated
         self._gpu_wait = 0.0
         self._complete_spec(prev)
-        self._observed_spec(prev, self._generated - generated, time.perf_counter() - prev.t_launch)
+        if observe:
+            period = time.perf_counter() - prev.t_launch
+            self._observed_spec(prev, self._generated - generated, period)
 
     def _observed_spec(self, done: _InFlightSpec, generated: int, period: float) -> None:
+        if self._spec_carry is not None:  # the plain step drained on entering the mode
+            generated += self._spec_carry[0]
+            period += self._spec_carry[1]
+            self._spec_carry = None
         # Per row of both halves: each request runs every other period.
         self.scheduler.policy.observe_rate(generated, period, done.rows_total)
         self._count_step(period)
@@ -468,7 +488,7 @@ class Executor:
         except Exception:
             log.warning("two-batch step %d failed; retrying its rows", done.step_no)
             self._gpu_wait += time.perf_counter() - t0
-            self._finish_spec()
+            self._finish_spec(observe=False)  # counted by whoever is completing `done`
             self._run_isolated([r for r in done.rows if not r.request.finished], draft=False)
             return
         self._gpu_wait += time.perf_counter() - t0

@@ -146,11 +146,14 @@ class Scheduler:
                 free_blocks += len(self.kv.block_table(victim))
                 self._preempt(victim, batch)
             if blocks > free_blocks:
-                if not batch.rows and not exclude:
-                    # Alone and still too big: wait for blocks (never crash, never leak). With
-                    # a step in flight, wait for it instead: it may give blocks back.
-                    self._preempt(req, batch)
-                break
+                if not exclude:
+                    if not batch.rows:
+                        # Alone and still too big: wait for blocks (never crash, never leak).
+                        self._preempt(req, batch)
+                    break
+                # A step in flight may give blocks back: wait for it, and admit nobody newer
+                # meanwhile (they would take the blocks this request is waiting for).
+                return batch
             self._commit(row, cost, blocks, batch)
             tokens_left -= cost
             free_blocks -= blocks
