@@ -18,6 +18,11 @@ prepared. The next step feeds those placeholders from the previous step's argmax
 (`Row.feed_src`). A request that ends by EOS or a stop string is found one step late; its extra
 row is computed and dropped. A speculative step first finishes the step in flight.
 
+With the two-batch overlap (`two_batch_rows`, off by default), speculative steps alternate
+two disjoint halves of the batch: a step schedules, drafts and launches the requests that are
+not in the step in flight, then reads, verifies and commits that step, so one half's host
+work runs while the device computes the other (`_step_two_batch`).
+
 Requests arrive and are cancelled from other threads through `submit`/`cancel`; both take
 effect between steps. A failing step fails only the requests in it (their blocks are freed),
 and the executor keeps serving.
