@@ -35,7 +35,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import torch
 
@@ -43,46 +42,23 @@ from specwire.target_service.drafters.base import Drafter
 from specwire.target_service.drafts import DraftIntake
 from specwire.target_service.metrics import TargetMetrics
 from specwire.target_service.output import OutputStream, OutputWorker
+from specwire.target_service.overlap import (
+    InFlight,
+    InFlightSpec,
+    OverlappedSteps,
+    TwoBatchSteps,
+)
 from specwire.target_service.request import Request, RequestState, SpecStats
 from specwire.target_service.resources.base import ResourceRegistry
 from specwire.target_service.resources.kv_cache import KVCacheManager
-from specwire.target_service.runner.model_runner import ModelRunner, StepLogits
+from specwire.target_service.runner.model_runner import ModelRunner
 from specwire.target_service.scheduler import Row, ScheduledBatch, Scheduler
-from specwire.target_service.verifier import TokenLogprob, Verified, Verifier
+from specwire.target_service.verifier import TokenLogprob, Verifier
 
 log = logging.getLogger(__name__)
 
-PENDING = -1  # an output token whose step is in flight (overlapped steps)
 
-
-@dataclass
-class _InFlight:
-    """An overlapped step: launched and committed optimistically, its tokens not read yet."""
-
-    step_no: int
-    logits: StepLogits
-    # per decode row: (request, index of its placeholder in output_ids, logit row)
-    pending: list[tuple[Request, int, int]]
-    t_launch: float
-    rows: int  # rows in the step (the policy's rates are per batch size)
-    generated: int = 0  # output tokens it committed (known once read)
-    src: dict[str, int] = field(default_factory=dict)  # request id -> its logit row
-
-
-@dataclass
-class _InFlightSpec:
-    """A speculative step of the two-batch overlap: launched with its drafts, not read yet.
-    Its requests are neither scheduled nor preempted until it is completed."""
-
-    step_no: int
-    rows: list[Row]
-    logits: StepLogits
-    t_launch: float
-    ids: frozenset[str]  # its requests
-    rows_total: int  # its rows plus those of the step in flight when it launched
-
-
-class Executor:
+class Executor(OverlappedSteps, TwoBatchSteps):
     def __init__(
         self,
         *,
@@ -109,8 +85,8 @@ class Executor:
         self.vocab_size = vocab_size
         self.overlap = overlap
         self.two_batch_rows = two_batch_rows
-        self._inflight: _InFlight | None = None
-        self._inflight_spec: _InFlightSpec | None = None  # two-batch overlap
+        self._inflight: InFlight | None = None
+        self._inflight_spec: InFlightSpec | None = None  # two-batch overlap
         # A plain step drained on entering the two-batch overlap: (tokens, seconds) that count
         # toward the first half's report, as a synchronous step counts its drain.
         self._spec_carry: tuple[int, float] | None = None
@@ -291,17 +267,6 @@ class Executor:
             overlap = False
         return overlap, step_k
 
-    def _two_batch_ok(self, overlap: bool, step_k: int) -> bool:
-        """Whether this step runs as one half of the two-batch overlap: a speculative step
-        (the policy drafts), overlapping allowed, every request greedy without logprobs (their
-        tokens are read from the argmax copied back, never from logits the next step
-        overwrites), and at least `two_batch_rows` (and two) requests to split."""
-        if not (self.two_batch_rows > 0 and self.overlap and not overlap and step_k > 0):
-            return False
-        sched = self.scheduler
-        rows = min(len(sched.running) + len(sched.waiting), sched.config.max_batch_size)
-        return self._sync_requests <= 0 and rows >= max(2, self.two_batch_rows)
-
     def _schedule(
         self, step_k: int, exclude: frozenset[str] = frozenset(), max_rows: int | None = None
     ) -> ScheduledBatch | None:
@@ -355,213 +320,6 @@ class Executor:
     @staticmethod
     def _needs_host(req: Request) -> bool:
         return not req.sampling.greedy or req.sampling.logprobs is not None
-
-    # -- overlapped steps ------------------------------------------------------------------------
-    def _step_overlapped(self, batch: ScheduledBatch) -> None:
-        """Launch `batch` (no drafts), commit it optimistically, then read the step before it."""
-        prev = self._inflight
-        t0 = time.perf_counter()
-        if prev is not None:
-            for row in batch.rows:
-                if row.decode:
-                    row.feed_src = prev.src.get(row.request.request_id, -1)
-        try:
-            self.resources.prepare(batch.requests)
-            logits = self.runner.forward(
-                batch.rows, [self.kv.block_table(r) for r in batch.requests]
-            )
-        except Exception:
-            # Run it the careful way: finish the step in flight, then retry in isolation.
-            log.warning("overlapped step %d failed to launch; retrying it", self.step_no)
-            self._finish_inflight()
-            rows = [r for r in batch.rows if not r.request.finished]
-            for row in rows:
-                row.feed_src = -1
-            self._gpu_wait = 0.0
-            self._run_isolated(rows, draft=False)
-            return
-        if logits.graph is None:
-            self.metrics.eager_steps.inc()
-        self.metrics.overlapped_steps.inc()
-        launched = _InFlight(self.step_no, logits, [], t0, rows=len(batch.rows))
-        for row in batch.rows:
-            req = row.request
-            req.num_computed += row.num_committed
-            if not row.decode:
-                continue
-            req.state = RequestState.DECODE
-            req.output_ids.append(PENDING)
-            off = logits.spans[len(launched.pending)][0]
-            launched.pending.append((req, len(req.output_ids) - 1, off))
-            launched.src[req.request_id] = off
-            if self.streams[req.request_id].ends_at(len(req.output_ids)):
-                self.scheduler.remove(req)  # its last token is in flight: never run it again
-        self.resources.update(batch.requests, {})
-        self._inflight = launched
-        if prev is not None:
-            self._gpu_wait = 0.0
-            self._complete(prev)
-            self._observed_plain(prev, t0 - prev.t_launch)
-
-    # -- two-batch overlap (speculative steps) ----------------------------------------------
-    def _step_two_batch(self, step_k: int) -> None:
-        """Schedule, draft and launch the requests that are not in the step in flight (at
-        most half of all), then read and commit the step in flight: its verification,
-        committing and streaming, and this step's scheduling and drafting, run on the host
-        while the device runs the other half."""
-        prev = self._inflight_spec
-        in_flight = len(prev.rows) if prev is not None else 0
-        sched = self.scheduler
-        total = min(len(sched.running) + len(sched.waiting), sched.config.max_batch_size)
-        max_rows = min(sched.config.max_batch_size - in_flight, (total + 1) // 2)
-        if max_rows <= 0:
-            self._finish_spec()
-            return
-        t0 = time.perf_counter()
-        exclude = prev.ids if prev is not None else frozenset()
-        batch = self._schedule(step_k, exclude, max_rows)
-        if batch is None:
-            return
-        decode = batch.decode_rows
-        try:
-            self.resources.prepare(batch.requests)
-            t1 = time.perf_counter()
-            if self.drafts.prepare(decode, ask_drafter=True, step_no=self.step_no):
-                self.metrics.draft_seconds.observe(time.perf_counter() - t1)
-            logits = self.runner.forward(
-                batch.rows, [self.kv.block_table(r) for r in batch.requests]
-            )
-        except Exception:
-            # Run it the careful way: finish the step in flight, then retry in isolation.
-            # (Without drafts, as any retry: the drafter was asked once for this step.)
-            log.warning("two-batch step %d failed to launch; retrying it", self.step_no)
-            self._finish_spec()
-            self._gpu_wait = 0.0
-            generated, rows = self._generated, [r for r in batch.rows if not r.request.finished]
-            self._run_isolated(rows, draft=False)
-            now = time.perf_counter()
-            self.scheduler.policy.observe_rate(self._generated - generated, now - t0, total)
-            self._count_step(now - t0)
-            return
-        if logits.graph is None:
-            self.metrics.eager_steps.inc()
-        self.metrics.two_batch_steps.inc()
-        ids = frozenset(r.request.request_id for r in batch.rows)
-        rows_total = max(total, len(batch.rows) + in_flight)
-        self._inflight_spec = _InFlightSpec(self.step_no, batch.rows, logits, t0, ids, rows_total)
-        if prev is not None:
-            generated = self._generated
-            self._gpu_wait = 0.0
-            self._complete_spec(prev)
-            self._observed_spec(prev, self._generated - generated, t0 - prev.t_launch)
-
-    def _finish_spec(self, observe: bool = True) -> None:
-        """Read and commit the two-batch step in flight, if any (timed launch to now).
-        `observe=False`: its tokens are the caller's to report."""
-        prev = self._inflight_spec
-        if prev is None:
-            return
-        generated = self._generated
-        self._gpu_wait = 0.0
-        self._complete_spec(prev)
-        if observe:
-            period = time.perf_counter() - prev.t_launch
-            self._observed_spec(prev, self._generated - generated, period)
-
-    def _observed_spec(self, done: _InFlightSpec, generated: int, period: float) -> None:
-        if self._spec_carry is not None:  # the plain step drained on entering the mode
-            generated += self._spec_carry[0]
-            period += self._spec_carry[1]
-            self._spec_carry = None
-        # Per row of both halves: each request runs every other period.
-        self.scheduler.policy.observe_rate(generated, period, done.rows_total)
-        self._count_step(period)
-
-    def _complete_spec(self, done: _InFlightSpec) -> None:
-        """Wait for a two-batch step, verify and commit it. Rows of requests that finished
-        meanwhile (cancelled, stopped) are dropped. If reading or verifying raises, the other
-        step in flight is completed first (nothing else may use the device's staging buffers
-        while it runs), then this step's rows are retried in isolation, without drafts."""
-        if self._inflight_spec is done:
-            self._inflight_spec = None
-        decode = [r for r in done.rows if r.decode]
-        t0 = time.perf_counter()
-        try:
-            self.runner.wait(done.logits)
-            self._observe_gpu(done.logits)
-            verified = self.verifier.verify(decode, done.logits)
-        except Exception:
-            log.warning("two-batch step %d failed; retrying its rows", done.step_no)
-            self._gpu_wait += time.perf_counter() - t0
-            self._finish_spec(observe=False)  # counted by whoever is completing `done`
-            self._run_isolated([r for r in done.rows if not r.request.finished], draft=False)
-            return
-        self._gpu_wait += time.perf_counter() - t0
-        rows = done.rows
-        if any(r.request.finished for r in rows):
-            keep = [i for i, r in enumerate(decode) if not r.request.finished]
-            verified = Verified(
-                [verified.tokens[i] for i in keep], [verified.logprobs[i] for i in keep]
-            )
-            rows = [r for r in rows if not r.request.finished]
-        self._commit(ScheduledBatch(rows=rows), verified)
-
-    def _finish_inflight(self, observe: bool = True) -> None:
-        """Read the step in flight, if any. `observe`: time it as a plain step (launch to
-        now); otherwise its wait is the caller's to account for."""
-        prev, self._inflight = self._inflight, None
-        if prev is None:
-            return
-        if not observe:
-            self._complete(prev)
-            self.metrics.steps.inc()
-            return
-        self._gpu_wait = 0.0
-        self._complete(prev)
-        self._observed_plain(prev, time.perf_counter() - prev.t_launch)
-
-    def _observed_plain(self, done: _InFlight, period: float) -> None:
-        self.scheduler.policy.observe_rate(done.generated, period, done.rows)
-        self._count_step(period)
-
-    def _complete(self, done: _InFlight) -> None:
-        """Read an overlapped step's tokens and commit them (rows of requests that finished in
-        the meantime are dropped)."""
-        if self._inflight is done:
-            self._inflight = None
-        t0 = time.perf_counter()
-        try:
-            self.runner.wait(done.logits)
-            self._observe_gpu(done.logits)
-            tokens = done.logits.tokens()
-        except Exception as exc:  # the device failed this step: its requests' state is unknown
-            log.exception("overlapped step %d failed", done.step_no)
-            for req, _i, _o in done.pending:
-                self._fail(req, f"step failed: {exc}")
-            return
-        finally:
-            self._gpu_wait += time.perf_counter() - t0
-        now = time.monotonic()
-        rendered: list[tuple] = []
-        itls: list[float] = []
-        observe = self.scheduler.policy.observe
-        for req, index, off in done.pending:
-            if req.finished:
-                continue  # cancelled, stopped or ended by EOS while this step ran
-            stream = self.streams[req.request_id]
-            kept, reason = stream.resolve(index, tokens[off], now, itls)
-            req.stats.record(0, 0)
-            observe(req, 0, 0)
-            rendered.append((stream, kept, reason, 0, 0, done.step_no, None))
-            if reason is not None:
-                self._release(req)
-        # Per step, not per row: each metric update takes a lock, each queued item another.
-        self.stats.record_plain(len(rendered))
-        self.metrics.observe_itl(itls)
-        self.metrics.tokens.inc(len(rendered))
-        done.generated = len(rendered)
-        self._generated += len(rendered)
-        self.output.render_many(rendered)
 
     def _run_isolated(self, rows: list[Row], draft: bool) -> None:
         """Run a step; if it fails, retry each half without drafts until the failure is

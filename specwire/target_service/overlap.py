@@ -1,0 +1,279 @@
+"""The executor's overlapped step modes, as mixins of `Executor` (executor.py), which owns the
+state they use (`_inflight`, `_inflight_spec`, the scheduler, runner, streams and metrics).
+
+`OverlappedSteps`: a plain greedy step is committed optimistically (a placeholder token per
+decode row), launched, and only then is the step before it read; the next step feeds the
+placeholders from that step's argmax on the device.
+
+`TwoBatchSteps` (`--two-batch-rows`): speculative steps alternate two disjoint halves of the
+batch; a step schedules, drafts and launches the requests that are not in the step in flight,
+then reads, verifies and commits that step.
+
+`docs/architecture.md` ("Overlapped steps", "Two-batch overlap") states their invariants.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from specwire.target_service.request import Request, RequestState
+from specwire.target_service.runner.model_runner import StepLogits
+from specwire.target_service.scheduler import Row, ScheduledBatch
+from specwire.target_service.verifier import Verified
+
+log = logging.getLogger("specwire.target_service.executor")
+
+PENDING = -1  # an output token whose step is in flight (overlapped steps)
+
+
+@dataclass
+class InFlight:
+    """An overlapped step: launched and committed optimistically, its tokens not read yet."""
+
+    step_no: int
+    logits: StepLogits
+    # per decode row: (request, index of its placeholder in output_ids, logit row)
+    pending: list[tuple[Request, int, int]]
+    t_launch: float
+    rows: int  # rows in the step (the policy's rates are per batch size)
+    generated: int = 0  # output tokens it committed (known once read)
+    src: dict[str, int] = field(default_factory=dict)  # request id -> its logit row
+
+
+@dataclass
+class InFlightSpec:
+    """A speculative step of the two-batch overlap: launched with its drafts, not read yet.
+    Its requests are neither scheduled nor preempted until it is completed."""
+
+    step_no: int
+    rows: list[Row]
+    logits: StepLogits
+    t_launch: float
+    ids: frozenset[str]  # its requests
+    rows_total: int  # its rows plus those of the step in flight when it launched
+
+
+class OverlappedSteps:
+    """Plain greedy steps launched before the previous step's tokens are read."""
+
+    def _step_overlapped(self, batch: ScheduledBatch) -> None:
+        """Launch `batch` (no drafts), commit it optimistically, then read the step before it."""
+        prev = self._inflight
+        t0 = time.perf_counter()
+        if prev is not None:
+            for row in batch.rows:
+                if row.decode:
+                    row.feed_src = prev.src.get(row.request.request_id, -1)
+        try:
+            self.resources.prepare(batch.requests)
+            logits = self.runner.forward(
+                batch.rows, [self.kv.block_table(r) for r in batch.requests]
+            )
+        except Exception:
+            # Run it the careful way: finish the step in flight, then retry in isolation.
+            log.warning("overlapped step %d failed to launch; retrying it", self.step_no)
+            self._finish_inflight()
+            rows = [r for r in batch.rows if not r.request.finished]
+            for row in rows:
+                row.feed_src = -1
+            self._gpu_wait = 0.0
+            self._run_isolated(rows, draft=False)
+            return
+        if logits.graph is None:
+            self.metrics.eager_steps.inc()
+        self.metrics.overlapped_steps.inc()
+        launched = InFlight(self.step_no, logits, [], t0, rows=len(batch.rows))
+        for row in batch.rows:
+            req = row.request
+            req.num_computed += row.num_committed
+            if not row.decode:
+                continue
+            req.state = RequestState.DECODE
+            req.output_ids.append(PENDING)
+            off = logits.spans[len(launched.pending)][0]
+            launched.pending.append((req, len(req.output_ids) - 1, off))
+            launched.src[req.request_id] = off
+            if self.streams[req.request_id].ends_at(len(req.output_ids)):
+                self.scheduler.remove(req)  # its last token is in flight: never run it again
+        self.resources.update(batch.requests, {})
+        self._inflight = launched
+        if prev is not None:
+            self._gpu_wait = 0.0
+            self._complete(prev)
+            self._observed_plain(prev, t0 - prev.t_launch)
+
+    def _finish_inflight(self, observe: bool = True) -> None:
+        """Read the step in flight, if any. `observe`: time it as a plain step (launch to
+        now); otherwise its wait is the caller's to account for."""
+        prev, self._inflight = self._inflight, None
+        if prev is None:
+            return
+        if not observe:
+            self._complete(prev)
+            self.metrics.steps.inc()
+            return
+        self._gpu_wait = 0.0
+        self._complete(prev)
+        self._observed_plain(prev, time.perf_counter() - prev.t_launch)
+
+    def _observed_plain(self, done: InFlight, period: float) -> None:
+        self.scheduler.policy.observe_rate(done.generated, period, done.rows)
+        self._count_step(period)
+
+    def _complete(self, done: InFlight) -> None:
+        """Read an overlapped step's tokens and commit them (rows of requests that finished in
+        the meantime are dropped)."""
+        if self._inflight is done:
+            self._inflight = None
+        t0 = time.perf_counter()
+        try:
+            self.runner.wait(done.logits)
+            self._observe_gpu(done.logits)
+            tokens = done.logits.tokens()
+        except Exception as exc:  # the device failed this step: its requests' state is unknown
+            log.exception("overlapped step %d failed", done.step_no)
+            for req, _i, _o in done.pending:
+                self._fail(req, f"step failed: {exc}")
+            return
+        finally:
+            self._gpu_wait += time.perf_counter() - t0
+        now = time.monotonic()
+        rendered: list[tuple] = []
+        itls: list[float] = []
+        observe = self.scheduler.policy.observe
+        for req, index, off in done.pending:
+            if req.finished:
+                continue  # cancelled, stopped or ended by EOS while this step ran
+            stream = self.streams[req.request_id]
+            kept, reason = stream.resolve(index, tokens[off], now, itls)
+            req.stats.record(0, 0)
+            observe(req, 0, 0)
+            rendered.append((stream, kept, reason, 0, 0, done.step_no, None))
+            if reason is not None:
+                self._release(req)
+        # Per step, not per row: each metric update takes a lock, each queued item another.
+        self.stats.record_plain(len(rendered))
+        self.metrics.observe_itl(itls)
+        self.metrics.tokens.inc(len(rendered))
+        done.generated = len(rendered)
+        self._generated += len(rendered)
+        self.output.render_many(rendered)
+
+
+class TwoBatchSteps:
+    """Speculative steps as two alternating halves of the batch (`two_batch_rows`)."""
+
+    def _two_batch_ok(self, overlap: bool, step_k: int) -> bool:
+        """Whether this step runs as one half of the two-batch overlap: a speculative step
+        (the policy drafts), overlapping allowed, every request greedy without logprobs (their
+        tokens are read from the argmax copied back, never from logits the next step
+        overwrites), and at least `two_batch_rows` (and two) requests to split."""
+        if not (self.two_batch_rows > 0 and self.overlap and not overlap and step_k > 0):
+            return False
+        sched = self.scheduler
+        rows = min(len(sched.running) + len(sched.waiting), sched.config.max_batch_size)
+        return self._sync_requests <= 0 and rows >= max(2, self.two_batch_rows)
+
+    def _step_two_batch(self, step_k: int) -> None:
+        """Schedule, draft and launch the requests that are not in the step in flight (at
+        most half of all), then read and commit the step in flight: its verification,
+        committing and streaming, and this step's scheduling and drafting, run on the host
+        while the device runs the other half."""
+        prev = self._inflight_spec
+        in_flight = len(prev.rows) if prev is not None else 0
+        sched = self.scheduler
+        total = min(len(sched.running) + len(sched.waiting), sched.config.max_batch_size)
+        max_rows = min(sched.config.max_batch_size - in_flight, (total + 1) // 2)
+        if max_rows <= 0:
+            self._finish_spec()
+            return
+        t0 = time.perf_counter()
+        exclude = prev.ids if prev is not None else frozenset()
+        batch = self._schedule(step_k, exclude, max_rows)
+        if batch is None:
+            return
+        decode = batch.decode_rows
+        try:
+            self.resources.prepare(batch.requests)
+            t1 = time.perf_counter()
+            if self.drafts.prepare(decode, ask_drafter=True, step_no=self.step_no):
+                self.metrics.draft_seconds.observe(time.perf_counter() - t1)
+            logits = self.runner.forward(
+                batch.rows, [self.kv.block_table(r) for r in batch.requests]
+            )
+        except Exception:
+            # Run it the careful way: finish the step in flight, then retry in isolation.
+            # (Without drafts, as any retry: the drafter was asked once for this step.)
+            log.warning("two-batch step %d failed to launch; retrying it", self.step_no)
+            self._finish_spec()
+            self._gpu_wait = 0.0
+            generated, rows = self._generated, [r for r in batch.rows if not r.request.finished]
+            self._run_isolated(rows, draft=False)
+            now = time.perf_counter()
+            self.scheduler.policy.observe_rate(self._generated - generated, now - t0, total)
+            self._count_step(now - t0)
+            return
+        if logits.graph is None:
+            self.metrics.eager_steps.inc()
+        self.metrics.two_batch_steps.inc()
+        ids = frozenset(r.request.request_id for r in batch.rows)
+        rows_total = max(total, len(batch.rows) + in_flight)
+        self._inflight_spec = InFlightSpec(self.step_no, batch.rows, logits, t0, ids, rows_total)
+        if prev is not None:
+            generated = self._generated
+            self._gpu_wait = 0.0
+            self._complete_spec(prev)
+            self._observed_spec(prev, self._generated - generated, t0 - prev.t_launch)
+
+    def _finish_spec(self, observe: bool = True) -> None:
+        """Read and commit the two-batch step in flight, if any (timed launch to now).
+        `observe=False`: its tokens are the caller's to report."""
+        prev = self._inflight_spec
+        if prev is None:
+            return
+        generated = self._generated
+        self._gpu_wait = 0.0
+        self._complete_spec(prev)
+        if observe:
+            period = time.perf_counter() - prev.t_launch
+            self._observed_spec(prev, self._generated - generated, period)
+
+    def _observed_spec(self, done: InFlightSpec, generated: int, period: float) -> None:
+        if self._spec_carry is not None:  # the plain step drained on entering the mode
+            generated += self._spec_carry[0]
+            period += self._spec_carry[1]
+            self._spec_carry = None
+        # Per row of both halves: each request runs every other period.
+        self.scheduler.policy.observe_rate(generated, period, done.rows_total)
+        self._count_step(period)
+
+    def _complete_spec(self, done: InFlightSpec) -> None:
+        """Wait for a two-batch step, verify and commit it. Rows of requests that finished
+        meanwhile (cancelled, stopped) are dropped. If reading or verifying raises, the other
+        step in flight is completed first (nothing else may use the device's staging buffers
+        while it runs), then this step's rows are retried in isolation, without drafts."""
+        if self._inflight_spec is done:
+            self._inflight_spec = None
+        decode = [r for r in done.rows if r.decode]
+        t0 = time.perf_counter()
+        try:
+            self.runner.wait(done.logits)
+            self._observe_gpu(done.logits)
+            verified = self.verifier.verify(decode, done.logits)
+        except Exception:
+            log.warning("two-batch step %d failed; retrying its rows", done.step_no)
+            self._gpu_wait += time.perf_counter() - t0
+            self._finish_spec(observe=False)  # counted by whoever is completing `done`
+            self._run_isolated([r for r in done.rows if not r.request.finished], draft=False)
+            return
+        self._gpu_wait += time.perf_counter() - t0
+        rows = done.rows
+        if any(r.request.finished for r in rows):
+            keep = [i for i, r in enumerate(decode) if not r.request.finished]
+            verified = Verified(
+                [verified.tokens[i] for i in keep], [verified.logprobs[i] for i in keep]
+            )
+            rows = [r for r in rows if not r.request.finished]
+        self._commit(ScheduledBatch(rows=rows), verified)
