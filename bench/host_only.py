@@ -44,6 +44,7 @@ from serving import plan_passes  # noqa: E402
 
 from specwire.target_service.config import TargetConfig  # noqa: E402
 from specwire.target_service.engine import build_engine  # noqa: E402
+from specwire.target_service.runner.graphs import token_buckets  # noqa: E402
 from specwire.target_service.runner.model_runner import StepLogits  # noqa: E402
 
 
@@ -147,6 +148,12 @@ def main() -> int:
         help="simulate a device: each step takes this long (plus --device-us-per-token)",
     )
     ap.add_argument("--device-us-per-token", type=float, default=0.0)
+    ap.add_argument(
+        "--adaptive",
+        action="store_true",
+        help="with a simulated device: the adaptive draft-length policy, its cost table seeded"
+        " from the device (as the GPU's is from graph replays); else static K as on the CPU",
+    )
     ap.add_argument("--profile", choices=("executor", "output"), default=None)
     ap.add_argument(
         "--gc-threshold", type=int, default=None, help="gc.set_threshold(N) after warm-up"
@@ -168,6 +175,14 @@ def main() -> int:
     device = None
     if args.device_ms or args.device_us_per_token:
         device = DeviceClock(args.device_ms, args.device_us_per_token)
+        if args.adaptive and args.drafter != "none":
+            # As on the GPU: the policy's cost table is the device's step time per captured
+            # token count (here the simulated device's), and it decides when to speculate.
+            policy = engine.executor.scheduler.policy
+            policy.adaptive = True
+            policy.seed_costs(
+                {b: device.step_s + b * device.token_s for b in token_buckets(cfg.max_num_tokens)}
+            )
     vocab = engine.loaded.config.vocab_size
     runner.forward = StubForward(runner, vocab, cfg.max_num_tokens, device)
     engine.executor.drafts.pads = False  # as on the GPU's varlen backends: real drafts only
@@ -207,7 +222,8 @@ def main() -> int:
     plans = plan_passes(prompts, levels, None, 16, args.min_prompts, args.pass_factor)
     pool = futures.ThreadPoolExecutor(4, "tokenize")
 
-    label = args.drafter + (f" two-batch>={args.two_batch_rows}" if args.two_batch_rows else "")
+    label = args.drafter + (" adaptive" if args.adaptive else "")
+    label += f" two-batch>={args.two_batch_rows}" if args.two_batch_rows else ""
 
     async def go() -> None:
         for plan in plans:
