@@ -225,18 +225,27 @@ def main() -> int:
     label = args.drafter + (" adaptive" if args.adaptive else "")
     label += f" two-batch>={args.two_batch_rows}" if args.two_batch_rows else ""
 
+    metrics = engine.executor.metrics
+
+    def two_batch_steps() -> float:
+        labels = {"model": metrics.model}
+        return metrics.registry.get_sample_value("specwire_two_batch_steps_total", labels) or 0
+
     async def go() -> None:
         for plan in plans:
             t0 = time.perf_counter()
             cpu.reset()
+            halves = two_batch_steps()
             rec = await run_pass(engine, plan, args, pool)
+            halves = two_batch_steps() - halves
             print(
                 f"host-only {label} "
                 f"{plan.name}: {rec['tokens']} tokens in "
                 f"{rec['wall_s']:.2f}s ({rec['tok_per_s']:.0f} tok/s), chunks {rec['chunks']}, "
                 f"errors {rec['errors']}; executor CPU {cpu.seconds * 1e6 / cpu.steps:.0f} us/step"
-                f" over {cpu.steps} steps, {cpu.seconds * 1e6 / max(rec['tokens'], 1):.1f} "
-                f"us/token [{time.perf_counter() - t0:.1f}s]",
+                f" over {cpu.steps} steps ({halves:.0f} two-batch), "
+                f"{cpu.seconds * 1e6 / max(rec['tokens'], 1):.1f} us/token "
+                f"[{time.perf_counter() - t0:.1f}s]",
                 flush=True,
             )
 
