@@ -3,7 +3,7 @@ alone, and one drafter-service message (parse, sessions, n-gram, reply) in one p
 
     python bench/drafter_cost.py [--sequences 64] [--messages 500] [--against DIR]
 
-`ngram`: `NGramIndex.propose(9)` (K=4 plus the look-ahead of 5) on three 400-token sequences:
+`ngram`: `NGramIndex.propose(9)` (K=4 plus the look-ahead of 5) on three ~400-token sequences:
 random ids from 200 (short matches, three searches), random ids from 49,152 (rarely any
 match) and a period of 7 (a 3-gram match at once). Best of 7 rounds of 3 x 3,000 calls.
 With `--against DIR` (another checkout, e.g. a `git worktree` of an older commit) that

@@ -6,7 +6,8 @@ restarted, the session expired, a message was lost), the update is refused and t
 resends the full prefix (`base_len == 0`), which starts the session afresh. Nothing is lost.
 
 Idle sessions (a target that died, a `finished` message that never arrived) expire after a TTL;
-expiry is swept lazily on each call, so an idle service holds memory but burns no CPU.
+expiry is swept lazily, at most once per TTL/8 while messages arrive (`expire_due`: a session
+may outlive its TTL by that much), so an idle service holds memory but burns no CPU.
 
 Sessions belong to the caller that created them (`owner`: its token, TLS certificate or
 connection; see specwire/common/security.py `peer_identity`). They are keyed by (owner, request

@@ -229,7 +229,8 @@ class Executor(OverlappedSteps, TwoBatchSteps):
 
     def step(self) -> None:
         """One step: a plain greedy step overlaps with the next one's preparation; a step that
-        drafts, samples or reports logprobs first reads the step in flight, then runs alone."""
+        drafts, samples or reports logprobs first reads the step in flight, then runs alone,
+        unless it runs as a two-batch half (`_step_two_batch`)."""
         overlap, step_k = self._plan()
         two = self._two_batch_ok(overlap, step_k)
         if not two and self._inflight_spec is not None:

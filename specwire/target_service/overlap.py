@@ -52,7 +52,9 @@ class InFlightSpec:
     logits: StepLogits
     t_launch: float
     ids: frozenset[str]  # its requests
-    rows_total: int  # its rows plus those of the step in flight when it launched
+    # Rows of both halves (the policy's rate is per row): running + waiting requests (up to
+    # max_batch_size) or its rows plus the step in flight's, whichever is larger.
+    rows_total: int
 
 
 class OverlappedSteps:
