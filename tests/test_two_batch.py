@@ -61,6 +61,11 @@ class InFlightWatch:
 
         runner.forward, runner.wait = watched_forward, watched_wait
 
+    @property
+    def in_flight(self) -> set[str]:
+        """The requests of the steps launched and not read yet."""
+        return set().union(*(ids for ids, _twin in self.unread.values()))
+
 
 class RateLog:
     """Records what the executor reports to the draft-length policy (`observe_rate`)."""
@@ -141,11 +146,11 @@ def _events(stream) -> list:
 def test_cancel_while_its_half_is_in_flight_keeps_the_others(baseline):
     eng = _engine()
     tok, ex = eng.loaded.tokenizer, eng.executor
+    watch = InFlightWatch(eng.runner)
     streams = [ex.submit(eng.new_request(tok.encode(p), max_new_tokens=20)) for p in PROMPTS[:8]]
     ex.run_until_idle(max_steps=5)
-    spec = ex._inflight_spec
-    assert spec is not None and not ex.idle
-    victim = next(s for s in streams if s.request.request_id in spec.ids)
+    assert watch.in_flight and not ex.idle  # a half is launched and not read
+    victim = next(s for s in streams if s.request.request_id in watch.in_flight)
     ex.cancel(victim.request.request_id)
     ex.run_until_idle()
     for i, s in enumerate(streams):
@@ -197,7 +202,7 @@ def test_a_sampled_neighbour_arriving_mid_flight_turns_it_off(baseline):
         watch = InFlightWatch(eng.runner)
         greedy = [ex.submit(eng.new_request(tok.encode(p), max_new_tokens=20)) for p in PROMPTS[:6]]
         ex.run_until_idle(max_steps=4)
-        assert (ex._inflight_spec is not None) == two_batch
+        assert bool(watch.in_flight) == two_batch  # a half launched and not read
         sampled = ex.submit(_sampled(eng))
         ex.run_until_idle()
         assert [_events(s)[-1].token_ids for s in greedy] == baseline[:6]
@@ -240,7 +245,7 @@ def test_a_step_that_raises_is_retried_after_the_other_half_is_read(baseline, wh
     def faulty(real):
         def call(*args, **kw):
             calls[0] += 1
-            if calls[0] % 5 == 0 and ex._inflight_spec is not None:
+            if calls[0] % 5 == 0 and watch.in_flight:  # while a half is on the device
                 raise RuntimeError(f"injected {where} failure")
             return real(*args, **kw)
 

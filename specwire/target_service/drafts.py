@@ -100,22 +100,24 @@ class DraftIntake:
             probs = list(probs)[: len(drafts)]
             if len(probs) != len(drafts):
                 probs = None  # incomplete distributions: treat drafts as point masses
-        if not self._tokens_ok(drafts) or not self._dists_ok(probs):
+        tokens = self._as_tokens(drafts)
+        if tokens is None or not self._dists_ok(probs):
             req.stats.refused_draft_tokens += len(drafts)
             self.stats.refused_draft_tokens += len(drafts)
-            drafts, probs = [], None
-        plain = all(type(t) is int for t in drafts)
-        row.drafts, row.draft_probs = drafts if plain else [int(t) for t in drafts], probs
+            tokens, probs = [], None
+        row.drafts, row.draft_probs = tokens, probs
         req.draft_tokens, req.draft_probs = [], None
 
-    def _tokens_ok(self, tokens: list) -> bool:
-        """Every draft a real token id (hot path: plain ints in range are checked at C speed,
-        anything else one by one)."""
-        if not tokens:
-            return True
-        if all(type(t) is int for t in tokens):
-            return 0 <= min(tokens) and max(tokens) < self.vocab_size
-        return all(self._token_ok(t) for t in tokens)
+    def _as_tokens(self, drafts: list) -> list[int] | None:
+        """The drafts as plain int token ids, or None if any is not a real token id (hot path:
+        plain ints in range are checked at C speed and kept as they are)."""
+        if not drafts:
+            return drafts
+        if all(type(t) is int for t in drafts):
+            return drafts if 0 <= min(drafts) and max(drafts) < self.vocab_size else None
+        if not all(self._token_ok(t) for t in drafts):
+            return None
+        return [int(t) for t in drafts]
 
     def _token_ok(self, t: object) -> bool:
         """A real token id: an integer (not a bool) inside the vocabulary."""

@@ -23,7 +23,7 @@ from specwire.target_service.runner.model_runner import StepLogits
 from specwire.target_service.scheduler import Row, ScheduledBatch
 from specwire.target_service.verifier import Verified
 
-log = logging.getLogger("specwire.target_service.executor")
+log = logging.getLogger(__name__)
 
 PENDING = -1  # an output token whose step is in flight (overlapped steps)
 
