@@ -34,7 +34,8 @@ from procs import free_port, output_tail, start_service, stop_service  # noqa: E
 # step synchronous), to measure overlapped steps side by side; "-unary" talks to its drafter
 # service with unary calls (--drafter-mode unary) instead of the stream; "-2b" runs
 # speculative steps as two alternating halves from TWO_BATCH_ROWS requests on
-# (--two-batch-rows).
+# (--two-batch-rows); "-p0" never waits for drafts asked for as the previous step committed
+# (--drafter-patience-ms 0: a late reply serves the steps after).
 CONFIGS = {
     "none": "none",
     "none-sync": "none",
@@ -44,11 +45,15 @@ CONFIGS = {
     "remote-ngram": "remote",
     "remote-ngram-unary": "remote",
     "remote-ngram-2b": "remote",
+    "remote-ngram-p0": "remote",
+    "remote-ngram-unary-p0": "remote",
 }
 REMOTE_DRAFTERS = {  # service --drafter
     "remote-ngram": "ngram",
     "remote-ngram-unary": "ngram",
     "remote-ngram-2b": "ngram",
+    "remote-ngram-p0": "ngram",
+    "remote-ngram-unary-p0": "ngram",
 }
 TWO_BATCH_ROWS = 32  # where the simulated device broke even (bench/RESULTS.md, round 8)
 TARGET_READY = r"specwire target listening on (\S+):(\d+)"
@@ -162,8 +167,10 @@ def running_config(config: str, args: argparse.Namespace) -> Iterator[Server]:
         cmd = target_command(args, drafter, metrics_port)
         if config.endswith("-sync"):
             cmd.append("--no-overlap")
-        if config.endswith("-unary"):
+        if "-unary" in config:
             cmd += ["--drafter-mode", "unary"]
+        if config.endswith("-p0"):
+            cmd += ["--drafter-patience-ms", "0"]
         if config.endswith("-2b"):
             cmd += ["--two-batch-rows", str(TWO_BATCH_ROWS)]
         proc, m = start_service(cmd, _env(), TARGET_READY, timeout=args.ready_timeout, cwd=ROOT)

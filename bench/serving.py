@@ -236,7 +236,7 @@ async def run_server(server, plans: list[PassPlan], args) -> dict:
                 step_s=_counter_delta(before, after, "specwire_step_seconds_sum"),
                 drafter={
                     k: _counter_delta(before, after, f"specwire_drafter_{k}_total")
-                    for k in ("lookahead", "prefetched", "late", "failed")
+                    for k in ("lookahead", "prefetched", "late", "failed", "deferred")
                 },
                 # device time of the pass's graph steps (mean of the sampled ones x their
                 # number): / wall = how busy the GPU was

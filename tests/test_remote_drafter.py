@@ -237,6 +237,65 @@ def test_a_late_submit_reply_costs_one_deadline_not_a_second_question(servers, m
     assert h.counters()["late"] == 2
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_with_no_patience_a_late_reply_serves_the_step_after(servers, mode):
+    """--drafter-patience-ms 0: a step does not wait for the drafts asked for as the previous
+    step committed. It goes without them (counted `deferred`), the reply stays awaited, and
+    when it comes it is kept: the next step drafts from it, unasked, once what that step
+    committed is the proposal's first token. A proposal the target went past is dropped and the
+    drafter is asked afresh."""
+    server = servers(max_draft_len=16, delay_ms=100)
+    h = servers.harness(f"grpc://{server.address}", mode=mode, patience_ms=0)
+    store = server.engine.store
+    a = make_request("a", REPETITIVE)  # 1 2 3 4 1 2 3 4 1 2
+    assert h.step([a]) == [[3, 4, 1, 2]]  # no proposal yet: asked and waited for
+    a.output_ids += [3, 4, 1, 2, 1]  # all accepted, a bonus token the look-ahead missed (3)
+    h.drafter.submit([a])
+    assert h.step([a]) == [[]]  # went without: the reply is 100 ms away
+    assert h.counters()["deferred"] == 1 and not reply_kept(h.drafter)  # still awaited
+    wait_until(lambda: reply_kept(h.drafter), timeout=10, what="the deferred reply")
+    asked = list(store.get("a").tokens)
+    assert asked == a.token_ids
+    # The proposal for "... 1 2 1" follows the latest earlier "1" (then "2 1", repeating):
+    # 2 1 2 1 2 ... The draftless step committed its first token; the next step drafts its
+    # next ones without a question.
+    a.output_ids += [2]
+    assert h.step([a]) == [[1, 2, 1, 2]]
+    assert store.get("a").tokens == asked and h.counters()["lookahead"] == 1
+    a.output_ids += [3, 7]  # one accepted, then a token the proposal did not foresee
+    assert h.step([a]) == [[]]  # asked afresh (7 never occurred: nothing to propose)
+    assert store.get("a").tokens == a.token_ids
+    c = h.counters()
+    assert c["late"] == c["failed"] == c["stale"] == 0 and c["deferred"] == 1
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_deferred_reply_is_given_up_after_the_deadline(servers, mode):
+    """A deferred reply that has not come a deadline after it was asked for is given up on
+    (late), so the next question is not held back by it forever."""
+    server = servers(delay_ms=1500)
+    h = servers.harness(f"grpc://{server.address}", mode=mode, deadline_ms=100, patience_ms=0)
+    a = make_request("a", REPETITIVE)
+    h.drafter.submit([a])
+    assert h.step([a]) == [[]]
+    assert h.counters()["deferred"] == 1 and h.drafter._prefetch is not None
+    time.sleep(0.15)  # past the deadline
+    assert reply_kept(h.drafter)  # given up: nothing awaited any more
+    assert h.counters()["late"] == 1
+
+
+def test_patience_must_lie_between_zero_and_the_deadline():
+    from specwire.target_service.config import TargetConfig
+    from specwire.target_service.drafters.remote_channel import RemoteDrafterConfig
+
+    with pytest.raises(UserError, match="patience must be between 0 and the deadline"):
+        RemoteDrafterConfig("grpc://h:1", deadline_ms=50, patience_ms=60)
+    assert RemoteDrafterConfig("h:1", deadline_ms=50, patience_ms=0).patience_s == 0
+    assert RemoteDrafterConfig("h:1", deadline_ms=50).patience_s is None  # the deadline
+    with pytest.raises(UserError, match="--drafter-patience-ms must be between 0"):
+        TargetConfig(drafter_deadline_ms=50, drafter_patience_ms=-0.5)
+
+
 def test_a_proposal_from_an_older_prefix_never_replaces_a_newer_one():
     """Replies can arrive out of order (unary calls): the proposal kept for a request is the
     one made from the longest prefix."""

@@ -197,6 +197,23 @@ def test_remote_drafter_with_the_two_batch_overlap_is_lossless(tiny, baseline, d
     eng.shutdown()
 
 
+@pytest.mark.parametrize("mode", ["stream", "unary"])
+def test_remote_drafter_that_is_never_waited_for_is_lossless(tiny, baseline, drafters, mode):
+    """--drafter-patience-ms 0 and a drafter 5 ms slow: steps go without the drafts they
+    asked for as the previous step committed, and the late replies draft the steps after.
+    Output unchanged, drafts still accepted, nothing failed or leaked."""
+    server = drafters(drafter="ngram", delay_ms=5)
+    eng = engine(tiny, f"grpc://{server.address}", drafter_mode=mode, drafter_patience_ms=0)
+    results = run_all(eng, PROMPTS)
+    assert [c.token_ids for c in results] == baseline["short"]
+    c = eng.drafter.counters()
+    assert c["deferred"] > 0 and c["failed"] == c["stale"] == c["unknown_request"] == 0
+    assert 0 < eng.executor.stats.accepted_tokens
+    wait_until(lambda: len(server.engine.store) == 0, timeout=10, what="sessions freed")
+    server.engine.check_integrity()
+    eng.shutdown()
+
+
 LOOKUP_PLUGIN = "examples.python.lookup_drafter:LastOccurrenceDrafter"
 
 

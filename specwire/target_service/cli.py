@@ -53,6 +53,10 @@ ENGINE_FLAGS = {
     "num_kv_blocks": Flag("KV cache blocks (0 = enough for max-batch-size full contexts)"),
     "drafter_mode": Flag("remote drafters: stream | unary", choices=("stream", "unary")),
     "drafter_deadline_ms": Flag("remote drafters: wait this long for drafts, then go without"),
+    "drafter_patience_ms": Flag(
+        "remote drafters: wait this long for drafts asked for as the previous step committed,"
+        " then go without and keep the late reply for the steps after (-1 = the deadline)"
+    ),
     "drafter_lookahead": Flag(
         "remote drafters: draft tokens asked past a step's own, used when it accepts them all"
         " (-1 = auto: K+1 for an n-gram drafter, else 0)"

@@ -40,6 +40,10 @@ class TargetConfig:
     num_kv_blocks: int = 0  # 0 = enough for max_batch_size full contexts
     drafter_mode: str = "stream"  # stream | unary (remote drafters)
     drafter_deadline_ms: float = 50.0
+    # Remote drafters: how long a step waits for the drafts asked for as the previous step
+    # committed before going without them (a later reply is kept for the steps after);
+    # -1 = the deadline.
+    drafter_patience_ms: float = -1.0
     drafter_lookahead: int = -1  # remote drafters: tokens asked past a step's drafts; -1 = auto
     progress: bool = True
     drafter_security: ClientSecurity = field(default_factory=ClientSecurity)  # grpc:// drafters
@@ -77,6 +81,14 @@ class TargetConfig:
             raise UserError(f"--drafter-mode must be stream or unary, got {self.drafter_mode!r}")
         if self.drafter_deadline_ms <= 0:
             raise UserError("--drafter-deadline-ms must be > 0")
+        if self.drafter_patience_ms != -1 and not (
+            0 <= self.drafter_patience_ms <= self.drafter_deadline_ms
+        ):
+            raise UserError(
+                "--drafter-patience-ms must be between 0 and --drafter-deadline-ms "
+                f"({self.drafter_deadline_ms:g}), or -1 (the deadline); "
+                f"got {self.drafter_patience_ms:g}"
+            )
         if self.drafter_lookahead < -1:
             raise UserError(
                 f"--drafter-lookahead must be >= 0 (or -1: auto), got {self.drafter_lookahead}"

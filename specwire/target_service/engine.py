@@ -80,6 +80,7 @@ def make_drafter(cfg: TargetConfig, loaded: LoadedModel) -> Drafter | None:
             deadline_ms=cfg.drafter_deadline_ms,
             security=cfg.drafter_security,
             lookahead=cfg.drafter_lookahead,
+            patience_ms=cfg.drafter_patience_ms,
         )
     if ":" in spec:
         return load_plugin_drafter(spec, cfg.max_draft_len)

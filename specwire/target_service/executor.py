@@ -377,8 +377,11 @@ class Executor(OverlappedSteps, TwoBatchSteps):
             for req in batch.requests:
                 self._fail(req, f"resource update failed: {exc}")
             return
-        self.emit(decode, new_tokens, logprobs)
+        rendered = self.emit(decode, new_tokens, logprobs)
+        # The drafter hears first: its round trip then starts before the output thread wakes
+        # to render this step (and competes for the GIL with the drafter's reply).
         self.drafts.submit([r.request for r in decode], self.step_no)
+        self.output.render_many(rendered)
 
     # -- phases ----------------------------------------------------------------------------------
     def _advance(self, rows: list[Row], accepted: dict[str, int]) -> None:
@@ -394,7 +397,10 @@ class Executor(OverlappedSteps, TwoBatchSteps):
         rows: Sequence[Row],
         new_tokens: list[list[int]],
         logprobs: Sequence[list[TokenLogprob] | None],
-    ) -> None:
+    ) -> list[tuple]:
+        """Append each row's tokens to its stream (token-level finish rules) and record the
+        step. Returns the rows' rendering for the output thread (`OutputWorker.render_many`),
+        which the caller hands over."""
         rendered, verified, generated = [], [], 0
         itls: list[float] = []
         now = time.monotonic()
@@ -417,7 +423,7 @@ class Executor(OverlappedSteps, TwoBatchSteps):
         self.metrics.observe_itl(itls)
         self.metrics.tokens.inc(generated)
         self._generated += generated
-        self.output.render_many(rendered)
+        return rendered
 
     def _stopped(self, request_id: str) -> None:
         """From the output thread: a stop string finished this request's stream."""

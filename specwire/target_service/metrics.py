@@ -63,6 +63,7 @@ DRAFTER_COUNTERS = {
     "reconnects": "Connections to the drafter opened (the first one counts)",
     "prefetched": "Replies to drafts asked for as a step committed (submit), collected later",
     "lookahead": "Requests whose step drafts came from a kept proposal's look-ahead, unasked",
+    "deferred": "Steps that went without asked-for drafts after the patience; reply kept for later",
 }
 
 

@@ -78,7 +78,9 @@ COUNTERS = (
     "reconnects",
     "prefetched",
     "lookahead",
+    "deferred",
 )
+_PENDING = object()  # a prefetch not answered within the step's patience: still awaited
 
 
 @dataclass
@@ -90,6 +92,7 @@ class _Prefetch:
     sent: dict[str, tuple[int, int]]  # request -> (tokens the drafter was sent, drafts asked)
     stream: object | None  # stream mode: the stream it went on (the reader fills `_reply`)
     future: grpc.Future | None  # unary mode: the call
+    since: float = 0.0  # time.monotonic() when it was sent
 
 
 class RemoteDrafter(Drafter):
@@ -106,9 +109,12 @@ class RemoteDrafter(Drafter):
         connect_timeout_s: float = 5.0,
         security: ClientSecurity | None = None,
         lookahead: int = -1,
+        patience_ms: float = -1.0,
     ) -> None:
         super().__init__(max_draft_len)
-        self.config = RemoteDrafterConfig(address, mode, deadline_ms, connect_timeout_s)
+        self.config = RemoteDrafterConfig(
+            address, mode, deadline_ms, connect_timeout_s, patience_ms=patience_ms
+        )
         self.security = security or ClientSecurity()
         self.name = f"grpc://{self.config.target}"
         self.vocab_size = vocab_size
@@ -242,13 +248,14 @@ class RemoteDrafter(Drafter):
                     return
                 self._inflight, self._inflight_since = step, time.monotonic()
                 stream.send(msg)
-            self._prefetch = _Prefetch(step, sent, stream, None)
+            self._prefetch = _Prefetch(step, sent, stream, None, time.monotonic())
         else:
             future = self._stub.Draft.future(msg, timeout=self.config.deadline_ms / 1000 + 1.0)
-            self._prefetch = _Prefetch(step, sent, None, future)
+            self._prefetch = _Prefetch(step, sent, None, future, time.monotonic())
 
     def _take_answered(self) -> None:
-        """Keep the proposals of a `submit` the drafter has already answered (never waits)."""
+        """Keep the proposals of a `submit` the drafter has already answered (never waits).
+        One still unanswered a deadline after it was sent is given up on (counted late)."""
         pre = self._prefetch
         if pre is None:
             return
@@ -261,22 +268,42 @@ class RemoteDrafter(Drafter):
                 ) or self._stream is not pre.stream
         if answered:
             self._use_prefetch(pre)
+        elif time.monotonic() - pre.since > self.config.deadline_ms / 1000:
+            self._prefetch = None
+            if pre.future is not None:
+                pre.future.cancel()
+            self._count("late")
 
-    def _use_prefetch(self, pre: _Prefetch) -> None:
-        """Collect a `submit`'s reply (waiting at most the deadline) and keep its proposals."""
+    def _use_prefetch(self, pre: _Prefetch, wait_s: float | None = None) -> bool:
+        """Collect a `submit`'s reply and keep its proposals. Waits at most the deadline, or
+        `wait_s` (the step's patience): then False, and the reply stays awaited — kept when it
+        comes, for the steps after (`_take_answered`), instead of given up on."""
+        reply = self._collect(pre, wait_s)
+        if reply is _PENDING:
+            self._count("deferred")
+            return False
         self._prefetch = None
-        reply = self._collect(pre)
         if reply is not None:
             self._apply(reply, pre.sent)
             self._count("prefetched")
+        return True
 
-    def _collect(self, pre: _Prefetch):
-        """The reply to a `submit`, waiting at most the step deadline; None if late/failed."""
-        deadline_s = self.config.deadline_ms / 1000
+    def _collect(self, pre: _Prefetch, wait_s: float | None = None):
+        """The reply to a `submit`, waiting at most the step deadline (None if late/failed),
+        or at most `wait_s` (`_PENDING` if not answered by then)."""
+        patient = wait_s is not None
+        timeout = wait_s if patient else self.config.deadline_ms / 1000
         if pre.future is not None:
-            return self._unary_reply(pre.future, deadline_s)
+            if patient:
+                try:
+                    return pre.future.result(timeout=timeout)
+                except grpc.FutureTimeoutError:
+                    return _PENDING
+                except grpc.RpcError as exc:
+                    return self._call_failed(exc)
+            return self._unary_reply(pre.future, timeout)
         with self._cv:
-            return self._stream_reply(pre.step, pre.stream, time.monotonic() + deadline_s)
+            return self._stream_reply(pre.step, pre.stream, time.monotonic() + timeout, patient)
 
     def _unary_reply(self, future, timeout: float):
         """The reply of a unary Draft call, waiting at most `timeout`; None if late/failed."""
@@ -296,9 +323,9 @@ class RemoteDrafter(Drafter):
         self._disconnect(f"Draft failed ({exc.code().name}: {exc.details()})")
         return self._count("failed")
 
-    def _stream_reply(self, step: int, stream, end: float):
+    def _stream_reply(self, step: int, stream, end: float, patient: bool = False):
         """The stream's reply for `step`, waiting until `end` (monotonic); None if late or the
-        stream broke. Called with `_cv` held."""
+        stream broke (`_PENDING` if late and `patient`). Called with `_cv` held."""
         while True:
             if self._reply is not None and self._reply.step == step:
                 return self._reply
@@ -306,7 +333,7 @@ class RemoteDrafter(Drafter):
                 return self._count("failed", locked=True)
             left = end - time.monotonic()
             if left <= 0:
-                return self._count("late", locked=True)
+                return _PENDING if patient else self._count("late", locked=True)
             self._cv.wait(left)
 
     def prepare_draft_tokens(
@@ -328,25 +355,28 @@ class RemoteDrafter(Drafter):
         }
         if covered:
             # The reply in flight covers requests no kept proposal does: wait for it (once: a
-            # late reply costs them this step's drafts, not a second question).
-            self._use_prefetch(pre)
-            for r in requests:
-                if r.request_id in covered:
-                    self._from_run(r)
+            # late reply costs them this step's drafts, not a second question). With a
+            # patience shorter than the deadline, a reply not there by then is still kept
+            # when it comes: the steps after use it if this step commits its first tokens.
+            if self._use_prefetch(pre, self.config.patience_s):
+                for r in requests:
+                    if r.request_id in covered:
+                        self._from_run(r)
             requests = [r for r in requests if r.request_id not in covered]
         if not requests and not self.sessions.finished:
             return
         with self._cv:
             self._step += 1
             step, connected = self._step, self._connected
-            busy = self._inflight is not None
-            stalled = busy and time.monotonic() - self._inflight_since > self.config.stall_s
+            inflight = self._inflight is not None
+            stalled = inflight and time.monotonic() - self._inflight_since > self.config.stall_s
         if not connected:
             return self._count("failed" if requests else None)
         if stalled:
             self._disconnect(f"no reply for {self.config.stall_s:.1f} s")
             return self._count("failed")
-        if busy:  # the drafter has not answered an earlier message yet: skip, keep the deltas
+        if inflight or self._prefetch is not None:
+            # the drafter has not answered an earlier message yet: skip, keep the deltas
             return self._count("late" if requests else None)
         msg, sent = self._build(step, requests)
         reply = self._exchange_stream(msg) if self.mode == "stream" else self._exchange_unary(msg)

@@ -35,6 +35,9 @@ class RemoteDrafterConfig:
     connect_timeout_s: float = 5.0
     backoff_initial_s: float = 0.05
     backoff_max_s: float = 2.0
+    # How long a step waits for drafts asked for as the previous step committed; -1 = the
+    # deadline. A reply later than this is still kept for the steps after (see remote.py).
+    patience_ms: float = -1.0
 
     def __post_init__(self) -> None:
         if not self.target or ":" not in self.target:
@@ -43,10 +46,21 @@ class RemoteDrafterConfig:
             raise UserError(f"drafter mode must be stream or unary, got {self.mode!r}")
         if self.deadline_ms <= 0 or self.connect_timeout_s <= 0:
             raise UserError("drafter deadline and connect timeout must be > 0")
+        if self.patience_ms != -1 and not 0 <= self.patience_ms <= self.deadline_ms:
+            raise UserError(
+                "drafter patience must be between 0 and the deadline "
+                f"({self.deadline_ms:g} ms), or -1 (the deadline); got {self.patience_ms:g}"
+            )
 
     @property
     def target(self) -> str:
         return self.address.removeprefix("grpc://")
+
+    @property
+    def patience_s(self) -> float | None:
+        """Seconds a step waits for a prefetched reply before going without it (None: the
+        deadline, after which the reply is given up on)."""
+        return None if self.patience_ms == -1 else self.patience_ms / 1000
 
     @property
     def stall_s(self) -> float:
