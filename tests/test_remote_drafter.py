@@ -222,10 +222,11 @@ def test_lookahead_follows_a_request_whose_drafts_keep_being_accepted(servers, m
 
 @pytest.mark.parametrize("mode", MODES)
 def test_a_late_submit_reply_costs_one_deadline_not_a_second_question(servers, mode):
-    """The drafts asked for as the last step committed (`submit`) come late: the step waits
-    one deadline for them and goes without drafts; it does not ask again and wait twice."""
+    """The drafts asked for as the last step committed (`submit`) come late: with a patience
+    of the whole deadline the step waits one deadline for them and goes without drafts; it does
+    not ask again and wait twice."""
     server = servers(delay_ms=300)
-    h = servers.harness(f"grpc://{server.address}", mode=mode, deadline_ms=100)
+    h = servers.harness(f"grpc://{server.address}", mode=mode, deadline_ms=100, patience_ms=100)
     a = make_request("a", REPETITIVE)
     assert h.step([a]) == [[]]  # late
     time.sleep(0.4)  # its reply arrives (and is dropped)
@@ -269,6 +270,40 @@ def test_with_no_patience_a_late_reply_serves_the_step_after(servers, mode):
     assert c["late"] == c["failed"] == c["stale"] == 0 and c["deferred"] == 1
 
 
+def timed_step(h: Harness, a: Request, forward_s: float, commit: list[int]) -> list[list[int]]:
+    """One drafting step as the executor runs it: drafts, a forward of `forward_s`, commit,
+    submit (which times the step: drafts taken -> submit)."""
+    drafts = h.step([a])
+    time.sleep(forward_s)
+    a.output_ids += commit
+    h.drafter.submit([a])
+    return drafts
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_auto_patience_is_a_tenth_of_a_drafting_step(servers, mode):
+    """Auto patience: before any step was timed a step waits the deadline; then a tenth of a
+    drafting step (EMA). A slow step (a CPU target's) waits for a quick reply; a fast one (a
+    GPU's) does not wait for a slow reply, which is deferred."""
+    quick = servers(max_draft_len=16)
+    h = servers.harness(f"grpc://{quick.address}", mode=mode)
+    assert h.drafter._patience_s() is None  # nothing timed yet: the deadline
+    a = make_request("a", REPETITIVE)
+    timed_step(h, a, 1.0, [3, 4, 1, 2, 1])  # a 1 s step: patience ~0.1 s
+    assert 0.1 <= h.drafter._patience_s() < 0.2
+    assert h.step([a]) != [[]]  # the reply (ms away) was waited for
+    c = h.counters()
+    assert c["prefetched"] == 1 and c["deferred"] == c["late"] == 0
+
+    slow = servers(max_draft_len=16, delay_ms=400)
+    h = servers.harness(f"grpc://{slow.address}", mode=mode)
+    b = make_request("b", REPETITIVE)
+    timed_step(h, b, 0.05, [3, 4, 1, 2, 1])  # a 50 ms step: patience ~5 ms
+    assert 0.005 <= h.drafter._patience_s() < 0.1
+    assert h.step([b]) == [[]]  # the reply is 400 ms away: not waited for
+    assert h.counters()["deferred"] == 1 and h.drafter._prefetch is not None
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_a_deferred_reply_is_given_up_after_the_deadline(servers, mode):
     """A deferred reply that has not come a deadline after it was asked for is given up on
@@ -291,7 +326,7 @@ def test_patience_must_lie_between_zero_and_the_deadline():
     with pytest.raises(UserError, match="patience must be between 0 and the deadline"):
         RemoteDrafterConfig("grpc://h:1", deadline_ms=50, patience_ms=60)
     assert RemoteDrafterConfig("h:1", deadline_ms=50, patience_ms=0).patience_s == 0
-    assert RemoteDrafterConfig("h:1", deadline_ms=50).patience_s is None  # the deadline
+    assert RemoteDrafterConfig("h:1", deadline_ms=50).patience_s is None  # auto
     with pytest.raises(UserError, match="--drafter-patience-ms must be between 0"):
         TargetConfig(drafter_deadline_ms=50, drafter_patience_ms=-0.5)
 

@@ -167,8 +167,10 @@ def test_remote_drafter_is_lossless_over_50_prompts(tiny, baseline, drafters, ki
     # committed its tokens (`submit`) and only collected by the step that uses them.
     assert c["prefetched"] > 0
     # Look-ahead (n-gram: K+1 more tokens per proposal): steps that accepted every draft took
-    # the next drafts from the kept proposal, without asking; output unchanged (above).
-    assert (c["lookahead"] > 0) == (kind == "ngram")
+    # the next drafts from the kept proposal, without asking; output unchanged (above). (A
+    # model drafter's proposals are used past their start too, after a deferred reply.)
+    if kind == "ngram":
+        assert c["lookahead"] > 0
     stats = eng.executor.stats
     assert 0 < stats.accepted_tokens <= stats.draft_tokens and stats.refused_draft_tokens == 0
     # The target is idle now, and no step will carry another message: the `finished` notices

@@ -55,7 +55,8 @@ ENGINE_FLAGS = {
     "drafter_deadline_ms": Flag("remote drafters: wait this long for drafts, then go without"),
     "drafter_patience_ms": Flag(
         "remote drafters: wait this long for drafts asked for as the previous step committed,"
-        " then go without and keep the late reply for the steps after (-1 = the deadline)"
+        " then go without and keep the late reply for the steps after"
+        " (-1 = auto: a tenth of a drafting step's time)"
     ),
     "drafter_lookahead": Flag(
         "remote drafters: draft tokens asked past a step's own, used when it accepts them all"

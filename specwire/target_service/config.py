@@ -42,7 +42,7 @@ class TargetConfig:
     drafter_deadline_ms: float = 50.0
     # Remote drafters: how long a step waits for the drafts asked for as the previous step
     # committed before going without them (a later reply is kept for the steps after);
-    # -1 = the deadline.
+    # -1 = auto: a tenth of a drafting step's time (the deadline until one was timed).
     drafter_patience_ms: float = -1.0
     drafter_lookahead: int = -1  # remote drafters: tokens asked past a step's drafts; -1 = auto
     progress: bool = True
@@ -86,7 +86,7 @@ class TargetConfig:
         ):
             raise UserError(
                 "--drafter-patience-ms must be between 0 and --drafter-deadline-ms "
-                f"({self.drafter_deadline_ms:g}), or -1 (the deadline); "
+                f"({self.drafter_deadline_ms:g}), or -1 (auto); "
                 f"got {self.drafter_patience_ms:g}"
             )
         if self.drafter_lookahead < -1:

@@ -22,6 +22,12 @@ prefix (no waiting at all), and waits for the drafter only for requests no propo
 (then for the reply already in flight when there is one). Drafts stay unpadded on the wire:
 the look-ahead is only a longer `max_draft_tokens`.
 
+Patience. The reply in flight is waited for only a tenth of a drafting step's time (auto;
+`--drafter-patience-ms` fixes it). Later than that, the step goes without those drafts and the
+reply stays awaited: when it comes it is kept like any proposal, so the next step drafts from
+it if what this step committed is its first token(s). On a GPU step of ~1.2 ms a ~1 ms round
+trip is then no longer waited for; on a CPU step of tens of ms it still is.
+
 Deadline default, 50 ms: about one CPU decode step of the default 135M target. Drafts slower
 than a target step cost more than they save, and a loopback n-gram reply takes ~1 ms, so the
 deadline only fires for a drafter that is genuinely too slow. On a GPU target, whose step is a
@@ -81,6 +87,11 @@ COUNTERS = (
     "deferred",
 )
 _PENDING = object()  # a prefetch not answered within the step's patience: still awaited
+# Auto patience: a step waits for drafts asked for as the previous step committed at most this
+# share of a drafting step's time. Waiting the whole round trip cost a 1.2 ms H200 step ~1 ms;
+# going without and using the late reply from the next step on paid 1.17x against 1.00x at
+# one stream (bench/RESULTS.md, round 9). A CPU step (tens of ms) still waits for its reply.
+PATIENCE_SHARE = 0.1
 
 
 @dataclass
@@ -133,6 +144,8 @@ class RemoteDrafter(Drafter):
         self._closed = threading.Event()
         self._notices: set[grpc.Future] = set()  # unary finished notices in flight
         self._prefetch: _Prefetch | None = None  # drafts in flight since the last step ended
+        self._step_s: float | None = None  # EMA of a drafting step: drafts taken -> submit
+        self._drafted_at: float | None = None  # when the last step took its drafts
         self._channel = make_channel(self.config.target, self.security, CHANNEL_OPTIONS)
         self._stub = drafter_pb2_grpc.DrafterServiceStub(self._channel)
         try:
@@ -226,6 +239,10 @@ class RemoteDrafter(Drafter):
         while the executor finishes the step, schedules the next and (for requests a kept
         proposal covers) while the device runs it. Never blocks; skipped while a message is
         in flight or the connection is down (the next step then asks the usual way)."""
+        if self._drafted_at is not None:
+            took = time.monotonic() - self._drafted_at
+            self._drafted_at = None
+            self._step_s = took if self._step_s is None else 0.8 * self._step_s + 0.2 * took
         self._take_answered()
         live = [r for r in requests if not r.finished and r.useful_drafts > 0]
         if not live:
@@ -339,6 +356,22 @@ class RemoteDrafter(Drafter):
     def prepare_draft_tokens(
         self, requests: Sequence[Request], resources: ResourceRegistry
     ) -> None:
+        try:
+            self._prepare(requests)
+        finally:
+            self._drafted_at = time.monotonic()
+
+    def _patience_s(self) -> float | None:
+        """How long this step waits for a prefetched reply: the fixed `--drafter-patience-ms`
+        or PATIENCE_SHARE of a drafting step's time; None (the deadline, then the reply is
+        given up on) before a step was timed or when the patience is the whole deadline."""
+        deadline_s = self.config.deadline_ms / 1000
+        patience = self.config.patience_s
+        if patience is None and self._step_s is not None:
+            patience = PATIENCE_SHARE * self._step_s
+        return None if patience is None or patience >= deadline_s else patience
+
+    def _prepare(self, requests: Sequence[Request]) -> None:
         for r in requests:
             r.draft_tokens, r.draft_probs = [], None
         with self._cv:
@@ -358,7 +391,7 @@ class RemoteDrafter(Drafter):
             # late reply costs them this step's drafts, not a second question). With a
             # patience shorter than the deadline, a reply not there by then is still kept
             # when it comes: the steps after use it if this step commits its first tokens.
-            if self._use_prefetch(pre, self.config.patience_s):
+            if self._use_prefetch(pre, self._patience_s()):
                 for r in requests:
                     if r.request_id in covered:
                         self._from_run(r)

@@ -35,8 +35,9 @@ class RemoteDrafterConfig:
     connect_timeout_s: float = 5.0
     backoff_initial_s: float = 0.05
     backoff_max_s: float = 2.0
-    # How long a step waits for drafts asked for as the previous step committed; -1 = the
-    # deadline. A reply later than this is still kept for the steps after (see remote.py).
+    # How long a step waits for drafts asked for as the previous step committed; -1 = auto
+    # (a share of the step's own time). A reply later than this is still kept for the steps
+    # after (see remote.py).
     patience_ms: float = -1.0
 
     def __post_init__(self) -> None:
@@ -49,7 +50,7 @@ class RemoteDrafterConfig:
         if self.patience_ms != -1 and not 0 <= self.patience_ms <= self.deadline_ms:
             raise UserError(
                 "drafter patience must be between 0 and the deadline "
-                f"({self.deadline_ms:g} ms), or -1 (the deadline); got {self.patience_ms:g}"
+                f"({self.deadline_ms:g} ms), or -1 (auto); got {self.patience_ms:g}"
             )
 
     @property
@@ -58,8 +59,8 @@ class RemoteDrafterConfig:
 
     @property
     def patience_s(self) -> float | None:
-        """Seconds a step waits for a prefetched reply before going without it (None: the
-        deadline, after which the reply is given up on)."""
+        """Seconds a step waits for a prefetched reply before going without it (None: auto,
+        `RemoteDrafter._patience_s`)."""
         return None if self.patience_ms == -1 else self.patience_ms / 1000
 
     @property
