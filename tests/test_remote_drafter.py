@@ -281,26 +281,30 @@ def timed_step(h: Harness, a: Request, forward_s: float, commit: list[int]) -> l
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_auto_patience_is_a_tenth_of_a_drafting_step(servers, mode):
-    """Auto patience: before any step was timed a step waits the deadline; then a tenth of a
-    drafting step (EMA). A slow step (a CPU target's) waits for a quick reply; a fast one (a
-    GPU's) does not wait for a slow reply, which is deferred."""
+def test_auto_patience_waits_only_for_a_reply_due_within_a_tenth_of_a_step(servers, mode):
+    """Auto patience: before a step and a round trip were timed a step waits the deadline.
+    Then it waits (at most a tenth of a drafting step) only for a reply expected within that
+    tenth: a slow step (a CPU target's) waits for a quick drafter; a fast step (a GPU's) does
+    not wait at all for a drafter slower than its tenth, whose reply is deferred."""
     quick = servers(max_draft_len=16)
     h = servers.harness(f"grpc://{quick.address}", mode=mode)
-    assert h.drafter._patience_s() is None  # nothing timed yet: the deadline
     a = make_request("a", REPETITIVE)
-    timed_step(h, a, 1.0, [3, 4, 1, 2, 1])  # a 1 s step: patience ~0.1 s
-    assert 0.1 <= h.drafter._patience_s() < 0.2
-    assert h.step([a]) != [[]]  # the reply (ms away) was waited for
+    h.drafter.submit([a])
+    assert h.drafter._patience_s(h.drafter._prefetch) is None  # nothing timed yet
+    wait_until(lambda: reply_kept(h.drafter), timeout=10, what="the first reply")
+    a.output_ids += [3]
+    timed_step(h, a, 1.0, [4, 1, 2, 1])  # round trip ~ms, a 1 s step: waits up to ~0.1 s
+    assert 0.1 <= h.drafter._patience_s(h.drafter._prefetch) < 0.2
+    assert h.step([a]) != [[]]  # the reply was waited for
     c = h.counters()
-    assert c["prefetched"] == 1 and c["deferred"] == c["late"] == 0
+    assert c["prefetched"] == 2 and c["deferred"] == c["late"] == 0
 
     slow = servers(max_draft_len=16, delay_ms=400)
     h = servers.harness(f"grpc://{slow.address}", mode=mode)
     b = make_request("b", REPETITIVE)
-    timed_step(h, b, 0.05, [3, 4, 1, 2, 1])  # a 50 ms step: patience ~5 ms
-    assert 0.005 <= h.drafter._patience_s() < 0.1
-    assert h.step([b]) == [[]]  # the reply is 400 ms away: not waited for
+    timed_step(h, b, 0.05, [3, 4, 1, 2, 1])  # asked and waited: a 0.4 s round trip, 50 ms step
+    assert h.drafter._patience_s(h.drafter._prefetch) == 0  # due in ~0.4 s, not within 5 ms
+    assert h.step([b]) == [[]]  # not waited for
     assert h.counters()["deferred"] == 1 and h.drafter._prefetch is not None
 
 

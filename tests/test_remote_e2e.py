@@ -407,7 +407,9 @@ def corrupting_drafter():
 def test_malformed_drafter_replies_are_counted_and_ignored(
     baseline, corrupting_drafter, served, mode
 ):
-    client = served(f"grpc://{corrupting_drafter}", drafter_mode=mode)
+    # Patience of the whole deadline: every reply is waited for, so its drafts reach the
+    # executor's checks (a deferred reply's out-of-vocabulary drafts never match a commit).
+    client = served(f"grpc://{corrupting_drafter}", drafter_mode=mode, drafter_patience_ms=2000)
     results = generate_concurrently(client, PROMPTS[:8])
     assert [r.token_ids for r in results] == baseline["short"][:8]
     info = client.model_info()

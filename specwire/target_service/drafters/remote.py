@@ -22,11 +22,12 @@ prefix (no waiting at all), and waits for the drafter only for requests no propo
 (then for the reply already in flight when there is one). Drafts stay unpadded on the wire:
 the look-ahead is only a longer `max_draft_tokens`.
 
-Patience. The reply in flight is waited for only a tenth of a drafting step's time (auto;
-`--drafter-patience-ms` fixes it). Later than that, the step goes without those drafts and the
-reply stays awaited: when it comes it is kept like any proposal, so the next step drafts from
-it if what this step committed is its first token(s). On a GPU step of ~1.2 ms a ~1 ms round
-trip is then no longer waited for; on a CPU step of tens of ms it still is.
+Patience. The reply in flight is waited for only when it is expected (from the round trip's
+EMA) within a tenth of a drafting step's time, and then at most that long (auto;
+`--drafter-patience-ms` fixes the wait instead). Otherwise the step goes without those drafts
+and the reply stays awaited: when it comes it is kept like any proposal, so the next step
+drafts from it if what this step committed is its first token(s). On a GPU step of ~1.2 ms a
+~1 ms round trip is then not waited for; on a CPU step of tens of ms it still is.
 
 Deadline default, 50 ms: about one CPU decode step of the default 135M target. Drafts slower
 than a target step cost more than they save, and a loopback n-gram reply takes ~1 ms, so the
@@ -87,10 +88,12 @@ COUNTERS = (
     "deferred",
 )
 _PENDING = object()  # a prefetch not answered within the step's patience: still awaited
-# Auto patience: a step waits for drafts asked for as the previous step committed at most this
-# share of a drafting step's time. Waiting the whole round trip cost a 1.2 ms H200 step ~1 ms;
-# going without and using the late reply from the next step on paid 1.17x against 1.00x at
-# one stream (bench/RESULTS.md, round 9). A CPU step (tens of ms) still waits for its reply.
+# Auto patience: a step waits for the drafts asked for as the previous step committed only when
+# the reply is expected within this share of a drafting step's time (expected: the round trip's
+# EMA since it was sent), and then at most that long. On the H200 a ~1 ms round trip against a
+# 1.2 ms step is not waited for: never waiting paid 1.18x against 1.00-1.05x for waiting it all
+# or a tenth of the step every time, at one stream (bench/RESULTS.md, round 9). A CPU step
+# (tens of ms) still waits for its reply.
 PATIENCE_SHARE = 0.1
 
 
@@ -104,6 +107,10 @@ class _Prefetch:
     stream: object | None  # stream mode: the stream it went on (the reader fills `_reply`)
     future: grpc.Future | None  # unary mode: the call
     since: float = 0.0  # time.monotonic() when it was sent
+    answered_at: float = 0.0  # unary: when the call completed (gRPC's callback)
+
+    def mark_answered(self, _future) -> None:
+        self.answered_at = time.monotonic()
 
 
 class RemoteDrafter(Drafter):
@@ -145,6 +152,8 @@ class RemoteDrafter(Drafter):
         self._notices: set[grpc.Future] = set()  # unary finished notices in flight
         self._prefetch: _Prefetch | None = None  # drafts in flight since the last step ended
         self._step_s: float | None = None  # EMA of a drafting step: drafts taken -> submit
+        self._rtt_s: float | None = None  # EMA of a Draft round trip: sent -> reply arrived
+        self._reply_at = 0.0  # stream: when `_reply` arrived (reader thread)
         self._drafted_at: float | None = None  # when the last step took its drafts
         self._channel = make_channel(self.config.target, self.security, CHANNEL_OPTIONS)
         self._stub = drafter_pb2_grpc.DrafterServiceStub(self._channel)
@@ -222,6 +231,7 @@ class RemoteDrafter(Drafter):
                         return
                     if reply.step == self._inflight:  # anything else is junk: wait for ours
                         self._inflight, self._reply = None, reply
+                        self._reply_at = time.monotonic()
                         self._cv.notify_all()
             why = "the drafter ended the stream"
         except grpc.RpcError as exc:
@@ -268,7 +278,8 @@ class RemoteDrafter(Drafter):
             self._prefetch = _Prefetch(step, sent, stream, None, time.monotonic())
         else:
             future = self._stub.Draft.future(msg, timeout=self.config.deadline_ms / 1000 + 1.0)
-            self._prefetch = _Prefetch(step, sent, None, future, time.monotonic())
+            self._prefetch = pre = _Prefetch(step, sent, None, future, time.monotonic())
+            future.add_done_callback(pre.mark_answered)
 
     def _take_answered(self) -> None:
         """Keep the proposals of a `submit` the drafter has already answered (never waits).
@@ -301,9 +312,16 @@ class RemoteDrafter(Drafter):
             return False
         self._prefetch = None
         if reply is not None:
+            arrived = pre.answered_at if pre.future is not None else self._reply_at
+            if arrived > pre.since:
+                self._observe_rtt(arrived - pre.since)
             self._apply(reply, pre.sent)
             self._count("prefetched")
         return True
+
+    def _observe_rtt(self, seconds: float) -> None:
+        rtt = self._rtt_s
+        self._rtt_s = seconds if rtt is None else 0.8 * rtt + 0.2 * seconds
 
     def _collect(self, pre: _Prefetch, wait_s: float | None = None):
         """The reply to a `submit`, waiting at most the step deadline (None if late/failed),
@@ -361,15 +379,20 @@ class RemoteDrafter(Drafter):
         finally:
             self._drafted_at = time.monotonic()
 
-    def _patience_s(self) -> float | None:
-        """How long this step waits for a prefetched reply: the fixed `--drafter-patience-ms`
-        or PATIENCE_SHARE of a drafting step's time; None (the deadline, then the reply is
-        given up on) before a step was timed or when the patience is the whole deadline."""
+    def _patience_s(self, pre: _Prefetch) -> float | None:
+        """How long this step waits for `pre`'s reply: the fixed `--drafter-patience-ms`; or
+        (auto) PATIENCE_SHARE of a drafting step's time when the reply is expected within it,
+        else 0. None (the deadline, then the reply is given up on) before a step and a round
+        trip were timed, or when the patience is the whole deadline."""
         deadline_s = self.config.deadline_ms / 1000
         patience = self.config.patience_s
-        if patience is None and self._step_s is not None:
-            patience = PATIENCE_SHARE * self._step_s
-        return None if patience is None or patience >= deadline_s else patience
+        if patience is None:
+            if self._step_s is None or self._rtt_s is None:
+                return None
+            budget = PATIENCE_SHARE * self._step_s
+            expected_in = pre.since + self._rtt_s - time.monotonic()
+            patience = budget if expected_in <= budget else 0.0
+        return None if patience >= deadline_s else patience
 
     def _prepare(self, requests: Sequence[Request]) -> None:
         for r in requests:
@@ -391,7 +414,7 @@ class RemoteDrafter(Drafter):
             # late reply costs them this step's drafts, not a second question). With a
             # patience shorter than the deadline, a reply not there by then is still kept
             # when it comes: the steps after use it if this step commits its first tokens.
-            if self._use_prefetch(pre, self._patience_s()):
+            if self._use_prefetch(pre, self._patience_s(pre)):
                 for r in requests:
                     if r.request_id in covered:
                         self._from_run(r)
@@ -412,8 +435,10 @@ class RemoteDrafter(Drafter):
             # the drafter has not answered an earlier message yet: skip, keep the deltas
             return self._count("late" if requests else None)
         msg, sent = self._build(step, requests)
+        t0 = time.monotonic()
         reply = self._exchange_stream(msg) if self.mode == "stream" else self._exchange_unary(msg)
         if reply is not None and requests:
+            self._observe_rtt(time.monotonic() - t0)
             self._apply(reply, sent)
             for r in requests:
                 self._from_run(r)
