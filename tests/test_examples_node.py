@@ -320,6 +320,9 @@ def test_target_with_node_drafter_is_lossless_and_accepts(node_drafter: str) -> 
     port = free_port()  # `--port 0` may not be supported; the ready line names the real port
     cmd = [*_specwire(), "target", "--model", E2E_MODEL, "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--drafter", f"grpc://{node_drafter}", "--max-draft-len", str(MAX_DRAFT_LEN)]
+    # Every reply waited for (patience = the 50 ms deadline): this checks the Node drafter's
+    # drafts reach verification, not how a millisecond step trades a round trip for them.
+    cmd += ["--drafter-patience-ms", "50"]
     with running_service(cmd, None, TARGET_READY, timeout=240, cwd=ROOT) as (_, match):
         target = f"127.0.0.1:{match.group(2)}"
         node = _node_client(

@@ -60,6 +60,10 @@ def stack():
                 f"grpc://127.0.0.1:{m.group(1)}",
                 "--drafter-deadline-ms",
                 "2000",
+                # Every reply waited for: the speculation figures below must not depend on
+                # whether a reply beat a millisecond step (auto patience would defer it).
+                "--drafter-patience-ms",
+                "2000",
             ],
             ENV,
             r"specwire target listening on \S+:(\d+)",

@@ -65,13 +65,18 @@ def drafters():
 
 
 def engine(loaded, drafter: str, model: str = "tiny-random", **kw):
+    deadline = kw.pop("deadline_ms", 2000)
     cfg = TargetConfig(
         model=model,
         drafter=drafter,
         max_draft_len=4,
         progress=False,
         max_context_len=512,
-        drafter_deadline_ms=kw.pop("deadline_ms", 2000),
+        drafter_deadline_ms=deadline,
+        # Every reply waited for unless a test says otherwise: acceptance counts then do not
+        # depend on whether a reply beat a millisecond step (the auto patience's own tests are
+        # in test_remote_drafter.py and below).
+        drafter_patience_ms=kw.pop("drafter_patience_ms", deadline),
         **kw,
     )
     return build_engine(cfg, loaded=loaded)
@@ -199,18 +204,26 @@ def test_remote_drafter_with_the_two_batch_overlap_is_lossless(tiny, baseline, d
     eng.shutdown()
 
 
+@pytest.mark.parametrize("patience_ms, delay_ms", [(0, 5), (-1, 50)], ids=["never", "auto"])
 @pytest.mark.parametrize("mode", ["stream", "unary"])
-def test_remote_drafter_that_is_never_waited_for_is_lossless(tiny, baseline, drafters, mode):
-    """--drafter-patience-ms 0 and a drafter 5 ms slow: steps go without the drafts they
-    asked for as the previous step committed, and the late replies draft the steps after.
-    Output unchanged, drafts still accepted, nothing failed or leaked."""
-    server = drafters(drafter="ngram", delay_ms=5)
-    eng = engine(tiny, f"grpc://{server.address}", drafter_mode=mode, drafter_patience_ms=0)
+def test_remote_drafter_that_is_not_waited_for_is_lossless(
+    tiny, baseline, drafters, mode, patience_ms, delay_ms
+):
+    """A drafter slower than a step (5 ms with --drafter-patience-ms 0; 50 ms with the auto
+    patience, which then stops waiting once it has timed a step and a round trip): steps go
+    without the drafts they asked for as the previous step committed, and the late replies
+    draft the steps after. Output unchanged, nothing failed or leaked; with the 5 ms drafter
+    drafts are still accepted (the 50 ms one answers for a prefix many steps old)."""
+    server = drafters(drafter="ngram", delay_ms=delay_ms)
+    eng = engine(
+        tiny, f"grpc://{server.address}", drafter_mode=mode, drafter_patience_ms=patience_ms
+    )
     results = run_all(eng, PROMPTS)
     assert [c.token_ids for c in results] == baseline["short"]
     c = eng.drafter.counters()
     assert c["deferred"] > 0 and c["failed"] == c["stale"] == c["unknown_request"] == 0
-    assert 0 < eng.executor.stats.accepted_tokens
+    if patience_ms == 0:
+        assert 0 < eng.executor.stats.accepted_tokens
     wait_until(lambda: len(server.engine.store) == 0, timeout=10, what="sessions freed")
     server.engine.check_integrity()
     eng.shutdown()
@@ -407,9 +420,9 @@ def corrupting_drafter():
 def test_malformed_drafter_replies_are_counted_and_ignored(
     baseline, corrupting_drafter, served, mode
 ):
-    # Patience of the whole deadline: every reply is waited for, so its drafts reach the
-    # executor's checks (a deferred reply's out-of-vocabulary drafts never match a commit).
-    client = served(f"grpc://{corrupting_drafter}", drafter_mode=mode, drafter_patience_ms=2000)
+    # (Every reply is waited for, the `engine` default here, so its drafts reach the
+    # executor's checks: a deferred reply's out-of-vocabulary drafts would never match.)
+    client = served(f"grpc://{corrupting_drafter}", drafter_mode=mode)
     results = generate_concurrently(client, PROMPTS[:8])
     assert [r.token_ids for r in results] == baseline["short"][:8]
     info = client.model_info()

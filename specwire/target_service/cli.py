@@ -56,7 +56,7 @@ ENGINE_FLAGS = {
     "drafter_patience_ms": Flag(
         "remote drafters: wait this long for drafts asked for as the previous step committed,"
         " then go without and keep the late reply for the steps after"
-        " (-1 = auto: a tenth of a drafting step's time)"
+        " (-1 = auto: only if due within 30%% of a drafting step, at most that long)"
     ),
     "drafter_lookahead": Flag(
         "remote drafters: draft tokens asked past a step's own, used when it accepts them all"

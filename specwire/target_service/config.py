@@ -42,7 +42,8 @@ class TargetConfig:
     drafter_deadline_ms: float = 50.0
     # Remote drafters: how long a step waits for the drafts asked for as the previous step
     # committed before going without them (a later reply is kept for the steps after);
-    # -1 = auto: a tenth of a drafting step's time (the deadline until one was timed).
+    # -1 = auto: only if due within 30 % of a drafting step, at most that long (the
+    # deadline until a step and a round trip were timed).
     drafter_patience_ms: float = -1.0
     drafter_lookahead: int = -1  # remote drafters: tokens asked past a step's drafts; -1 = auto
     progress: bool = True
