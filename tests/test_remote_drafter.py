@@ -309,9 +309,50 @@ def test_auto_patience_waits_only_for_a_reply_due_within_its_share_of_a_step(ser
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_auto_patience_waits_where_a_late_reply_would_be_wasted_or_waiting_is_free(servers, mode):
+    """Auto patience still waits (up to the deadline) for a drafter asked without a
+    look-ahead (a model drafter's proposal holds only the drafts asked for: one token later it
+    is too short to use), and while another step runs on the device (the two-batch overlap)."""
+    slow = servers(max_draft_len=16, delay_ms=150)
+    h = servers.harness(f"grpc://{slow.address}", mode=mode, lookahead=0)
+    a = make_request("a", REPETITIVE)
+    timed_step(h, a, 0.02, [3, 4, 1, 2, 1])  # a 20 ms step, a 150 ms round trip
+    assert h.drafter._patience_s(h.drafter._prefetch) is None  # the deadline
+    assert h.step([a]) != [[]]  # waited for
+    c = h.counters()
+    assert c["prefetched"] == 1 and c["deferred"] == 0
+
+    h = servers.harness(f"grpc://{slow.address}", mode=mode)  # look-ahead: auto (n-gram)
+    b = make_request("b", REPETITIVE)
+    timed_step(h, b, 0.02, [3, 4, 1, 2, 1])
+    assert h.drafter._patience_s(h.drafter._prefetch) == 0  # would not wait...
+    h.drafter.device_busy = True  # ...but the other half runs on the device meanwhile
+    assert h.drafter._patience_s(h.drafter._prefetch) is None
+    assert h.step([b]) != [[]] and h.counters()["deferred"] == 0
+
+
+def test_a_unary_finished_notice_waits_for_the_draft_call_in_flight(servers):
+    """Unary calls are served side by side: a request's finished notice sent while a Draft
+    call naming it is still in flight could be applied first, and that call would re-create
+    the session. So the notice goes once the call is done, and the session is freed."""
+    server = servers(max_draft_len=16, delay_ms=300)
+    h = servers.harness(f"grpc://{server.address}", mode="unary", patience_ms=0)
+    store = server.engine.store
+    a = make_request("a", REPETITIVE)
+    h.step([a])  # the drafter now holds "a"
+    a.output_ids += [3, 4, 1, 2, 1]
+    h.drafter.submit([a])  # a Draft call naming "a", 300 ms away
+    h.resources.free(a)  # "a" finished meanwhile
+    assert not h.drafter._notices and "a" in store  # the notice waits for the call
+    wait_until(lambda: "a" not in store, timeout=10, what="the session freed after the call")
+    store.check_integrity()
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_a_deferred_reply_is_given_up_after_the_deadline(servers, mode):
     """A deferred reply that has not come a deadline after it was asked for is given up on
-    (late), so the next question is not held back by it forever."""
+    (late): the next `submit` is no longer held back by it (a stream still carries one message
+    at a time: its slot frees when the reply comes or the stream is declared stalled)."""
     server = servers(delay_ms=1500)
     h = servers.harness(f"grpc://{server.address}", mode=mode, deadline_ms=100, patience_ms=0)
     a = make_request("a", REPETITIVE)

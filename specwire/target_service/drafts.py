@@ -43,9 +43,15 @@ class DraftIntake:
         self.stats = stats
         self.errors = 0  # drafter calls that raised (each cost its step's drafts)
 
-    def prepare(self, rows: Sequence[Row], ask_drafter: bool, step_no: int) -> bool:
+    def prepare(
+        self, rows: Sequence[Row], ask_drafter: bool, step_no: int, device_busy: bool = False
+    ) -> bool:
         """Ask the drafter (unpadded), check its drafts into the rows, then (SDPA) pad every
-        row to one length for the whole step. Whether the drafter was asked."""
+        row to one length for the whole step. Whether the drafter was asked. `device_busy`:
+        another step runs on the device meanwhile (the two-batch overlap), so waiting for the
+        drafter costs little; a drafter with a `device_busy` attribute (the remote one) is told."""
+        if hasattr(self.drafter, "device_busy"):
+            self.drafter.device_busy = device_busy
         requests = [row.request for row in rows]
         for req in requests:
             req.draft_tokens, req.draft_probs = [], None

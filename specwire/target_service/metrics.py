@@ -55,7 +55,7 @@ _STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1
 
 # The remote drafter's counters() keys, exported as specwire_drafter_<key>_total.
 DRAFTER_COUNTERS = {
-    "late": "Steps that went without drafts because the drafter answered after the deadline",
+    "late": "Steps without drafts: no reply by the deadline, or an earlier one still unanswered",
     "failed": "Steps that went without drafts because the drafter link was down or broke",
     "stale": "Draft replies dropped because they continued an outdated sequence",
     "resynced": "Sequences the drafter asked to have re-sent from the start",

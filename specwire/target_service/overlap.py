@@ -200,7 +200,10 @@ class TwoBatchSteps:
         try:
             self.resources.prepare(batch.requests)
             t1 = time.perf_counter()
-            if self.drafts.prepare(decode, ask_drafter=True, step_no=self.step_no):
+            busy = prev is not None  # the other half runs on the device meanwhile
+            if self.drafts.prepare(
+                decode, ask_drafter=True, step_no=self.step_no, device_busy=busy
+            ):
                 self.metrics.draft_seconds.observe(time.perf_counter() - t1)
             logits = self.runner.forward(
                 batch.rows, [self.kv.block_table(r) for r in batch.requests]

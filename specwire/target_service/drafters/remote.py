@@ -117,6 +117,10 @@ class _Prefetch:
 class RemoteDrafter(Drafter):
     """A `Drafter` backed by a drafter service; see the module docstring."""
 
+    # Set by the executor's draft intake before each `prepare_draft_tokens`: another step runs
+    # on the device meanwhile (the two-batch overlap), so waiting for drafts costs little.
+    device_busy = False
+
     def __init__(
         self,
         address: str,
@@ -253,7 +257,9 @@ class RemoteDrafter(Drafter):
         if self._drafted_at is not None:
             took = time.monotonic() - self._drafted_at
             self._drafted_at = None
-            self._step_s = took if self._step_s is None else 0.8 * self._step_s + 0.2 * took
+            if took < self.config.stall_s:  # not a step that failed and left it set
+                old = self._step_s
+                self._step_s = took if old is None else 0.8 * old + 0.2 * took
         self._take_answered()
         live = [r for r in requests if not r.finished and r.useful_drafts > 0]
         if not live:
@@ -378,17 +384,26 @@ class RemoteDrafter(Drafter):
         try:
             self._prepare(requests)
         finally:
-            self._drafted_at = time.monotonic()
+            # A two-batch half's drafts -> submit spans only part of a period: not a step.
+            self._drafted_at = None if self.device_busy else time.monotonic()
 
     def _patience_s(self, pre: _Prefetch) -> float | None:
         """How long this step waits for `pre`'s reply: the fixed `--drafter-patience-ms`; or
         (auto) PATIENCE_SHARE of a drafting step's time when the reply is expected within it,
-        else 0. None (the deadline, then the reply is given up on) before a step and a round
-        trip were timed, or when the patience is the whole deadline."""
+        else 0. None (the deadline, then the reply is given up on) when the patience is the
+        whole deadline, and in auto mode before a step and a round trip were timed, while the
+        device runs another step anyway (two-batch), or when a late reply could not serve
+        the step after: without a look-ahead a proposal holds just the drafts asked for, so
+        one token later it is too short (a model drafter's)."""
         deadline_s = self.config.deadline_ms / 1000
         patience = self.config.patience_s
         if patience is None:
-            if self._step_s is None or self._rtt_s is None:
+            if (
+                self._step_s is None
+                or self._rtt_s is None
+                or self.device_busy
+                or self.lookahead == 0
+            ):
                 return None
             budget = PATIENCE_SHARE * self._step_s
             expected_in = pre.since + self._rtt_s - time.monotonic()
@@ -566,6 +581,17 @@ class RemoteDrafter(Drafter):
                     self._stream.send(notice)
                 return
         msg = drafter_pb2.DraftRequest(step=step, sequences=updates)
+        pre = self._prefetch
+        if pre is not None and pre.future is not None and any(r in pre.sent for r in rids):
+            # A Draft call still in flight names some of these requests. The drafter serves
+            # unary calls side by side, so a notice sent now could be applied before that call,
+            # which would then re-create the session (until the TTL): send it after the call.
+            pre.future.add_done_callback(lambda _done: self._send_notice(msg))
+            return
+        self._send_notice(msg)
+
+    def _send_notice(self, msg: drafter_pb2.DraftRequest) -> None:
+        """Unary mode: one `Draft` call of finished notices, reply ignored (any thread)."""
         try:
             future = self._stub.Draft.future(msg, timeout=self.config.connect_timeout_s)
         except ValueError:  # the channel closed under us (shutdown): the drafter's TTL is left
@@ -584,9 +610,12 @@ class RemoteDrafter(Drafter):
                 self._counters[name] += 1
 
     def counters(self) -> dict[str, int]:
-        """`COUNTERS`: late, failed, stale, resynced, unknown_request, reconnects (the first
+        """`COUNTERS`: late (no reply by the deadline, or not asked because an earlier message
+        was still unanswered), failed, stale, resynced, unknown_request, reconnects (the first
         connection counts: the wire field is "(re)connections made"), prefetched (submit
-        replies collected), lookahead (requests drafted from a kept proposal's look-ahead)."""
+        replies collected), lookahead (requests drafted from a kept proposal past its start:
+        its look-ahead, or a deferred reply), deferred (steps that went without a submit's
+        reply after the patience; the reply is kept for the steps after)."""
         with self._cv:
             return dict(self._counters)
 
