@@ -126,7 +126,9 @@ def main() -> int:
     ap.add_argument("--busy-threads", default="0", help="e.g. 0,1: busy Python threads")
     args = ap.parse_args()
     sys.setswitchinterval(5e-4)  # as `specwire target` sets it
-    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "bench")])}
+    # Keep the caller's PYTHONPATH (on the device the wheels are staged there).
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "bench"), *inherited])}
     print(f"{platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs")
     print("| drafter | busy threads | mode | sequences | round trip p50 ms | p90 ms |")
     print("|---|---|---|---|---|---|")
