@@ -43,3 +43,34 @@ def smollm2_folder(
 # and two processes each running two threads on 2 cores slow each other down many times over.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
+
+
+@pytest.fixture
+def servers():
+    """Drafter services on loopback (`servers(instance=None, port=0, **config)`) and remote
+    drafter harnesses against them (`servers.harness(address, **kw)`), all stopped after."""
+    from remote_harness import Harness
+
+    from specwire.drafter_service.config import DrafterServiceConfig
+    from specwire.drafter_service.server import serve
+
+    started, harnesses = [], []
+
+    def start(instance=None, port: int = 0, **overrides):
+        overrides.setdefault("max_draft_len", 4)
+        cfg = DrafterServiceConfig(host="127.0.0.1", port=port, **overrides)
+        server = serve(cfg, instance)
+        started.append(server)
+        return server
+
+    def harness(address: str, **kw) -> Harness:
+        h = Harness(address, **kw)
+        harnesses.append(h)
+        return h
+
+    start.harness = harness
+    yield start
+    for h in harnesses:
+        h.drafter.close()
+    for s in started:
+        s.stop(None)

@@ -13,83 +13,20 @@ from concurrent import futures
 import grpc
 import pytest
 from procs import free_port, start_service, stop_service, wait_until
+from remote_harness import (
+    FP,
+    MODES,
+    REPETITIVE,
+    VOCAB,
+    Harness,
+    make_request,
+    reply_kept,
+)
 
 from specwire.common.errors import UserError
 from specwire.common.protogen import drafter_pb2, drafter_pb2_grpc
-from specwire.drafter_service.config import DrafterServiceConfig
 from specwire.drafter_service.drafters import NGramDrafter
-from specwire.drafter_service.server import serve
-from specwire.target_service.drafters.remote import RemoteDrafter, RemoteSessions
-from specwire.target_service.request import Request, RequestState
-from specwire.target_service.resources.base import ResourceRegistry
-
-VOCAB, FP = 100, "fp-target"
-REPETITIVE = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
-MODES = ["stream", "unary"]
-
-
-def reply_kept(drafter: RemoteDrafter) -> bool:
-    """True once a `submit`'s reply has arrived and been kept (what the next step does first);
-    True at once when nothing was submitted."""
-    drafter._take_answered()
-    return drafter._prefetch is None
-
-
-def make_request(rid: str, prompt: list[int], k: int = 4) -> Request:
-    req = Request(rid, list(prompt), max_new_tokens=64, max_draft_len=k)
-    req.state, req.step_draft_cap = RequestState.DECODE, k  # as the scheduler leaves it
-    return req
-
-
-class Harness:
-    """A RemoteDrafter with its resource registry, as the executor drives it."""
-
-    def __init__(self, address: str, mode: str = "stream", deadline_ms: float = 2000, **kw):
-        self.drafter = RemoteDrafter(
-            address,
-            max_draft_len=4,
-            vocab_size=kw.pop("vocab", VOCAB),
-            tokenizer_fingerprint=kw.pop("fp", FP),
-            mode=mode,
-            deadline_ms=deadline_ms,
-            **kw,
-        )
-        self.resources = ResourceRegistry()
-        self.resources.add(self.drafter.spec_resource_manager)
-
-    def step(self, requests: list[Request]) -> list[list[int]]:
-        self.resources.prepare(requests)
-        self.drafter.prepare_draft_tokens(requests, self.resources)
-        self.resources.check_integrity()
-        return [r.draft_tokens for r in requests]
-
-    def counters(self) -> dict[str, int]:
-        return self.drafter.counters()
-
-
-@pytest.fixture
-def servers():
-    started, harnesses = [], []
-
-    def start(instance=None, port: int = 0, **overrides):
-        overrides.setdefault("max_draft_len", 4)
-        cfg = DrafterServiceConfig(host="127.0.0.1", port=port, **overrides)
-        server = serve(cfg, instance)
-        started.append(server)
-        return server
-
-    def harness(address: str, **kw) -> Harness:
-        h = Harness(address, **kw)
-        harnesses.append(h)
-        return h
-
-    start.harness = harness
-    yield start
-    for h in harnesses:
-        h.drafter.close()
-    for s in started:
-        s.stop(None)
-
+from specwire.target_service.drafters.remote import RemoteSessions
 
 # -- handshake ------------------------------------------------------------------------------------
 
@@ -236,144 +173,6 @@ def test_a_late_submit_reply_costs_one_deadline_not_a_second_question(servers, m
     assert h.step([a]) == [[]]
     assert time.monotonic() - t0 < 0.19  # one 100 ms deadline, not two
     assert h.counters()["late"] == 2
-
-
-@pytest.mark.parametrize("mode", MODES)
-def test_with_no_patience_a_late_reply_serves_the_step_after(servers, mode):
-    """--drafter-patience-ms 0: a step does not wait for the drafts asked for as the previous
-    step committed. It goes without them (counted `deferred`), the reply stays awaited, and
-    when it comes it is kept: the next step drafts from it, unasked, once what that step
-    committed is the proposal's first token. A proposal the target went past is dropped and the
-    drafter is asked afresh."""
-    server = servers(max_draft_len=16, delay_ms=100)
-    h = servers.harness(f"grpc://{server.address}", mode=mode, patience_ms=0)
-    store = server.engine.store
-    a = make_request("a", REPETITIVE)  # 1 2 3 4 1 2 3 4 1 2
-    assert h.step([a]) == [[3, 4, 1, 2]]  # no proposal yet: asked and waited for
-    a.output_ids += [3, 4, 1, 2, 1]  # all accepted, a bonus token the look-ahead missed (3)
-    h.drafter.submit([a])
-    assert h.step([a]) == [[]]  # went without: the reply is 100 ms away
-    assert h.counters()["deferred"] == 1 and not reply_kept(h.drafter)  # still awaited
-    wait_until(lambda: reply_kept(h.drafter), timeout=10, what="the deferred reply")
-    asked = list(store.get("a").tokens)
-    assert asked == a.token_ids
-    # The proposal for "... 1 2 1" follows the latest earlier "1" (then "2 1", repeating):
-    # 2 1 2 1 2 ... The draftless step committed its first token; the next step drafts its
-    # next ones without a question.
-    a.output_ids += [2]
-    assert h.step([a]) == [[1, 2, 1, 2]]
-    assert store.get("a").tokens == asked and h.counters()["lookahead"] == 1
-    a.output_ids += [3, 7]  # one accepted, then a token the proposal did not foresee
-    assert h.step([a]) == [[]]  # asked afresh (7 never occurred: nothing to propose)
-    assert store.get("a").tokens == a.token_ids
-    c = h.counters()
-    assert c["late"] == c["failed"] == c["stale"] == 0 and c["deferred"] == 1
-
-
-def timed_step(h: Harness, a: Request, forward_s: float, commit: list[int]) -> list[list[int]]:
-    """One drafting step as the executor runs it: drafts, a forward of `forward_s`, commit,
-    submit (which times the step: drafts taken -> submit)."""
-    drafts = h.step([a])
-    time.sleep(forward_s)
-    a.output_ids += commit
-    h.drafter.submit([a])
-    return drafts
-
-
-@pytest.mark.parametrize("mode", MODES)
-def test_auto_patience_waits_only_for_a_reply_due_within_its_share_of_a_step(servers, mode):
-    """Auto patience: before a step and a round trip were timed a step waits the deadline.
-    Then it waits (at most 30 % of a drafting step) only for a reply expected within that
-    share: a slow step (a CPU target's) waits for a quick drafter; a fast step (a GPU's) does
-    not wait at all for a drafter slower than its share, whose reply is deferred."""
-    quick = servers(max_draft_len=16)
-    h = servers.harness(f"grpc://{quick.address}", mode=mode)
-    a = make_request("a", REPETITIVE)
-    h.drafter.submit([a])
-    assert h.drafter._patience_s(h.drafter._prefetch) is None  # nothing timed yet
-    wait_until(lambda: reply_kept(h.drafter), timeout=10, what="the first reply")
-    a.output_ids += [3]
-    timed_step(h, a, 0.2, [4, 1, 2, 1])  # round trip ~ms, a 0.2 s step: waits up to ~60 ms
-    assert 0.06 <= h.drafter._patience_s(h.drafter._prefetch) < 0.1
-    assert h.step([a]) != [[]]  # the reply was waited for
-    c = h.counters()
-    assert c["prefetched"] == 2 and c["deferred"] == c["late"] == 0
-
-    slow = servers(max_draft_len=16, delay_ms=400)
-    h = servers.harness(f"grpc://{slow.address}", mode=mode)
-    b = make_request("b", REPETITIVE)
-    timed_step(h, b, 0.05, [3, 4, 1, 2, 1])  # asked and waited: a 0.4 s round trip, 50 ms step
-    assert h.drafter._patience_s(h.drafter._prefetch) == 0  # due in ~0.4 s, not within 15 ms
-    assert h.step([b]) == [[]]  # not waited for
-    assert h.counters()["deferred"] == 1 and h.drafter._prefetch is not None
-
-
-@pytest.mark.parametrize("mode", MODES)
-def test_auto_patience_waits_where_a_late_reply_would_be_wasted_or_waiting_is_free(servers, mode):
-    """Auto patience still waits (up to the deadline) for a drafter asked without a
-    look-ahead (a model drafter's proposal holds only the drafts asked for: one token later it
-    is too short to use), and while another step runs on the device (the two-batch overlap)."""
-    slow = servers(max_draft_len=16, delay_ms=150)
-    h = servers.harness(f"grpc://{slow.address}", mode=mode, lookahead=0)
-    a = make_request("a", REPETITIVE)
-    timed_step(h, a, 0.02, [3, 4, 1, 2, 1])  # a 20 ms step, a 150 ms round trip
-    assert h.drafter._patience_s(h.drafter._prefetch) is None  # the deadline
-    assert h.step([a]) != [[]]  # waited for
-    c = h.counters()
-    assert c["prefetched"] == 1 and c["deferred"] == 0
-
-    h = servers.harness(f"grpc://{slow.address}", mode=mode)  # look-ahead: auto (n-gram)
-    b = make_request("b", REPETITIVE)
-    timed_step(h, b, 0.02, [3, 4, 1, 2, 1])
-    assert h.drafter._patience_s(h.drafter._prefetch) == 0  # would not wait...
-    h.drafter.device_busy = True  # ...but the other half runs on the device meanwhile
-    assert h.drafter._patience_s(h.drafter._prefetch) is None
-    assert h.step([b]) != [[]] and h.counters()["deferred"] == 0
-
-
-def test_a_unary_finished_notice_waits_for_the_draft_call_in_flight(servers):
-    """Unary calls are served side by side: a request's finished notice sent while a Draft
-    call naming it is still in flight could be applied first, and that call would re-create
-    the session. So the notice goes once the call is done, and the session is freed."""
-    server = servers(max_draft_len=16, delay_ms=300)
-    h = servers.harness(f"grpc://{server.address}", mode="unary", patience_ms=0)
-    store = server.engine.store
-    a = make_request("a", REPETITIVE)
-    h.step([a])  # the drafter now holds "a"
-    a.output_ids += [3, 4, 1, 2, 1]
-    h.drafter.submit([a])  # a Draft call naming "a", 300 ms away
-    h.resources.free(a)  # "a" finished meanwhile
-    assert not h.drafter._notices and "a" in store  # the notice waits for the call
-    wait_until(lambda: "a" not in store, timeout=10, what="the session freed after the call")
-    store.check_integrity()
-
-
-@pytest.mark.parametrize("mode", MODES)
-def test_a_deferred_reply_is_given_up_after_the_deadline(servers, mode):
-    """A deferred reply that has not come a deadline after it was asked for is given up on
-    (late): the next `submit` is no longer held back by it (a stream still carries one message
-    at a time: its slot frees when the reply comes or the stream is declared stalled)."""
-    server = servers(delay_ms=1500)
-    h = servers.harness(f"grpc://{server.address}", mode=mode, deadline_ms=100, patience_ms=0)
-    a = make_request("a", REPETITIVE)
-    h.drafter.submit([a])
-    assert h.step([a]) == [[]]
-    assert h.counters()["deferred"] == 1 and h.drafter._prefetch is not None
-    time.sleep(0.15)  # past the deadline
-    assert reply_kept(h.drafter)  # given up: nothing awaited any more
-    assert h.counters()["late"] == 1
-
-
-def test_patience_must_lie_between_zero_and_the_deadline():
-    from specwire.target_service.config import TargetConfig
-    from specwire.target_service.drafters.remote_channel import RemoteDrafterConfig
-
-    with pytest.raises(UserError, match="patience must be between 0 and the deadline"):
-        RemoteDrafterConfig("grpc://h:1", deadline_ms=50, patience_ms=60)
-    assert RemoteDrafterConfig("h:1", deadline_ms=50, patience_ms=0).patience_s == 0
-    assert RemoteDrafterConfig("h:1", deadline_ms=50).patience_s is None  # auto
-    with pytest.raises(UserError, match="--drafter-patience-ms must be between 0"):
-        TargetConfig(drafter_deadline_ms=50, drafter_patience_ms=-0.5)
 
 
 def test_a_proposal_from_an_older_prefix_never_replaces_a_newer_one():

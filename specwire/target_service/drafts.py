@@ -49,8 +49,8 @@ class DraftIntake:
         """Ask the drafter (unpadded), check its drafts into the rows, then (SDPA) pad every
         row to one length for the whole step. Whether the drafter was asked. `device_busy`:
         another step runs on the device meanwhile (the two-batch overlap), so waiting for the
-        drafter costs little; a drafter with a `device_busy` attribute (the remote one) is told."""
-        if hasattr(self.drafter, "device_busy"):
+        drafter costs little, and the drafter is told (`Drafter.device_busy`)."""
+        if self.drafter is not None:
             self.drafter.device_busy = device_busy
         requests = [row.request for row in rows]
         for req in requests:

@@ -25,6 +25,10 @@ class Drafter(ABC):
 
     name: str = "drafter"
     spec_resource_manager: ResourceManager | None = None
+    # Set by the executor before each `prepare_draft_tokens`: another step runs on the device
+    # meanwhile (the two-batch overlap), so waiting for drafts costs little (the remote drafter
+    # then waits for its reply rather than going without).
+    device_busy: bool = False
 
     def __init__(self, max_draft_len: int) -> None:
         if max_draft_len < 0:

@@ -22,20 +22,20 @@ prefix (no waiting at all), and waits for the drafter only for requests no propo
 (then for the reply already in flight when there is one). Drafts stay unpadded on the wire:
 the look-ahead is only a longer `max_draft_tokens`.
 
-Patience. The reply in flight is waited for only when it is expected (from the round trip's
-EMA) within 30 % of a drafting step's time, and then at most that long (auto;
-`--drafter-patience-ms` fixes the wait instead). Otherwise the step goes without those drafts
-and the reply stays awaited: when it comes it is kept like any proposal, so the next step
-drafts from it if what this step committed is its first token(s). On a GPU step of ~1.2 ms a
-~1 ms round trip is then not waited for; on a CPU step of tens of ms it still is.
+Patience. A step waits for the reply in flight only as long as `remote_patience.Patience`
+says (auto: only when it is due within 30 % of a drafting step). Otherwise the step goes
+without those drafts (`deferred`) and the reply stays awaited: when it comes it is kept like
+any proposal, so the next step drafts from it if what this step committed is its first
+token(s). A reply still missing a deadline after it was asked for is given up (`late`).
 
 Deadline default, 50 ms: about one CPU decode step of the default 135M target. Drafts slower
 than a target step cost more than they save, and a loopback n-gram reply takes ~1 ms, so the
 deadline only fires for a drafter that is genuinely too slow. On a GPU target, whose step is a
 few ms, lower it (`--drafter-deadline-ms`).
 
-Pieces: `remote_channel.py` (config, handshake checks, the DraftStream call) and
-`remote_sessions.py` (what the drafter holds per request, a resource manager).
+Pieces: `remote_channel.py` (config, handshake checks, the DraftStream call),
+`remote_sessions.py` (what the drafter holds per request, a resource manager) and
+`remote_patience.py` (how long a step waits for a reply asked for early).
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ from specwire.target_service.drafters.remote_channel import (
     RemoteDrafterConfig,
     handshake,
 )
+from specwire.target_service.drafters.remote_patience import Patience
 from specwire.target_service.drafters.remote_sessions import RemoteSessions
 from specwire.target_service.request import Request
 from specwire.target_service.resources.base import ResourceRegistry
@@ -88,14 +89,6 @@ COUNTERS = (
     "deferred",
 )
 _PENDING = object()  # a prefetch not answered within the step's patience: still awaited
-# Auto patience: a step waits for the drafts asked for as the previous step committed only when
-# the reply is expected within this share of a drafting step's time (expected: the round trip's
-# EMA since it was sent), and then at most that long. On the H200 the reply was still ~0.9 ms
-# away when a 1.2 ms step wanted it (~1.6 ms at 8 rows, 1.5 ms steps): not waited for, and
-# never waiting paid 1.18-1.20x against 1.00-1.05x for waiting it all or a tenth of the step
-# every time, at one stream (bench/RESULTS.md, round 9). A CPU target's reply (~0.5 ms on
-# loopback) is due within 30 % of its step and is waited for, so its drafts are verified.
-PATIENCE_SHARE = 0.3
 
 
 @dataclass
@@ -116,10 +109,6 @@ class _Prefetch:
 
 class RemoteDrafter(Drafter):
     """A `Drafter` backed by a drafter service; see the module docstring."""
-
-    # Set by the executor's draft intake before each `prepare_draft_tokens`: another step runs
-    # on the device meanwhile (the two-batch overlap), so waiting for drafts costs little.
-    device_busy = False
 
     def __init__(
         self,
@@ -156,10 +145,7 @@ class RemoteDrafter(Drafter):
         self._closed = threading.Event()
         self._notices: set[grpc.Future] = set()  # unary finished notices in flight
         self._prefetch: _Prefetch | None = None  # drafts in flight since the last step ended
-        self._step_s: float | None = None  # EMA of a drafting step: drafts taken -> submit
-        self._rtt_s: float | None = None  # EMA of a Draft round trip: sent -> reply arrived
         self._reply_at = 0.0  # stream: when `_reply` arrived (reader thread)
-        self._drafted_at: float | None = None  # when the last step took its drafts
         self._channel = make_channel(self.config.target, self.security, CHANNEL_OPTIONS)
         self._stub = drafter_pb2_grpc.DrafterServiceStub(self._channel)
         try:
@@ -175,6 +161,7 @@ class RemoteDrafter(Drafter):
         if lookahead < 0:  # auto: a lookup's longer proposal costs the drafter nothing
             lookahead = max_draft_len + 1 if self.info.name == "ngram" else 0
         self.lookahead = lookahead
+        self.patience = Patience(self.config, lookahead)
         # The most tokens a proposal may hold: what the drafter says it ever returns.
         self._most = self.info.max_draft_len or (max_draft_len + lookahead)
         self._connect()
@@ -254,12 +241,7 @@ class RemoteDrafter(Drafter):
         while the executor finishes the step, schedules the next and (for requests a kept
         proposal covers) while the device runs it. Never blocks; skipped while a message is
         in flight or the connection is down (the next step then asks the usual way)."""
-        if self._drafted_at is not None:
-            took = time.monotonic() - self._drafted_at
-            self._drafted_at = None
-            if took < self.config.stall_s:  # not a step that failed and left it set
-                old = self._step_s
-                self._step_s = took if old is None else 0.8 * old + 0.2 * took
+        self.patience.committed(time.monotonic())
         self._take_answered()
         live = [r for r in requests if not r.finished and r.useful_drafts > 0]
         if not live:
@@ -321,14 +303,10 @@ class RemoteDrafter(Drafter):
         if reply is not None:
             arrived = pre.answered_at if pre.future is not None else self._reply_at
             if arrived > pre.since:
-                self._observe_rtt(arrived - pre.since)
+                self.patience.replied(arrived - pre.since)
             self._apply(reply, pre.sent)
             self._count("prefetched")
         return True
-
-    def _observe_rtt(self, seconds: float) -> None:
-        rtt = self._rtt_s
-        self._rtt_s = seconds if rtt is None else 0.8 * rtt + 0.2 * seconds
 
     def _collect(self, pre: _Prefetch, wait_s: float | None = None):
         """The reply to a `submit`, waiting at most the step deadline (None if late/failed),
@@ -384,31 +362,7 @@ class RemoteDrafter(Drafter):
         try:
             self._prepare(requests)
         finally:
-            # A two-batch half's drafts -> submit spans only part of a period: not a step.
-            self._drafted_at = None if self.device_busy else time.monotonic()
-
-    def _patience_s(self, pre: _Prefetch) -> float | None:
-        """How long this step waits for `pre`'s reply: the fixed `--drafter-patience-ms`; or
-        (auto) PATIENCE_SHARE of a drafting step's time when the reply is expected within it,
-        else 0. None (the deadline, then the reply is given up on) when the patience is the
-        whole deadline, and in auto mode before a step and a round trip were timed, while the
-        device runs another step anyway (two-batch), or when a late reply could not serve
-        the step after: without a look-ahead a proposal holds just the drafts asked for, so
-        one token later it is too short (a model drafter's)."""
-        deadline_s = self.config.deadline_ms / 1000
-        patience = self.config.patience_s
-        if patience is None:
-            if (
-                self._step_s is None
-                or self._rtt_s is None
-                or self.device_busy
-                or self.lookahead == 0
-            ):
-                return None
-            budget = PATIENCE_SHARE * self._step_s
-            expected_in = pre.since + self._rtt_s - time.monotonic()
-            patience = budget if expected_in <= budget else 0.0
-        return None if patience >= deadline_s else patience
+            self.patience.drafted(time.monotonic(), self.device_busy)
 
     def _prepare(self, requests: Sequence[Request]) -> None:
         for r in requests:
@@ -430,7 +384,8 @@ class RemoteDrafter(Drafter):
             # late reply costs them this step's drafts, not a second question). With a
             # patience shorter than the deadline, a reply not there by then is still kept
             # when it comes: the steps after use it if this step commits its first tokens.
-            if self._use_prefetch(pre, self._patience_s(pre)):
+            wait = self.patience.wait_s(pre.since, time.monotonic(), self.device_busy)
+            if self._use_prefetch(pre, wait):
                 for r in requests:
                     if r.request_id in covered:
                         self._from_run(r)
@@ -454,7 +409,7 @@ class RemoteDrafter(Drafter):
         t0 = time.monotonic()
         reply = self._exchange_stream(msg) if self.mode == "stream" else self._exchange_unary(msg)
         if reply is not None and requests:
-            self._observe_rtt(time.monotonic() - t0)
+            self.patience.replied(time.monotonic() - t0)
             self._apply(reply, sent)
             for r in requests:
                 self._from_run(r)

@@ -60,7 +60,7 @@ class RemoteDrafterConfig:
     @property
     def patience_s(self) -> float | None:
         """Seconds a step waits for a prefetched reply before going without it (None: auto,
-        `RemoteDrafter._patience_s`)."""
+        `remote_patience.Patience`)."""
         return None if self.patience_ms == -1 else self.patience_ms / 1000
 
     @property

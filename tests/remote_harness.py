@@ -1,0 +1,52 @@
+"""A RemoteDrafter driven as the executor drives it, against real drafter services on
+loopback: the harness shared by the remote drafter's tests (their `servers` fixture is in
+conftest.py)."""
+
+from __future__ import annotations
+
+from specwire.target_service.drafters.remote import RemoteDrafter
+from specwire.target_service.request import Request, RequestState
+from specwire.target_service.resources.base import ResourceRegistry
+
+VOCAB, FP = 100, "fp-target"
+REPETITIVE = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
+MODES = ["stream", "unary"]
+
+
+def reply_kept(drafter: RemoteDrafter) -> bool:
+    """True once a `submit`'s reply has arrived and been kept (what the next step does first);
+    True at once when nothing was submitted."""
+    drafter._take_answered()
+    return drafter._prefetch is None
+
+
+def make_request(rid: str, prompt: list[int], k: int = 4) -> Request:
+    req = Request(rid, list(prompt), max_new_tokens=64, max_draft_len=k)
+    req.state, req.step_draft_cap = RequestState.DECODE, k  # as the scheduler leaves it
+    return req
+
+
+class Harness:
+    """A RemoteDrafter with its resource registry, as the executor drives it."""
+
+    def __init__(self, address: str, mode: str = "stream", deadline_ms: float = 2000, **kw):
+        self.drafter = RemoteDrafter(
+            address,
+            max_draft_len=4,
+            vocab_size=kw.pop("vocab", VOCAB),
+            tokenizer_fingerprint=kw.pop("fp", FP),
+            mode=mode,
+            deadline_ms=deadline_ms,
+            **kw,
+        )
+        self.resources = ResourceRegistry()
+        self.resources.add(self.drafter.spec_resource_manager)
+
+    def step(self, requests: list[Request]) -> list[list[int]]:
+        self.resources.prepare(requests)
+        self.drafter.prepare_draft_tokens(requests, self.resources)
+        self.resources.check_integrity()
+        return [r.draft_tokens for r in requests]
+
+    def counters(self) -> dict[str, int]:
+        return self.drafter.counters()

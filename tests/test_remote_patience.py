@@ -1,0 +1,213 @@
+"""How long a step waits for the remote drafter (`--drafter-patience-ms`): the rule
+(`remote_patience.Patience`, with explicit times) and what a step does with a reply it did not
+wait for, against real drafter services on loopback."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from procs import wait_until
+from remote_harness import (
+    MODES,
+    REPETITIVE,
+    Harness,
+    make_request,
+    reply_kept,
+)
+
+from specwire.common.errors import UserError
+from specwire.target_service.config import TargetConfig
+from specwire.target_service.drafters.remote_channel import RemoteDrafterConfig
+from specwire.target_service.drafters.remote_patience import PATIENCE_SHARE, Patience
+from specwire.target_service.request import Request
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_with_no_patience_a_late_reply_serves_the_step_after(servers, mode):
+    """--drafter-patience-ms 0: a step does not wait for the drafts asked for as the previous
+    step committed. It goes without them (counted `deferred`), the reply stays awaited, and
+    when it comes it is kept: the next step drafts from it, unasked, once what that step
+    committed is the proposal's first token. A proposal the target went past is dropped and the
+    drafter is asked afresh."""
+    server = servers(max_draft_len=16, delay_ms=100)
+    h = servers.harness(f"grpc://{server.address}", mode=mode, patience_ms=0)
+    store = server.engine.store
+    a = make_request("a", REPETITIVE)  # 1 2 3 4 1 2 3 4 1 2
+    assert h.step([a]) == [[3, 4, 1, 2]]  # no proposal yet: asked and waited for
+    a.output_ids += [3, 4, 1, 2, 1]  # all accepted, a bonus token the look-ahead missed (3)
+    h.drafter.submit([a])
+    assert h.step([a]) == [[]]  # went without: the reply is 100 ms away
+    assert h.counters()["deferred"] == 1 and not reply_kept(h.drafter)  # still awaited
+    wait_until(lambda: reply_kept(h.drafter), timeout=10, what="the deferred reply")
+    asked = list(store.get("a").tokens)
+    assert asked == a.token_ids
+    # The proposal for "... 1 2 1" follows the latest earlier "1" (then "2 1", repeating):
+    # 2 1 2 1 2 ... The draftless step committed its first token; the next step drafts its
+    # next ones without a question.
+    a.output_ids += [2]
+    assert h.step([a]) == [[1, 2, 1, 2]]
+    assert store.get("a").tokens == asked and h.counters()["lookahead"] == 1
+    a.output_ids += [3, 7]  # one accepted, then a token the proposal did not foresee
+    assert h.step([a]) == [[]]  # asked afresh (7 never occurred: nothing to propose)
+    assert store.get("a").tokens == a.token_ids
+    c = h.counters()
+    assert c["late"] == c["failed"] == c["stale"] == 0 and c["deferred"] == 1
+
+
+def patience_now(h: Harness) -> float | None:
+    """How long a step now would wait for a question asked just now."""
+    now = time.monotonic()
+    return h.drafter.patience.wait_s(now, now, h.drafter.device_busy)
+
+
+def timed_step(h: Harness, a: Request, forward_s: float, commit: list[int]) -> list[list[int]]:
+    """One drafting step as the executor runs it: drafts, a forward of `forward_s`, commit,
+    submit (which times the step: drafts taken -> submit)."""
+    drafts = h.step([a])
+    time.sleep(forward_s)
+    a.output_ids += commit
+    h.drafter.submit([a])
+    return drafts
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_auto_patience_waits_only_for_a_reply_due_within_its_share_of_a_step(servers, mode):
+    """Auto patience: before a step and a round trip were timed a step waits the deadline.
+    Then it waits (at most 30 % of a drafting step) only for a reply expected within that
+    share: a slow step (a CPU target's) waits for a quick drafter; a fast step (a GPU's) does
+    not wait at all for a drafter slower than its share, whose reply is deferred."""
+    quick = servers(max_draft_len=16)
+    h = servers.harness(f"grpc://{quick.address}", mode=mode)
+    a = make_request("a", REPETITIVE)
+    h.drafter.submit([a])
+    assert patience_now(h) is None  # nothing timed yet
+    wait_until(lambda: reply_kept(h.drafter), timeout=10, what="the first reply")
+    a.output_ids += [3]
+    timed_step(h, a, 0.2, [4, 1, 2, 1])  # round trip ~ms, a 0.2 s step: waits up to ~60 ms
+    assert 0.06 <= patience_now(h) < 0.1
+    assert h.step([a]) != [[]]  # the reply was waited for
+    c = h.counters()
+    assert c["prefetched"] == 2 and c["deferred"] == c["late"] == 0
+
+    slow = servers(max_draft_len=16, delay_ms=400)
+    h = servers.harness(f"grpc://{slow.address}", mode=mode)
+    b = make_request("b", REPETITIVE)
+    timed_step(h, b, 0.05, [3, 4, 1, 2, 1])  # asked and waited: a 0.4 s round trip, 50 ms step
+    assert patience_now(h) == 0  # due in ~0.4 s, not within 15 ms
+    assert h.step([b]) == [[]]  # not waited for
+    assert h.counters()["deferred"] == 1 and not reply_kept(h.drafter)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_auto_patience_waits_where_a_late_reply_would_be_wasted_or_waiting_is_free(servers, mode):
+    """Auto patience still waits (up to the deadline) for a drafter asked without a
+    look-ahead (a model drafter's proposal holds only the drafts asked for: one token later it
+    is too short to use), and while another step runs on the device (the two-batch overlap)."""
+    slow = servers(max_draft_len=16, delay_ms=150)
+    h = servers.harness(f"grpc://{slow.address}", mode=mode, lookahead=0)
+    a = make_request("a", REPETITIVE)
+    timed_step(h, a, 0.02, [3, 4, 1, 2, 1])  # a 20 ms step, a 150 ms round trip
+    assert patience_now(h) is None  # the deadline
+    assert h.step([a]) != [[]]  # waited for
+    c = h.counters()
+    assert c["prefetched"] == 1 and c["deferred"] == 0
+
+    h = servers.harness(f"grpc://{slow.address}", mode=mode)  # look-ahead: auto (n-gram)
+    b = make_request("b", REPETITIVE)
+    timed_step(h, b, 0.02, [3, 4, 1, 2, 1])
+    assert patience_now(h) == 0  # would not wait...
+    h.drafter.device_busy = True  # ...but the other half runs on the device meanwhile
+    assert patience_now(h) is None
+    assert h.step([b]) != [[]] and h.counters()["deferred"] == 0
+
+
+def test_a_unary_finished_notice_waits_for_the_draft_call_in_flight(servers):
+    """Unary calls are served side by side: a request's finished notice sent while a Draft
+    call naming it is still in flight could be applied first, and that call would re-create
+    the session. So the notice goes once the call is done, and the session is freed."""
+    server = servers(max_draft_len=16, delay_ms=300)
+    h = servers.harness(f"grpc://{server.address}", mode="unary", patience_ms=0)
+    store = server.engine.store
+    a = make_request("a", REPETITIVE)
+    h.step([a])  # the drafter now holds "a"
+    a.output_ids += [3, 4, 1, 2, 1]
+    h.drafter.submit([a])  # a Draft call naming "a", 300 ms away
+    h.resources.free(a)  # "a" finished meanwhile
+    assert not h.drafter._notices and "a" in store  # the notice waits for the call
+    wait_until(lambda: "a" not in store, timeout=10, what="the session freed after the call")
+    store.check_integrity()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_deferred_reply_is_given_up_after_the_deadline(servers, mode):
+    """A deferred reply that has not come a deadline after it was asked for is given up on
+    (late): the next `submit` is no longer held back by it (a stream still carries one message
+    at a time: its slot frees when the reply comes or the stream is declared stalled)."""
+    server = servers(delay_ms=1500)
+    h = servers.harness(f"grpc://{server.address}", mode=mode, deadline_ms=100, patience_ms=0)
+    a = make_request("a", REPETITIVE)
+    h.drafter.submit([a])
+    assert h.step([a]) == [[]]
+    assert h.counters()["deferred"] == 1 and not reply_kept(h.drafter)
+    time.sleep(0.15)  # past the deadline
+    assert reply_kept(h.drafter)  # given up: nothing awaited any more
+    assert h.counters()["late"] == 1
+
+
+def test_patience_must_lie_between_zero_and_the_deadline():
+    with pytest.raises(UserError, match="patience must be between 0 and the deadline"):
+        RemoteDrafterConfig("grpc://h:1", deadline_ms=50, patience_ms=60)
+    assert RemoteDrafterConfig("h:1", deadline_ms=50, patience_ms=0).patience_s == 0
+    assert RemoteDrafterConfig("h:1", deadline_ms=50).patience_s is None  # auto
+    with pytest.raises(UserError, match="--drafter-patience-ms must be between 0"):
+        TargetConfig(drafter_deadline_ms=50, drafter_patience_ms=-0.5)
+
+
+# -- the rule, with explicit times -----------------------------------------------------------
+
+
+def rule(patience_ms: float = -1, lookahead: int = 5, deadline_ms: float = 50) -> Patience:
+    config = RemoteDrafterConfig("h:1", deadline_ms=deadline_ms, patience_ms=patience_ms)
+    return Patience(config, lookahead)
+
+
+def test_the_rule_waits_within_its_share_of_a_step_only_for_a_reply_due_in_it():
+    p = rule()
+    assert p.wait_s(0.0, 0.0, device_busy=False) is None  # nothing timed: the deadline
+    p.drafted(10.0, device_busy=False)
+    p.committed(10.002)  # a 2 ms step
+    assert p.wait_s(0.0, 0.0, device_busy=False) is None  # no round trip timed yet
+    p.replied(0.001)  # a 1 ms round trip
+    share = PATIENCE_SHARE * 0.002
+    # Asked 0.5 ms ago: due in 0.5 ms, within the 0.6 ms share -> wait up to the share.
+    assert p.wait_s(20.0, 20.0005, device_busy=False) == pytest.approx(share)
+    # Asked just now: due in 1 ms, past the share -> no wait at all.
+    assert p.wait_s(20.0, 20.0, device_busy=False) == 0
+    # ... unless the device is busy anyway, or a late reply would be too short to use.
+    assert p.wait_s(20.0, 20.0, device_busy=True) is None
+    assert rule(lookahead=0).wait_s(20.0, 20.0, device_busy=False) is None
+
+
+def test_the_rule_keeps_emas_and_skips_what_is_not_a_step():
+    p = rule()
+    p.drafted(0.0, device_busy=False)
+    p.committed(0.010)
+    p.drafted(1.0, device_busy=False)
+    p.committed(1.020)  # 0.8 * 10 ms + 0.2 * 20 ms
+    assert p.step_s == pytest.approx(0.012)
+    p.drafted(2.0, device_busy=True)  # a two-batch half: not timed
+    p.committed(2.5)
+    p.committed(3.0)  # nothing drafted since: nothing to time
+    p.drafted(4.0, device_busy=False)
+    p.committed(4.0 + p.config.stall_s + 1)  # a failed step left it set: not a sample
+    assert p.step_s == pytest.approx(0.012)
+    p.replied(0.002)
+    p.replied(0.004)
+    assert p.rtt_s == pytest.approx(0.0024)
+
+
+def test_a_fixed_patience_is_used_as_is_and_the_whole_deadline_means_the_deadline():
+    assert rule(patience_ms=5).wait_s(0.0, 0.0, device_busy=True) == pytest.approx(0.005)
+    assert rule(patience_ms=0).wait_s(0.0, 0.0, device_busy=False) == 0
+    assert rule(patience_ms=50).wait_s(0.0, 0.0, device_busy=False) is None
