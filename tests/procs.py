@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-_TAIL_LINES = 60
+_TAIL_LINES = 200
 _LIVE: set[subprocess.Popen] = set()
 
 

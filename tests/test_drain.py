@@ -7,11 +7,12 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from procs import running_service, wait_until
+from procs import output_tail, running_service, wait_until
 
 from specwire.common.client import FINISH_NAMES, GenerationClient, build_request
 
@@ -19,11 +20,14 @@ SPECWIRE = [sys.executable, "-m", "specwire.common.cli"]
 ENV = {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}
 
 
-def _consume(client: GenerationClient, out: list, started: threading.Event) -> None:
+def _consume(
+    client: GenerationClient, out: list, started: threading.Event, any_started: threading.Event
+) -> None:
     req = build_request(token_ids=[5, 6, 7, 8], max_new_tokens=4000, ignore_eos=True)
     try:
         for resp in client.stream(req):
             started.set()
+            any_started.set()
             if resp.WhichOneof("response") == "complete":
                 out.append(FINISH_NAMES[resp.complete.finish_reason])
             elif resp.WhichOneof("response") == "error":
@@ -42,21 +46,30 @@ def test_sigterm_drains_then_cancels_with_a_completion_and_exits_zero():
         with GenerationClient(address, timeout=60) as client:
             outcomes: list[str] = []
             started = [threading.Event() for _ in range(6)]
+            any_started = threading.Event()
             threads = [
-                threading.Thread(target=_consume, args=(client, outcomes, ev)) for ev in started
+                threading.Thread(target=_consume, args=(client, outcomes, ev, any_started))
+                for ev in started
             ]
             for t in threads:
                 t.start()
-            started[0].wait(30)  # generation is under way (the rest wait for a batch slot)
+            # Generation is under way for two of them (which two is up to the scheduler); the
+            # rest wait for a batch slot.
+            assert any_started.wait(60), output_tail(p)
             os.kill(p.pid, signal.SIGTERM)
             with grpc.insecure_channel(address) as ch:
                 health = health_pb2_grpc.HealthStub(ch)
-                wait_until(
-                    lambda: _status(health) != health_pb2.HealthCheckResponse.SERVING,
-                    10,
-                    0.05,
-                    what="health to leave SERVING",
-                )
+                try:
+                    wait_until(
+                        lambda: _status(health) != health_pb2.HealthCheckResponse.SERVING,
+                        20,
+                        0.05,
+                        what="health to leave SERVING",
+                    )
+                except TimeoutError:
+                    os.kill(p.pid, signal.SIGUSR1)  # its threads' stacks, for the report
+                    time.sleep(1)
+                    raise AssertionError(output_tail(p)) from None
             late = client.stream(build_request("hi", max_new_tokens=2))
             try:
                 list(late)
@@ -81,3 +94,15 @@ def _status(health) -> int:
         return health.Check(health_pb2.HealthCheckRequest(), timeout=2).status
     except grpc.RpcError:
         return -1  # already gone
+
+
+def test_sigusr1_prints_the_stacks_and_the_service_keeps_serving():
+    cmd = SPECWIRE + ["drafter", "--host", "127.0.0.1", "--port", "0", "--drafter", "ngram"]
+    with running_service(cmd, ENV, r"listening on 127\.0\.0\.1:(\d+)", timeout=60) as (p, m):
+        os.kill(p.pid, signal.SIGUSR1)
+        wait_until(lambda: "wait_for_stop" in output_tail(p), 10, what="a stack dump on stderr")
+        assert p.poll() is None
+        with grpc.insecure_channel(f"127.0.0.1:{m.group(1)}") as ch:
+            assert _status(health_pb2_grpc.HealthStub(ch)) == health_pb2.HealthCheckResponse.SERVING
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 0

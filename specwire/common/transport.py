@@ -9,6 +9,8 @@ the rest of the code, the CLI and the tests stay synchronous.
 from __future__ import annotations
 
 import asyncio
+import faulthandler
+import signal
 import threading
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
@@ -20,6 +22,24 @@ from specwire.common.grpc_errors import ErrorInterceptor
 from specwire.common.security import AuthInterceptor, ClientSecurity, ServerSecurity
 
 T = TypeVar("T")
+
+
+def stop_on_signals(stop: threading.Event) -> None:
+    """SIGTERM and SIGINT set `stop` (call from the main thread, before `wait_for_stop`);
+    SIGUSR1 prints every thread's stack to stderr (a service that seems stuck says where)."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+
+
+def wait_for_stop(stop: threading.Event) -> None:
+    """Block the main thread until `stop` is set, in short timed waits.
+
+    A signal the kernel delivers to another thread only flags the main thread for its handler;
+    an untimed wait would sleep through it (and a SIGTERM would never start the drain).
+    """
+    while not stop.wait(0.25):
+        pass
 
 
 class LoopThread:

@@ -7,7 +7,6 @@ command line wins over the environment, which wins over the default.
 from __future__ import annotations
 
 import argparse
-import signal
 import threading
 
 from specwire.common.cli_env import Flag, add_config_flags, add_env_flag, config_kwargs
@@ -73,6 +72,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from specwire.common.transport import stop_on_signals, wait_for_stop
     from specwire.drafter_service.server import serve
 
     config = DrafterServiceConfig(
@@ -85,8 +85,7 @@ def run(args: argparse.Namespace) -> int:
         flush=True,
     )
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
+    stop_on_signals(stop)
+    wait_for_stop(stop)
     running.drain(args.drain_timeout)
     return 0

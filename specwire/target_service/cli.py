@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import signal
 import sys
 import threading
 
@@ -124,6 +123,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from specwire.common.transport import stop_on_signals, wait_for_stop
     from specwire.target_service.engine import build_engine
     from specwire.target_service.server import TargetServer
 
@@ -167,18 +167,13 @@ def run(args: argparse.Namespace) -> int:
         flush=True,
     )
     stopped = threading.Event()
-
-    def _stop(*_):
-        stopped.set()
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+    stop_on_signals(stopped)
     # The supervisor: a dead executor turns health NOT_SERVING (in `attach`) and ends the
     # process with a non-zero code, so an orchestrator restarts it.
     engine.executor.on_death = lambda exc: (server.mark_dead(exc), stopped.set())
     if engine.executor.death is not None:  # died before the hook was set
         stopped.set()
-    stopped.wait()
+    wait_for_stop(stopped)
     death = engine.executor.death
     if death is not None:
         server.stop(0)
