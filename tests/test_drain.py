@@ -4,6 +4,7 @@ finish or end with a CANCELLED completion (never a transport error); exit code 0
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import threading
@@ -100,7 +101,8 @@ def test_sigusr1_prints_the_stacks_and_the_service_keeps_serving():
     cmd = SPECWIRE + ["drafter", "--host", "127.0.0.1", "--port", "0", "--drafter", "ngram"]
     with running_service(cmd, ENV, r"listening on 127\.0\.0\.1:(\d+)", timeout=60) as (p, m):
         os.kill(p.pid, signal.SIGUSR1)
-        wait_until(lambda: "wait_for_stop" in output_tail(p), 10, what="a stack dump on stderr")
+        main_thread_frame = re.compile(r'transport\.py", line \d+ in wait')  # StopSignal.wait
+        wait_until(lambda: main_thread_frame.search(output_tail(p)), 10, what="a stack dump")
         assert p.poll() is None
         with grpc.insecure_channel(f"127.0.0.1:{m.group(1)}") as ch:
             assert _status(health_pb2_grpc.HealthStub(ch)) == health_pb2.HealthCheckResponse.SERVING

@@ -24,22 +24,40 @@ from specwire.common.security import AuthInterceptor, ClientSecurity, ServerSecu
 T = TypeVar("T")
 
 
-def stop_on_signals(stop: threading.Event) -> None:
-    """SIGTERM and SIGINT set `stop` (call from the main thread, before `wait_for_stop`);
-    SIGUSR1 prints every thread's stack to stderr (a service that seems stuck says where)."""
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+class StopSignal:
+    """Ends a service's main thread: SIGTERM or SIGINT, or `set()` from any other thread.
 
+        stop = StopSignal()   # in the main thread: installs the handlers
+        stop.wait()           # returns once either happened
 
-def wait_for_stop(stop: threading.Event) -> None:
-    """Block the main thread until `stop` is set, in short timed waits.
-
-    A signal the kernel delivers to another thread only flags the main thread for its handler;
-    an untimed wait would sleep through it (and a SIGTERM would never start the drain).
+    The handler only sets a flag (a handler that took a lock could find the main thread
+    holding it, and deadlock), and `wait` polls it in short timed waits: a signal the kernel
+    delivers to another thread only flags the main thread, which an untimed wait would sleep
+    through. SIGUSR1 prints every thread's stack to stderr (a service that seems stuck says
+    where) and changes nothing else.
     """
-    while not stop.wait(0.25):
-        pass
+
+    POLL_S = 0.25
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.signalled = False
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, *_: object) -> None:
+        self.signalled = True
+
+    def set(self) -> None:
+        self._event.set()
+
+    def is_set(self) -> bool:
+        return self.signalled or self._event.is_set()
+
+    def wait(self) -> None:
+        while not self.signalled and not self._event.wait(self.POLL_S):
+            pass
 
 
 class LoopThread:

@@ -7,7 +7,6 @@ command line wins over the environment, which wins over the default.
 from __future__ import annotations
 
 import argparse
-import threading
 
 from specwire.common.cli_env import Flag, add_config_flags, add_env_flag, config_kwargs
 from specwire.common.security import add_server_flags, server_security_from_args
@@ -72,7 +71,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specwire.common.transport import stop_on_signals, wait_for_stop
+    from specwire.common.transport import StopSignal
     from specwire.drafter_service.server import serve
 
     config = DrafterServiceConfig(
@@ -84,8 +83,6 @@ def run(args: argparse.Namespace) -> int:
         f"(drafter={running.engine.drafter.name} security={config.security.describe()})",
         flush=True,
     )
-    stop = threading.Event()
-    stop_on_signals(stop)
-    wait_for_stop(stop)
+    StopSignal().wait()
     running.drain(args.drain_timeout)
     return 0

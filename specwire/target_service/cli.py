@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
-import threading
 
 from specwire.common.cli_env import Flag, add_config_flags, add_env_flag, config_kwargs
 from specwire.common.errors import UserError
@@ -123,7 +122,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specwire.common.transport import stop_on_signals, wait_for_stop
+    from specwire.common.transport import StopSignal
     from specwire.target_service.engine import build_engine
     from specwire.target_service.server import TargetServer
 
@@ -166,14 +165,13 @@ def run(args: argparse.Namespace) -> int:
         f"security={server.security.describe()})",
         flush=True,
     )
-    stopped = threading.Event()
-    stop_on_signals(stopped)
+    stopped = StopSignal()
     # The supervisor: a dead executor turns health NOT_SERVING (in `attach`) and ends the
     # process with a non-zero code, so an orchestrator restarts it.
     engine.executor.on_death = lambda exc: (server.mark_dead(exc), stopped.set())
     if engine.executor.death is not None:  # died before the hook was set
         stopped.set()
-    wait_for_stop(stopped)
+    stopped.wait()
     death = engine.executor.death
     if death is not None:
         server.stop(0)
