@@ -50,6 +50,11 @@ def seq(rid, base, tokens, k=4, finished=False):
     )
 
 
+def branched(update, max_branches, positions):
+    update.max_branches, update.branch_positions = max_branches, positions
+    return update
+
+
 def req(step, *sequences, want_probs=False):
     return drafter_pb2.DraftRequest(step=step, sequences=sequences, want_probs=want_probs)
 
@@ -184,6 +189,9 @@ def test_idle_sessions_expire(start):
         (seq("", 0, [1]), "request_id is empty"),
         (seq("a", 0, [1], k=-1), "max_draft_tokens must be >= 0"),
         (seq("a", -3, [1]), "base_len must be >= 0"),
+        (branched(seq("a", 0, [1]), 17, 2), "max_branches must be between 0 and 16"),
+        (branched(seq("a", 0, [1]), -1, 2), "max_branches must be between 0 and 16"),
+        (branched(seq("a", 0, [1], k=4), 4, 6), "branch_positions must be between 0 and"),
     ],
 )
 def test_bad_requests_are_invalid_argument(start, bad, message):

@@ -28,6 +28,9 @@ from specwire.common.errors import UserError
 # The drafter protocol version (drafter.proto): the target refuses a drafter speaking another.
 PROTOCOL_VERSION = 1
 
+# The most alternatives per draft position a target may ask for (SequenceUpdate.max_branches).
+MAX_BRANCHES = 16
+
 # A sparse distribution over the vocabulary: (ids, probs), probs summing to 1.
 SparseDist = tuple[list[int], list[float]]
 
@@ -40,6 +43,17 @@ class Proposal(NamedTuple):
     probs: list[SparseDist] | None = None
 
 
+class Branch(NamedTuple):
+    """Another way a sequence may go: should the target commit the proposal's first `position`
+    tokens and then `token` (not the proposal's own token there), `tokens` continue from
+    there. A remote target keeps these next to the proposal, so a step that rejects a draft
+    has the next step's drafts at once instead of a round trip later."""
+
+    position: int
+    token: int
+    tokens: list[int]
+
+
 class SessionDrafter(ABC):
     """Proposes draft tokens continuing each session's committed tokens.
 
@@ -47,7 +61,8 @@ class SessionDrafter(ABC):
       name                   e.g. "ngram", "model:tiny-random"
       vocab_size             the vocabulary ids live in; 0 = token-agnostic
       tokenizer_fingerprint  "" = token-agnostic
-      capabilities           e.g. ("draft_probs",) when `propose` can return distributions
+      capabilities           e.g. ("draft_probs",) when `propose` can return distributions,
+                             "branches" when `alternatives` gives any
       cheap                  True when extend/propose take microseconds (a lookup): the
                              drafter service then runs them on its event loop, not a worker
                              thread — one thread hop less per message
@@ -80,6 +95,16 @@ class SessionDrafter(ABC):
     ) -> list[Proposal]:
         """One proposal per state; override to batch the work (the model drafter does)."""
         return [self.propose(s, b, want_probs) for s, b in zip(states, budgets, strict=True)]
+
+    def alternatives(
+        self, state: Any, proposal: list[int], positions: int, per_position: int, horizon: int
+    ) -> list[Branch]:
+        """Optional ("branches" capability): at each of the first `positions` positions of
+        `proposal` (which continues the state's tokens), up to `per_position` other tokens
+        the sequence may take there, each with up to `horizon - position - 1` tokens that
+        would follow it. Called right after `propose`, only by the drafter service (an
+        in-process drafter always drafts from what was committed)."""
+        return []
 
     def release(self, state: Any) -> None:  # noqa: B027 - optional hook
         """The session ended (finished, expired, reset): free what the state holds."""

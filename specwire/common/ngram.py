@@ -13,6 +13,10 @@ searches it (bytes.rfind / find: C speed, aligned matches only) instead of maint
 of every n-gram. Appending costs nothing per token in Python, which matters when a request
 drafts only now and then (the adaptive policy) and its tokens would otherwise all be indexed
 at once; a query is a few memory scans of the sequence.
+
+`alternatives` serves the remote target's branches: at each position of a proposal, the other
+tokens that followed earlier occurrences of the suffix there (longest n-gram first, latest
+occurrence first), each with what followed it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from array import array
 
 _WIDTH = 4  # bytes per token in the search buffer (array typecode "i": token ids are int32,
 # as on the wire; half the bytes of int64 to scan per query)
+_SCAN = 8  # earlier occurrences looked at per n-gram when collecting alternatives
 
 
 class NGramIndex:
@@ -83,3 +88,44 @@ class NGramIndex:
                     out = (out * (budget // len(out) + 1))[:budget]
                 return out
         return []
+
+    def alternatives(
+        self, proposal: list[int], positions: int, per_position: int, horizon: int
+    ) -> list[tuple[int, int, list[int]]]:
+        """(position, token, continuation) for the first `positions` positions of `proposal`
+        (a draft continuing this sequence; position p: after its first p tokens): up to
+        `per_position` tokens other than the proposal's own that followed an earlier
+        occurrence of the suffix there, each with up to `horizon - p - 1` tokens that
+        followed it (continued periodically near the end, like `propose`)."""
+        toks, buf, w = self.tokens, self._buf, _WIDTH
+        if len(toks) < 2 or per_position <= 0:
+            return []
+        end = len(buf) - w  # an occurrence must end before the last token (it needs a follower)
+        out: list[tuple[int, int, list[int]]] = []
+        last = min(positions, len(proposal) + 1, horizon)
+        held = min(self.max_ngram, len(toks))
+        # The sequence's last tokens, then the proposal's: position p's suffixes end at p.
+        ctx = bytes(buf[len(buf) - held * w :]) + array("i", proposal[: last - 1]).tobytes()
+        for p in range(last):
+            own = proposal[p] if p < len(proposal) else None
+            found: dict[int, int] = {}  # token -> where it follows an occurrence
+            stop = (held + p) * w
+            for n in range(min(self.max_ngram, held + p), 0, -1):
+                pattern = ctx[stop - n * w : stop]
+                i, scanned = buf.rfind(pattern, 0, end), 0
+                while i >= 0 and scanned < _SCAN and len(found) < per_position:
+                    if not i % w:
+                        scanned += 1
+                        start = i // w + n
+                        if toks[start] != own:
+                            found.setdefault(toks[start], start)
+                    i = buf.rfind(pattern, 0, i + len(pattern) - 1)
+                if len(found) >= per_position:
+                    break
+            h = horizon - p - 1
+            for token, start in found.items():
+                run = toks[start : start + 1 + h]
+                if len(run) < h + 1:  # copy with overlap, as `propose` does
+                    run = (run * (h // len(run) + 2))[: h + 1]
+                out.append((p, token, run[1:]))
+        return out

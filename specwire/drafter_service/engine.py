@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from specwire.common.drafting import SessionDrafter, SparseDist
+from specwire.common.drafting import MAX_BRANCHES, Branch, SessionDrafter, SparseDist
 from specwire.common.errors import UserError
 from specwire.drafter_service.sessions import SessionStore
 
@@ -26,6 +26,8 @@ class SeqUpdate(NamedTuple):  # immutable and cheap to build: one per sequence p
     new_tokens: list[int]
     max_draft_tokens: int
     finished: bool = False
+    max_branches: int = 0  # alternatives per position (drafter.proto SequenceUpdate)
+    branch_positions: int = 0
 
 
 @dataclass(slots=True)
@@ -35,6 +37,7 @@ class SeqDraft:
     tokens: list[int] = field(default_factory=list)
     resync: bool = False
     probs: list[SparseDist] | None = None
+    branches: list[Branch] | None = None
 
 
 def validate(updates: list[SeqUpdate]) -> None:
@@ -43,7 +46,13 @@ def validate(updates: list[SeqUpdate]) -> None:
     if (
         len(ids) == len(updates)
         and "" not in ids
-        and all(u.base_len >= 0 and u.max_draft_tokens >= 0 for u in updates)
+        and all(
+            u.base_len >= 0
+            and u.max_draft_tokens >= 0
+            and 0 <= u.max_branches <= MAX_BRANCHES
+            and 0 <= u.branch_positions <= u.max_draft_tokens + 1
+            for u in updates
+        )
     ):
         return  # well formed (every message of a healthy target): one pass, no strings
     seen: set[str] = set()
@@ -59,6 +68,16 @@ def validate(updates: list[SeqUpdate]) -> None:
         if u.max_draft_tokens < 0:
             raise UserError(
                 f"{where} ({u.request_id}): max_draft_tokens must be >= 0, got {u.max_draft_tokens}"
+            )
+        if not 0 <= u.max_branches <= MAX_BRANCHES:
+            raise UserError(
+                f"{where} ({u.request_id}): max_branches must be between 0 and {MAX_BRANCHES}, "
+                f"got {u.max_branches}"
+            )
+        if not 0 <= u.branch_positions <= u.max_draft_tokens + 1:
+            raise UserError(
+                f"{where} ({u.request_id}): branch_positions must be between 0 and "
+                f"max_draft_tokens + 1 ({u.max_draft_tokens + 1}), got {u.branch_positions}"
             )
 
 
@@ -79,6 +98,7 @@ class DraftEngine:
         # Drafting on the service's event loop (no hop to a worker thread): for a cheap
         # drafter, and never with an injected delay (it sleeps).
         self.inline = drafter.cheap and not self.delay_s
+        self.branches = "branches" in drafter.capabilities
 
     def draft(
         self, updates: list[SeqUpdate], want_probs: bool = False, owner: str = ""
@@ -91,7 +111,7 @@ class DraftEngine:
         with self.store.lock:  # the drafter is not thread-safe; one step at a time
             self.store.expire_due()
             out: list[SeqDraft] = []
-            todo: list[tuple[SeqDraft, object, int]] = []
+            todo: list[tuple[SeqDraft, object, int, SeqUpdate]] = []
             for u in updates:
                 if u.finished:
                     self.store.finish(u.request_id, owner)
@@ -108,28 +128,58 @@ class DraftEngine:
                     continue
                 budget = min(u.max_draft_tokens, self.max_draft_len)
                 if budget > 0:
-                    todo.append((answer, session.state, budget))
+                    todo.append((answer, session.state, budget, u))
             if todo:
                 self._propose(todo, want_probs)
             return out
 
-    def _propose(self, todo: list[tuple[SeqDraft, object, int]], want_probs: bool) -> None:
+    def _propose(
+        self, todo: list[tuple[SeqDraft, object, int, SeqUpdate]], want_probs: bool
+    ) -> None:
         try:
             proposals = self.drafter.propose_batch(
-                [state for _, state, _ in todo], [b for _, _, b in todo], want_probs
+                [t[1] for t in todo], [t[2] for t in todo], want_probs
             )
             if len(proposals) != len(todo):
                 raise ValueError(f"{len(proposals)} proposals for {len(todo)} sequences")
         except Exception:  # a drafter bug costs this step's drafts, not the service
             log.exception("drafter %s failed; answering without drafts", self.drafter.name)
             return
-        for (answer, _, budget), (tokens, probs) in zip(todo, proposals, strict=True):
+        for (answer, state, budget, u), (tokens, probs) in zip(todo, proposals, strict=True):
             tokens = list(tokens)[:budget]
             if not all(type(t) is int for t in tokens):
                 tokens = [int(t) for t in tokens]
             answer.tokens = tokens
             if want_probs and probs is not None and len(probs) >= len(answer.tokens):
                 answer.probs = list(probs)[: len(answer.tokens)]
+            if u.max_branches and u.branch_positions and self.branches:
+                answer.branches = self._alternatives(state, tokens, u, budget)
+
+    def _alternatives(
+        self, state: object, tokens: list[int], u: SeqUpdate, budget: int
+    ) -> list[Branch] | None:
+        """The drafter's branches for one proposal, bounded as the update asked (a bad one
+        is dropped; a drafter bug costs only the branches)."""
+        try:
+            found = self.drafter.alternatives(
+                state, tokens, u.branch_positions, u.max_branches, budget
+            )
+        except Exception:
+            log.exception("drafter %s: alternatives failed", self.drafter.name)
+            return None
+        out: list[Branch] = []
+        per: dict[int, int] = {}  # position -> branches kept there
+        for position, token, rest in found:
+            if not (0 <= position < u.branch_positions and position <= len(tokens)):
+                continue
+            if position < len(tokens) and token == tokens[position]:
+                continue  # not another way: the proposal itself
+            if per.get(position, 0) < u.max_branches:
+                per[position] = per.get(position, 0) + 1
+                out.append(
+                    Branch(position, int(token), [int(t) for t in rest[: budget - position - 1]])
+                )
+        return out
 
     def check_integrity(self) -> None:
         self.store.check_integrity()

@@ -58,7 +58,15 @@ DraftReply = drafter_pb2.DraftResponse | drafter_pb2.DraftStreamResponse
 
 def updates_from_proto(request: DraftMessage) -> list[SeqUpdate]:
     return [
-        SeqUpdate(s.request_id, s.base_len, list(s.new_tokens), s.max_draft_tokens, s.finished)
+        SeqUpdate(
+            s.request_id,
+            s.base_len,
+            list(s.new_tokens),
+            s.max_draft_tokens,
+            s.finished,
+            s.max_branches,
+            s.branch_positions,
+        )
         for s in request.sequences
     ]
 
@@ -73,6 +81,8 @@ def response_to_proto(
         )
         for ids, probs in d.probs or ():
             msg.probs.add(ids=ids, probs=probs)
+        for position, token, tokens in d.branches or ():
+            msg.branches.add(position=position, token=token, tokens=tokens)
     return out
 
 

@@ -60,6 +60,11 @@ ENGINE_FLAGS = {
         "remote drafters: draft tokens asked past a step's own, used when it accepts them all"
         " (-1 = auto: K+1 for an n-gram drafter, else 0)"
     ),
+    "drafter_branches": Flag(
+        "remote drafters offering branches: other tokens asked for at each draft position, each"
+        " with the drafts after it, so a step that rejects a draft has the next drafts at once"
+        " (-1 = auto: 4 while a message carries <= 8 sequences, else 0)"
+    ),
     "progress": Flag("no progress bars while loading"),
     "max_prompt_bytes": Flag("most UTF-8 bytes of a prompt (checked before tokenising)"),
     "max_stop_strings": Flag("most stop strings per request"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from specwire.common.drafting import MAX_BRANCHES
 from specwire.common.errors import UserError
 from specwire.common.model.paged import blocks_for
 from specwire.common.security import ClientSecurity
@@ -46,6 +47,9 @@ class TargetConfig:
     # deadline until a step and a round trip were timed).
     drafter_patience_ms: float = -1.0
     drafter_lookahead: int = -1  # remote drafters: tokens asked past a step's drafts; -1 = auto
+    # Remote drafters with the "branches" capability: alternatives asked per draft position;
+    # -1 = auto (4 while a message carries at most 8 sequences, else none).
+    drafter_branches: int = -1
     progress: bool = True
     drafter_security: ClientSecurity = field(default_factory=ClientSecurity)  # grpc:// drafters
     # Admission limits (checked by the servicer before any work; see docs/security.md).
@@ -93,6 +97,11 @@ class TargetConfig:
         if self.drafter_lookahead < -1:
             raise UserError(
                 f"--drafter-lookahead must be >= 0 (or -1: auto), got {self.drafter_lookahead}"
+            )
+        if not -1 <= self.drafter_branches <= MAX_BRANCHES:
+            raise UserError(
+                f"--drafter-branches must be between 0 and {MAX_BRANCHES} (or -1: auto), "
+                f"got {self.drafter_branches}"
             )
         for flag, value in (
             ("--max-prompt-bytes", self.max_prompt_bytes),

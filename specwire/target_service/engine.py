@@ -81,6 +81,7 @@ def make_drafter(cfg: TargetConfig, loaded: LoadedModel) -> Drafter | None:
             security=cfg.drafter_security,
             lookahead=cfg.drafter_lookahead,
             patience_ms=cfg.drafter_patience_ms,
+            branches=cfg.drafter_branches,
         )
     if ":" in spec:
         return load_plugin_drafter(spec, cfg.max_draft_len)

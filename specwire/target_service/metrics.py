@@ -64,6 +64,7 @@ DRAFTER_COUNTERS = {
     "prefetched": "Replies to drafts asked for as a step committed (submit), collected later",
     "lookahead": "Requests whose step drafts came from a kept proposal's look-ahead, unasked",
     "deferred": "Steps that went without asked-for drafts after the patience; reply kept for later",
+    "branched": "Requests drafted from a kept branch: another way the drafter foresaw, unasked",
 }
 
 

@@ -3,7 +3,7 @@ token-agnostic."""
 
 from __future__ import annotations
 
-from specwire.common.drafting import Proposal, SessionDrafter
+from specwire.common.drafting import Branch, Proposal, SessionDrafter
 from specwire.common.ngram import NGramIndex
 
 
@@ -12,6 +12,7 @@ class NGramDrafter(SessionDrafter):
 
     name = "ngram"
     cheap = True  # a few memory scans per proposal
+    capabilities = ("branches",)
 
     def __init__(self, max_ngram: int = 3, prefer: str = "latest") -> None:
         NGramIndex(max_ngram, prefer)  # validate the settings once, at start-up
@@ -27,3 +28,13 @@ class NGramDrafter(SessionDrafter):
     def propose(self, state: NGramIndex, budget: int, want_probs: bool = False) -> Proposal:
         # A lookup is deterministic: no distribution to report (the target uses point masses).
         return Proposal(state.propose(budget))
+
+    def alternatives(
+        self,
+        state: NGramIndex,
+        proposal: list[int],
+        positions: int,
+        per_position: int,
+        horizon: int,
+    ) -> list[Branch]:
+        return [Branch(*b) for b in state.alternatives(proposal, positions, per_position, horizon)]

@@ -8,8 +8,9 @@ The class is instantiated with no arguments and must provide the `SessionDrafter
     propose(state, budget: int, want_probs: bool = False)
         -> (tokens: list[int], probs: list[(ids, probs)] | None)
 
-Optional: `propose_batch`, `release(state)`, `check_integrity(states)`, `close()`, and the
-attributes `name`, `vocab_size` (0 = any), `tokenizer_fingerprint` ("" = any), `capabilities`.
+Optional: `propose_batch`, `alternatives` (with the "branches" capability), `release(state)`,
+`check_integrity(states)`, `close()`, and the attributes `name`, `vocab_size` (0 = any),
+`tokenizer_fingerprint` ("" = any), `capabilities`.
 Missing optional parts get the `SessionDrafter` defaults.
 """
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specwire.common.drafting import Proposal, SessionDrafter
+from specwire.common.drafting import Branch, Proposal, SessionDrafter
 from specwire.common.errors import UserError
 from specwire.common.plugins import load_class
 
@@ -76,6 +77,12 @@ class _DuckDrafter(SessionDrafter):
         if callable(getattr(self._obj, "propose_batch", None)):
             return list(self._obj.propose_batch(states, budgets, want_probs))
         return super().propose_batch(states, budgets, want_probs)
+
+    def alternatives(self, state, proposal, positions, per_position, horizon) -> list[Branch]:
+        if callable(getattr(self._obj, "alternatives", None)):
+            found = self._obj.alternatives(state, proposal, positions, per_position, horizon)
+            return [Branch(*b) for b in found]
+        return []
 
     def release(self, state: Any) -> None:
         if callable(getattr(self._obj, "release", None)):

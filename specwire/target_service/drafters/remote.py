@@ -87,7 +87,19 @@ COUNTERS = (
     "prefetched",
     "lookahead",
     "deferred",
+    "branched",
 )
+# Branches are asked at the first BRANCH_POSITIONS draft positions: where the first draft is
+# rejected (or a draftless step commits its token), or the second. In a replay of SmolLM2's
+# HumanEval outputs (bench/branch_replay.py --branch-positions 1/2/5) one, two and five
+# positions projected 0.97, 0.98 and 0.99 of the in-process drafter's speed, while the
+# n-gram drafter's work grows with the positions (with two, 3-4x its work per message without
+# branches: bench/branch_cost.py).
+BRANCH_POSITIONS = 2
+# Auto: this many alternatives per position while a message carries at most AUTO_BRANCH_ROWS
+# sequences (under load the batch, not the drafter's round trip, sets the pace).
+AUTO_BRANCHES = 4
+AUTO_BRANCH_ROWS = 8
 _PENDING = object()  # a prefetch not answered within the step's patience: still awaited
 
 
@@ -122,6 +134,7 @@ class RemoteDrafter(Drafter):
         security: ClientSecurity | None = None,
         lookahead: int = -1,
         patience_ms: float = -1.0,
+        branches: int = -1,
     ) -> None:
         super().__init__(max_draft_len)
         self.config = RemoteDrafterConfig(
@@ -162,6 +175,9 @@ class RemoteDrafter(Drafter):
             lookahead = max_draft_len + 1 if self.info.name == "ngram" else 0
         self.lookahead = lookahead
         self.patience = Patience(self.config, lookahead)
+        # Alternatives asked per draft position (-1: auto, by the message's size); none
+        # from a drafter that does not offer them.
+        self.branches = branches if "branches" in self.info.capabilities else 0
         # The most tokens a proposal may hold: what the drafter says it ever returns.
         self._most = self.info.max_draft_len or (max_draft_len + lookahead)
         self._connect()
@@ -424,11 +440,11 @@ class RemoteDrafter(Drafter):
         got = self.sessions.drafts_from_run(r)
         if got is None:
             return False
-        r.draft_tokens, probs, ahead = got
+        r.draft_tokens, probs, where = got
         if probs is not None:
             r.draft_probs = probs
-        if ahead:
-            self._count("lookahead")
+        if where != "asked":
+            self._count("branched" if where == "branch" else "lookahead")
         return True
 
     def _build(self, step: int, requests: Sequence[Request], budget=None):
@@ -441,6 +457,9 @@ class RemoteDrafter(Drafter):
         for rid in self.sessions.take_finished():
             msg.sequences.add(request_id=rid, finished=True)
         sent: dict[str, tuple[int, int]] = {}
+        per_position = self.branches
+        if per_position < 0:  # auto: by the message's size
+            per_position = AUTO_BRANCHES if len(requests) <= AUTO_BRANCH_ROWS else 0
         for r in requests:
             n = r.num_tokens
             base = self.sessions.synced_len(r.request_id)
@@ -451,6 +470,8 @@ class RemoteDrafter(Drafter):
                 base_len=base,
                 new_tokens=r.tokens_between(base, n),
                 max_draft_tokens=ask,
+                max_branches=per_position if ask else 0,
+                branch_positions=min(BRANCH_POSITIONS, ask + 1) if per_position and ask else 0,
             )
             # Optimistic: if this message is lost, the drafter answers resync (or the stream
             # breaks and everything restarts from 0); lengths only grow, so nothing goes wrong.
@@ -506,7 +527,9 @@ class RemoteDrafter(Drafter):
                 probs = None
                 if d.probs and len(d.probs) == len(tokens):
                     probs = [(list(p.ids), list(p.probs)) for p in d.probs]
-                self.sessions.keep(rid, sent[rid][0], tokens, probs, asked=sent[rid][1])
+                self.sessions.keep(
+                    rid, sent[rid][0], tokens, probs, asked=sent[rid][1], branches=d.branches
+                )
             seen.add(rid)
 
     # -- finished notices ---------------------------------------------------------------------

@@ -1,0 +1,190 @@
+"""Which steps a remote n-gram drafter can draft without waiting, with and without branches:
+a replay of real greedy outputs through the real drafting code, no device and no timing.
+
+1. The target model (default SmolLM2-135M, fp32, on this machine's CPU) decodes greedily,
+   without speculation, the chat prompts of `bench/prompt_pool.py` (HumanEval; the first
+   `--per-kind` of each kind). Greedy speculation is lossless, so these are the tokens every
+   drafter's run commits: each step's acceptance follows from its drafts alone.
+2. Each output is replayed step by step under four drafters:
+   - `inproc`:  the n-gram index drafts from what was committed, every step (in-process);
+   - `wait`:    the same drafts from the drafter service, every drafting step waiting for it;
+   - `remote`:  the drafter service not waited for (patience 0, as the auto patience does on
+                the H200 at small batch): a step drafts only from a proposal it already holds
+                (`RemoteSessions.drafts_from_run`), the one asked for as the step before last
+                committed, with its look-ahead (K+1 tokens);
+   - `branch`:  `remote` plus branches (`--branch-positions`, `--branches` per position).
+   The drafter side is the real `DraftEngine` with the real `NGramDrafter`, called directly
+   (no gRPC); the target side the real `RemoteSessions`.
+3. For each: steps, steps with drafts, tokens per step. `--step-ms`, `--verify-ms` and
+   `--rtt-ms` turn those into a projected speed against plain decoding; the defaults are the
+   H200's at one stream (round 9: 1-token step, 5-token verify step, drafter round trip). A
+   model, not a measurement: the real figures come from `bench/serving.py` on the GPU.
+
+    python bench/branch_replay.py [--per-kind 10] [--max-new-tokens 128] [--model smollm2-135m]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+from prompt_pool import KINDS, build_pool  # noqa: E402
+
+from specwire.common.drafters.ngram import NGramDrafter  # noqa: E402
+from specwire.common.ngram import NGramIndex  # noqa: E402
+from specwire.drafter_service.engine import DraftEngine, SeqUpdate  # noqa: E402
+from specwire.drafter_service.sessions import SessionStore  # noqa: E402
+from specwire.target_service.drafters.remote_sessions import RemoteSessions  # noqa: E402
+from specwire.target_service.request import Request, RequestState  # noqa: E402
+
+MODES = ("inproc", "wait", "remote", "branch")
+
+
+def greedy_outputs(args) -> tuple[list[dict], str]:
+    """(one record per prompt: id, kind, prompt ids, greedy output ids; the prompts' source)."""
+    from specwire.target_service.config import TargetConfig
+    from specwire.target_service.engine import build_engine
+
+    pool, source = build_pool(chat=True)
+    chosen = [p for kind in KINDS for p in [q for q in pool if q.kind == kind][: args.per_kind]]
+    cfg = TargetConfig(
+        model=args.model,
+        drafter="none",
+        device="cpu",
+        dtype="float32",
+        cuda_graphs=False,
+        max_batch_size=64,
+        max_num_tokens=8192,
+        max_context_len=4096,
+        progress=False,
+    )
+    eng = build_engine(cfg)
+    tok = eng.loaded.tokenizer
+    prompts = [tok.apply_chat_template([{"role": "user", "content": p.text}]) for p in chosen]
+    streams = [
+        eng.executor.submit(eng.new_request(ids, max_new_tokens=args.max_new_tokens))
+        for ids in prompts
+    ]
+    eng.executor.run_until_idle()
+    out = []
+    for p, ids, s in zip(chosen, prompts, streams, strict=True):
+        last = None
+        while not s.events.empty():
+            last = s.events.get()
+        out.append({"id": p.id, "kind": p.kind, "prompt": ids, "output": last.token_ids})
+    eng.shutdown()
+    return out, source
+
+
+def accepted(drafts: list[int], truth: list[int], at: int) -> int:
+    a = 0
+    while a < len(drafts) and at + a < len(truth) and drafts[a] == truth[at + a]:
+        a += 1
+    return a
+
+
+def replay(record: dict, mode: str, args) -> tuple[int, int, int]:
+    """(steps, steps with drafts, tokens) of one request under `mode`."""
+    k = args.k
+    prompt, output = record["prompt"], record["output"]
+    truth = prompt + output
+    req = Request("r", list(prompt), max_new_tokens=len(output), max_draft_len=k)
+    req.state, req.step_draft_cap = RequestState.DECODE, k
+    sessions = RemoteSessions()
+    drafter = NGramDrafter()
+    engine = DraftEngine(drafter, SessionStore(drafter), max_draft_len=64)
+    index = NGramIndex(3)
+    index.extend(prompt)
+    synced, pending = 0, None  # the drafter's length; the reply asked for last step
+    steps = drafting = 0
+    while req.num_tokens < len(truth):
+        n = req.num_tokens
+        if mode in ("inproc", "wait"):
+            drafts = index.propose(k)
+        else:
+            got = sessions.drafts_from_run(req)
+            drafts = got[0] if got else []
+        a = accepted(drafts, truth, n)
+        commit = truth[n : min(len(truth), n + a + 1)]
+        req.output_ids += commit
+        index.extend(commit)
+        steps += 1
+        drafting += bool(drafts)
+        if pending is not None:  # arrived during this step: usable from the next one
+            sessions.keep("r", *pending)
+        if mode in ("remote", "branch"):
+            ask = 2 * k + 1  # the step's K drafts, then the look-ahead's K+1
+            per = args.branches if mode == "branch" else 0
+            update = SeqUpdate(
+                "r",
+                synced,
+                req.tokens_between(synced, req.num_tokens),
+                ask,
+                max_branches=per,
+                branch_positions=min(args.branch_positions, ask + 1) if per else 0,
+            )
+            synced = req.num_tokens
+            sessions.synced["r"] = synced
+            (reply,) = engine.draft([update])
+            pending = (synced, reply.tokens, None, ask, reply.branches or ())
+    return steps, drafting, req.num_tokens - len(prompt)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--per-kind", type=int, default=10)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--k", type=int, default=4, help="drafts per step")
+    ap.add_argument("--branches", type=int, default=4, help="alternatives per position")
+    ap.add_argument("--branch-positions", type=int, default=2)
+    ap.add_argument("--step-ms", type=float, default=1.17, help="1-token step")
+    ap.add_argument("--verify-ms", type=float, default=1.30, help="1+K-token step")
+    ap.add_argument("--rtt-ms", type=float, default=0.85, help="drafter round trip (wait mode)")
+    ap.add_argument("--outputs", help="reuse greedy outputs saved by an earlier run (JSON)")
+    ap.add_argument("--save-outputs", help="save the greedy outputs here (JSON)")
+    args = ap.parse_args()
+
+    t0 = time.perf_counter()
+    if args.outputs:
+        data = json.loads(Path(args.outputs).read_text())
+        source = f"outputs from {args.outputs}"
+    else:
+        data, source = greedy_outputs(args)
+        if args.save_outputs:
+            Path(args.save_outputs).write_text(json.dumps(data))
+    print(
+        f"# {len(data)} prompts ({source}), {args.model} fp32 greedy on CPU, "
+        f"{sum(len(d['output']) for d in data)} tokens ({time.perf_counter() - t0:.0f} s); "
+        f"K={args.k}, branches {args.branches} x {args.branch_positions} positions; "
+        f"costs: step {args.step_ms} ms, verify {args.verify_ms} ms, rtt {args.rtt_ms} ms\n"
+    )
+    print("| kind | drafter | steps | with drafts | tokens/step | projected ÷ none | ÷ inproc |")
+    print("|---|---|---|---|---|---|---|")
+    for kind in ("all", *KINDS):
+        rows = [d for d in data if kind in ("all", d["kind"])]
+        inproc_speed = None
+        for mode in MODES:
+            steps = drafting = tokens = 0
+            for d in rows:
+                s, dr, t = replay(d, mode, args)
+                steps, drafting, tokens = steps + s, drafting + dr, tokens + t
+            ms = (steps - drafting) * args.step_ms + drafting * args.verify_ms
+            ms += drafting * args.rtt_ms if mode == "wait" else 0.0
+            speed = tokens / ms * args.step_ms  # plain decoding: one token per step
+            inproc_speed = inproc_speed or speed
+            print(
+                f"| {kind} | {mode} | {steps} | {drafting} | {tokens / steps:.2f} | "
+                f"{speed:.2f}× | {speed / inproc_speed:.2f} |"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""Branches: the other ways a sequence may go, which a remote drafter sends next to its proposal
+(drafter.proto `Branch`), so a step that rejects a draft has the next step's drafts at once
+instead of a round trip later. The n-gram index's alternatives, the target's use of a kept
+branch (`RemoteSessions.drafts_from_run`), what the target asks for, and what the drafter
+service lets through; lossless end to end in test_remote_e2e.py."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from remote_harness import MODES, make_request
+
+from specwire.common.drafting import Branch, SessionDrafter
+from specwire.common.errors import UserError
+from specwire.common.ngram import NGramIndex
+from specwire.common.protogen import drafter_pb2, drafter_pb2_grpc
+from specwire.target_service.config import TargetConfig
+from specwire.target_service.drafters.remote_sessions import RemoteSessions
+
+# Two earlier ways on after "1 2": "3 4 9" and "5 6 9". The suffix "9 1 2" last went on with 5.
+FORKED = [1, 2, 3, 4, 9, 1, 2, 5, 6, 9, 1, 2]
+
+
+# -- the n-gram index ------------------------------------------------------------------------
+
+
+def test_alternatives_are_the_other_tokens_that_followed_the_suffix_with_what_came_after():
+    ix = NGramIndex(3)
+    ix.extend(FORKED)
+    proposal = ix.propose(4)
+    assert proposal == [5, 6, 9, 1]
+    # Position 0: after "... 1 2", besides 5 (the proposal's own) "3" followed, then "4 9 1 2".
+    # Positions 1-3 ("1 2 5", "2 5 6", "5 6 9"...) never went on another way.
+    assert ix.alternatives(proposal, positions=4, per_position=4, horizon=9) == [
+        (0, 3, [4, 9, 1, 2, 5, 6, 9, 1])
+    ]
+    # Position 4, past the proposal, has no token of its own: what followed "9 1" is offered
+    # (continued periodically past the end of the sequence).
+    assert ix.alternatives(proposal, positions=5, per_position=4, horizon=9)[1:] == [
+        (4, 2, [2, 2, 2, 2])
+    ]
+    # The horizon bounds each branch: at position p, at most horizon - p - 1 tokens.
+    assert ix.alternatives(proposal, 5, 4, horizon=4) == [(0, 3, [4, 9, 1])]
+    assert ix.alternatives(proposal, positions=0, per_position=4, horizon=9) == []
+    assert ix.alternatives(proposal, 5, per_position=0, horizon=9) == []
+
+
+def test_alternatives_at_later_positions_longest_ngram_first_and_capped_per_position():
+    ix = NGramIndex(3)
+    ix.extend([7, 1, 8, 7, 1, 5, 7, 1, 6, 7])
+    proposal = ix.propose(3)  # "7" last went on with "1 6 7"
+    assert proposal == [1, 6, 7]
+    # Position 1 ("7 1"): 6 is the proposal's; 5 then 8 (latest first) are the others.
+    found = ix.alternatives(proposal, positions=2, per_position=4, horizon=3)
+    assert found == [(1, 5, [7]), (1, 8, [7])]
+    assert ix.alternatives(proposal, positions=2, per_position=1, horizon=5) == [(1, 5, [7, 1, 6])]
+
+
+# -- the target's kept runs --------------------------------------------------------------------
+
+
+def _sessions_with_run(prompt: list[int], tokens: list[int], branches, asked: int = 9):
+    sessions = RemoteSessions()
+    req = make_request("a", prompt)
+    sessions.synced["a"] = req.num_tokens
+    sessions.keep("a", req.num_tokens, tokens, None, asked=asked, branches=branches)
+    return sessions, req
+
+
+def test_a_rejected_draft_continues_from_the_branch_that_foresaw_it():
+    branches = [Branch(0, 3, [4, 9, 1, 2, 5, 6, 9, 1]), Branch(2, 8, [8] * 20)]
+    sessions, req = _sessions_with_run(FORKED, [5, 6, 9, 1, 2, 5, 6, 9, 1], branches)
+    assert sessions.drafts_from_run(req) == ([5, 6, 9, 1], None, "asked")
+    req.output_ids += [3]  # the first draft rejected; the target's own token was 3
+    assert sessions.drafts_from_run(req) == ([4, 9, 1, 2], None, "branch")
+    assert sessions.runs["a"].anchor == len(FORKED) + 1  # the branch is the run now
+    req.output_ids += [4, 9, 1]  # three more tokens, as the branch had them
+    assert sessions.drafts_from_run(req) == ([2, 5, 6, 9], None, "lookahead")
+    req.output_ids += [2, 5]  # less is left than a step may verify: ask for more
+    assert sessions.drafts_from_run(req) is None
+
+
+def test_a_branch_is_cut_to_what_was_asked_and_must_match_all_committed_since():
+    branches = [Branch(2, 8, [8] * 20)]  # a drafter that sent too much: 9 - 2 - 1 = 6 kept
+    sessions, req = _sessions_with_run(FORKED, [5, 6, 9, 1], branches)
+    req.output_ids += [5, 6, 8, 8]  # two accepted, then 8 where the branch said, then its 8
+    assert sessions.drafts_from_run(req) == ([8, 8, 8, 8], None, "branch")
+    assert len(sessions.runs["a"].tokens) == 6
+    sessions, req = _sessions_with_run(FORKED, [5, 6, 9, 1], branches)
+    req.output_ids += [5, 6, 8, 2]  # past the branch's token the target went elsewhere
+    assert sessions.drafts_from_run(req) is None and "a" not in sessions.runs
+    sessions, req = _sessions_with_run(FORKED, [5, 6, 9, 1], branches)
+    req.output_ids += [5, 7]  # a token no branch foresaw
+    assert sessions.drafts_from_run(req) is None and "a" not in sessions.runs
+    sessions.check_integrity()
+
+
+# -- through a real drafter service --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_after_a_rejection_the_next_step_drafts_at_once_from_the_reply_it_had(servers, mode):
+    """The drafter answers 100 ms late and the step does not wait (patience 0): the only
+    drafts it can have come from the branch the previous reply carried."""
+    server = servers(max_draft_len=16, delay_ms=100)
+    h = servers.harness(f"grpc://{server.address}", mode=mode, patience_ms=0)
+    a = make_request("a", FORKED)
+    assert h.step([a]) == [[5, 6, 9, 1]]  # the first question is waited for
+    a.output_ids += [3]  # draft 5 rejected: the target's token is 3
+    h.drafter.submit([a])
+    assert h.step([a]) == [[4, 9, 1, 2]]
+    c = h.counters()
+    assert c["branched"] == 1 and c["late"] == c["failed"] == c["stale"] == 0
+
+
+class RecordingDrafter(SessionDrafter):
+    """An n-gram drafter that records what the target asks of its branches, and offers
+    malformed ones when told to."""
+
+    name = "recording"
+    capabilities = ("branches",)
+
+    def __init__(self, junk: bool = False) -> None:
+        self.asked: list[tuple[int, int, int]] = []  # (positions, per_position, horizon)
+        self.junk = junk
+
+    def new_state(self) -> NGramIndex:
+        return NGramIndex(3)
+
+    def extend(self, state, tokens):
+        state.extend(tokens)
+
+    def propose(self, state, budget, want_probs=False):
+        return (state.propose(budget), None)
+
+    def alternatives(self, state, proposal, positions, per_position, horizon):
+        self.asked.append((positions, per_position, horizon))
+        if not self.junk:
+            return state.alternatives(proposal, positions, per_position, horizon)
+        return [
+            (0, proposal[0], [1]),  # the proposal's own token: not another way
+            (positions, 7, [1]),  # a position not asked for
+            (len(proposal) + 1, 7, [1]),  # past the proposal
+            *((1, 10 + i, [2] * 50) for i in range(per_position + 3)),  # too many, too long
+        ]
+
+
+def test_the_target_asks_a_drafter_that_offers_branches_while_its_messages_are_small(servers):
+    rec = RecordingDrafter()
+    server = servers(instance=rec, max_draft_len=16)
+    h = servers.harness(f"grpc://{server.address}", lookahead=5)
+    assert h.drafter.branches == -1  # auto
+    h.step([make_request("a", FORKED)])
+    assert rec.asked == [(2, 4, 9)]  # positions 0 and 1, 4 each, K + look-ahead 5 tokens
+    h.step([make_request(f"r{i}", FORKED) for i in range(9)])  # 9 sequences: none (auto)
+    assert rec.asked == [(2, 4, 9)]
+    fixed = servers.harness(f"grpc://{server.address}", branches=2, lookahead=5)
+    fixed.step([make_request(f"s{i}", FORKED) for i in range(9)])
+    assert rec.asked[1:] == [(2, 2, 9)] * 9
+    off = servers.harness(f"grpc://{server.address}", branches=0)
+    off.step([make_request("t", FORKED)])
+    assert len(rec.asked) == 10
+    # A drafter that does not offer them is never asked (the model drafter has none).
+    plain = servers(max_draft_len=16, drafter="model:tiny-random")
+    assert servers.harness(f"grpc://{plain.address}", vocab=512, fp="").drafter.branches == 0
+
+
+def test_the_drafter_service_passes_only_well_formed_branches(servers):
+    server = servers(instance=RecordingDrafter(junk=True), max_draft_len=16)
+    update = drafter_pb2.SequenceUpdate(
+        request_id="a", new_tokens=FORKED, max_draft_tokens=6, max_branches=2, branch_positions=3
+    )
+    with grpc.insecure_channel(server.address) as channel:
+        stub = drafter_pb2_grpc.DrafterServiceStub(channel)
+        (draft,) = stub.Draft(drafter_pb2.DraftRequest(step=1, sequences=[update])).drafts
+    assert list(draft.tokens) == [5, 6, 9, 1, 2, 5]
+    got = [(b.position, b.token, list(b.tokens)) for b in draft.branches]
+    assert got == [(1, 10, [2] * 4), (1, 11, [2] * 4)]  # 2 per position, 6 - 1 - 1 tokens
+
+
+def test_drafter_branches_flag_is_checked():
+    with pytest.raises(UserError, match="--drafter-branches must be between 0 and 16"):
+        TargetConfig(drafter_branches=17)
+    with pytest.raises(UserError, match="--drafter-branches"):
+        TargetConfig(drafter_branches=-2)
