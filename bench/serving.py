@@ -234,9 +234,13 @@ async def run_server(server, plans: list[PassPlan], args) -> dict:
                 draft_s=_counter_delta(before, after, "specwire_draft_seconds_sum"),
                 draft_steps=_counter_delta(before, after, "specwire_draft_seconds_count"),
                 step_s=_counter_delta(before, after, "specwire_step_seconds_sum"),
+                # synchronous steps (speculative ones, where steps overlap), timed from the end
+                # of the step before: what a switch to speculation costs per step
+                sync_steps=_counter_delta(before, after, "specwire_sync_step_seconds_count"),
+                sync_ms=_mean_ms(before, after, "specwire_sync_step_seconds"),
                 drafter={
                     k: _counter_delta(before, after, f"specwire_drafter_{k}_total")
-                    for k in ("lookahead", "prefetched", "late", "failed", "deferred")
+                    for k in ("lookahead", "branched", "prefetched", "late", "failed", "deferred")
                 },
                 # device time of the pass's graph steps (mean of the sampled ones x their
                 # number): / wall = how busy the GPU was

@@ -159,6 +159,8 @@ def test_gauges_go_idle_and_histograms_count_every_request_after_cancels(target,
     assert drafted == sorted(drafted, reverse=True) and accepted == sorted(accepted, reverse=True)
     assert sum(drafted) == s.value("specwire_draft_tokens_total")
     assert sum(accepted) == s.value("specwire_accepted_tokens_total")
+    # Speculative steps are synchronous: each is one of the steps, timed on its own too.
+    assert 0 < s.value("specwire_sync_step_seconds_count") <= s.value("specwire_steps_total")
     # Every sample of every family carries the model label.
     assert all(
         sample.labels.get("model") == MODEL

@@ -301,6 +301,7 @@ class Executor(OverlappedSteps, TwoBatchSteps):
         policy.observe_sync(len(batch.rows), tokens, elapsed, self._gpu_wait)
         policy.observe_rate(self._generated - generated, now - t_start, len(batch.rows))
         self._count_step(elapsed)
+        self.metrics.sync_step_seconds.observe(now - t_start)
 
     def _observe_gpu(self, logits) -> None:
         """The step's device time into its histogram. A metric never fails a step."""

@@ -126,6 +126,14 @@ class TargetMetrics:
             "Wall time of one executor step",
             buckets=_STEP_BUCKETS,
         )
+        self.sync_step_seconds = family(
+            Histogram,
+            "specwire_sync_step_seconds",
+            "Wall time of a synchronous step (speculative, or plain where steps do not overlap) "
+            "from the end of the step before: the drain of a step in flight and the loop's "
+            "work between steps included, as the draft-length policy times a mode",
+            buckets=_STEP_BUCKETS,
+        )
         self.draft_seconds = family(
             Histogram,
             "specwire_draft_seconds",
