@@ -36,9 +36,10 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
 
 from engine_only import run_pass  # noqa: E402
+from procs import start_service, stop_service  # noqa: E402
 from prompt_pool import build_pool  # noqa: E402
 from serving import plan_passes  # noqa: E402
 
@@ -138,7 +139,14 @@ def main() -> int:
     ap.add_argument("--pass-factor", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--max-batch-size", type=int, default=64)
-    ap.add_argument("--drafter", default="none", help="none or ngram (in-process)")
+    ap.add_argument(
+        "--drafter",
+        default="none",
+        help="none, ngram (in-process) or remote-ngram (a `specwire drafter --drafter ngram`"
+        " process on loopback)",
+    )
+    ap.add_argument("--drafter-branches", type=int, default=-1, help="remote: -1 auto, 0 off")
+    ap.add_argument("--drafter-patience-ms", type=float, default=-1.0, help="remote: -1 auto")
     ap.add_argument("--max-draft-len", type=int, default=4)
     ap.add_argument("--two-batch-rows", type=int, default=0)
     ap.add_argument(
@@ -160,9 +168,18 @@ def main() -> int:
     )
     args = ap.parse_args()
     sys.setswitchinterval(5e-4)  # as `specwire target` sets it
+    drafter, service = args.drafter, None
+    if drafter == "remote-ngram":
+        cmd = [sys.executable, "-m", "specwire.common.cli", "drafter", "--host", "127.0.0.1"]
+        cmd += ["--port", "0", "--drafter", "ngram", "--max-draft-len", "16"]
+        env = {"PYTHONPATH": str(ROOT)}
+        service, m = start_service(cmd, env, r"listening on (\S+):(\d+)", 60, cwd=ROOT)
+        drafter = f"grpc://127.0.0.1:{m.group(2)}"
     cfg = TargetConfig(
         model="tiny-random",
-        drafter=args.drafter,
+        drafter=drafter,
+        drafter_branches=args.drafter_branches,
+        drafter_patience_ms=args.drafter_patience_ms,
         max_draft_len=args.max_draft_len,
         two_batch_rows=args.two_batch_rows,
         max_batch_size=args.max_batch_size,
@@ -175,7 +192,7 @@ def main() -> int:
     device = None
     if args.device_ms or args.device_us_per_token:
         device = DeviceClock(args.device_ms, args.device_us_per_token)
-        if args.adaptive and args.drafter != "none":
+        if args.adaptive and drafter != "none":
             # As on the GPU: the policy's cost table is the device's step time per captured
             # token count (here the simulated device's), and it decides when to speculate.
             policy = engine.executor.scheduler.policy
@@ -223,6 +240,8 @@ def main() -> int:
     pool = futures.ThreadPoolExecutor(4, "tokenize")
 
     label = args.drafter + (" adaptive" if args.adaptive else "")
+    if service is not None:
+        label += f" branches={args.drafter_branches} patience={args.drafter_patience_ms:g}"
     label += f" two-batch>={args.two_batch_rows}" if args.two_batch_rows else ""
 
     metrics = engine.executor.metrics
@@ -251,9 +270,13 @@ def main() -> int:
 
     try:
         asyncio.run(go())
+        if service is not None:
+            print(f"host-only {label}: drafter counters {engine.drafter.counters()}", flush=True)
     finally:
         engine.shutdown()
         pool.shutdown()
+        if service is not None:
+            stop_service(service)
     if profiler is not None:
         pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
     return 0
