@@ -20,7 +20,9 @@ token is the proposal's next one. Proposals are kept per request (`RemoteSession
 step takes its drafts from the kept proposal whenever what was committed since is exactly its
 prefix (no waiting at all), and waits for the drafter only for requests no proposal covers
 (then for the reply already in flight when there is one). Drafts stay unpadded on the wire:
-the look-ahead is only a longer `max_draft_tokens`.
+the look-ahead is only a longer `max_draft_tokens`. A drafter with the "branches" capability
+also sends other ways on at the proposal's first positions; when a step leaves the proposal
+for a token a branch foresaw, the branch drafts the next step (`branched`).
 
 Patience. A step waits for the reply in flight only as long as `remote_patience.Patience`
 says (auto: only when it is due within 30 % of a drafting step). Otherwise the step goes
@@ -34,7 +36,8 @@ deadline only fires for a drafter that is genuinely too slow. On a GPU target, w
 few ms, lower it (`--drafter-deadline-ms`).
 
 Pieces: `remote_channel.py` (config, handshake checks, the DraftStream call),
-`remote_sessions.py` (what the drafter holds per request, a resource manager) and
+`remote_sessions.py` (what the drafter holds per request, a resource manager, and the
+per-request wire deltas and kept proposals) and
 `remote_patience.py` (how long a step waits for a reply asked for early).
 """
 
@@ -62,7 +65,11 @@ from specwire.target_service.drafters.remote_channel import (
     handshake,
 )
 from specwire.target_service.drafters.remote_patience import Patience
-from specwire.target_service.drafters.remote_sessions import RemoteSessions
+from specwire.target_service.drafters.remote_sessions import (
+    RemoteSessions,
+    Sent,
+    branches_per_position,
+)
 from specwire.target_service.request import Request
 from specwire.target_service.resources.base import ResourceRegistry
 
@@ -89,17 +96,6 @@ COUNTERS = (
     "deferred",
     "branched",
 )
-# Branches are asked at the first BRANCH_POSITIONS draft positions: where the first draft is
-# rejected (or a draftless step commits its token), or the second. In a replay of SmolLM2's
-# HumanEval outputs (bench/branch_replay.py --branch-positions 1/2/5) one, two and five
-# positions projected 0.97, 0.98 and 0.99 of the in-process drafter's speed, while the
-# n-gram drafter's work grows with the positions (with two, 3-4x its work per message without
-# branches: bench/branch_cost.py).
-BRANCH_POSITIONS = 2
-# Auto: this many alternatives per position while a message carries at most AUTO_BRANCH_ROWS
-# sequences (under load the batch, not the drafter's round trip, sets the pace).
-AUTO_BRANCHES = 4
-AUTO_BRANCH_ROWS = 8
 _PENDING = object()  # a prefetch not answered within the step's patience: still awaited
 
 
@@ -109,7 +105,7 @@ class _Prefetch:
     `prepare_draft_tokens`."""
 
     step: int
-    sent: dict[str, tuple[int, int]]  # request -> (tokens the drafter was sent, drafts asked)
+    sent: Sent  # request -> (tokens the drafter was sent, drafts asked)
     stream: object | None  # stream mode: the stream it went on (the reader fills `_reply`)
     future: grpc.Future | None  # unary mode: the call
     since: float = 0.0  # time.monotonic() when it was sent
@@ -449,34 +445,15 @@ class RemoteDrafter(Drafter):
 
     def _build(self, step: int, requests: Sequence[Request], budget=None):
         """The message for `requests` (each asking `_ask(budget(r))` tokens, default budget
-        its `draft_budget`). The two message types are field for field the same
-        (drafter.proto)."""
+        its `draft_budget`), with the finished notices pending. The two message types are
+        field for field the same (drafter.proto)."""
         budget = budget or (lambda r: r.draft_budget)
         kind = drafter_pb2.DraftStreamRequest if self.mode == "stream" else drafter_pb2.DraftRequest
         msg = kind(step=step, want_probs=self.want_probs)
-        for rid in self.sessions.take_finished():
-            msg.sequences.add(request_id=rid, finished=True)
-        sent: dict[str, tuple[int, int]] = {}
-        per_position = self.branches
-        if per_position < 0:  # auto: by the message's size
-            per_position = AUTO_BRANCHES if len(requests) <= AUTO_BRANCH_ROWS else 0
-        for r in requests:
-            n = r.num_tokens
-            base = self.sessions.synced_len(r.request_id)
-            base = base if base <= n else 0
-            ask = self._ask(budget(r))
-            msg.sequences.add(
-                request_id=r.request_id,
-                base_len=base,
-                new_tokens=r.tokens_between(base, n),
-                max_draft_tokens=ask,
-                max_branches=per_position if ask else 0,
-                branch_positions=min(BRANCH_POSITIONS, ask + 1) if per_position and ask else 0,
-            )
-            # Optimistic: if this message is lost, the drafter answers resync (or the stream
-            # breaks and everything restarts from 0); lengths only grow, so nothing goes wrong.
-            self.sessions.synced[r.request_id] = n
-            sent[r.request_id] = (n, ask)
+        per_position = branches_per_position(self.branches, len(requests))
+        sent = self.sessions.write_updates(
+            msg, requests, lambda r: self._ask(budget(r)), per_position
+        )
         return msg, sent
 
     def _exchange_stream(
@@ -507,30 +484,10 @@ class RemoteDrafter(Drafter):
         except ValueError:  # the channel closed under us (shutdown)
             return self._count("failed")
 
-    def _apply(self, reply, sent: dict[str, tuple[int, int]]) -> None:
-        """Keep each proposal of `reply` (for the requests `sent` describes) as the request's
-        run; refused, stale and unknown entries are counted and dropped."""
-        seen: set[str] = set()
-        for d in reply.drafts:
-            rid = d.request_id
-            if rid not in sent:
-                self._count("unknown_request")
-            elif rid in seen:
-                self._count("stale")  # a second draft for the same sequence
-            elif d.resync:
-                self._count("resynced")
-                self.sessions.resync(rid)
-            elif d.base_len != sent[rid][0]:
-                self._count("stale")
-            else:
-                tokens = list(d.tokens)
-                probs = None
-                if d.probs and len(d.probs) == len(tokens):
-                    probs = [(list(p.ids), list(p.probs)) for p in d.probs]
-                self.sessions.keep(
-                    rid, sent[rid][0], tokens, probs, asked=sent[rid][1], branches=d.branches
-                )
-            seen.add(rid)
+    def _apply(self, reply, sent: Sent) -> None:
+        """Keep `reply`'s proposals (`RemoteSessions.apply`); count what it refused."""
+        for name in self.sessions.apply(reply, sent):
+            self._count(name)
 
     # -- finished notices ---------------------------------------------------------------------
 

@@ -1,4 +1,6 @@
-"""The remote drafter's resource manager: what the drafter service holds, per request."""
+"""The remote drafter's resource manager: what the drafter service holds, per request, and
+the wire deltas that keep it so (`write_updates`: what each message says about a request;
+`apply`: what a reply proposes for it)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,29 @@ from typing import Any
 
 from specwire.target_service.request import Request
 from specwire.target_service.resources.base import ResourceManager
+
+# Branches are asked at the first BRANCH_POSITIONS draft positions: where the first draft is
+# rejected (or a draftless step commits its token), or the second. In a replay of SmolLM2's
+# HumanEval outputs (bench/branch_replay.py --branch-positions 1/2/5) one, two and five
+# positions projected 0.97, 0.98 and 0.99 of the in-process drafter's speed, while the
+# n-gram drafter's work grows with the positions (with two, 3-4x its work per message without
+# branches: bench/branch_cost.py).
+BRANCH_POSITIONS = 2
+# Auto (--drafter-branches -1): this many alternatives per position while a message carries at
+# most AUTO_BRANCH_ROWS sequences (under load the batch, not the drafter's round trip, sets the
+# pace).
+AUTO_BRANCHES = 4
+AUTO_BRANCH_ROWS = 8
+
+Sent = dict[str, tuple[int, int]]  # request -> (tokens the drafter was sent, drafts asked)
+
+
+def branches_per_position(setting: int, rows: int) -> int:
+    """Alternatives to ask for at each branch position: `setting`, or for -1 (auto)
+    AUTO_BRANCHES while a message carries at most AUTO_BRANCH_ROWS sequences, else none."""
+    if setting >= 0:
+        return setting
+    return AUTO_BRANCHES if rows <= AUTO_BRANCH_ROWS else 0
 
 
 @dataclass
@@ -130,6 +155,67 @@ class RemoteSessions(ResourceManager):
                 return None  # used up: a fresh proposal drafts further
         probs = None if run.probs is None else run.probs[m : m + budget]
         return run.tokens[m : m + budget], probs, where
+
+    def write_updates(
+        self,
+        msg: Any,
+        requests: Sequence[Request],
+        ask: Callable[[Request], int],
+        per_position: int,
+    ) -> Sent:
+        """Add to `msg` (a DraftRequest or DraftStreamRequest) the finished notices pending
+        and one update per request: the tokens committed since what the drafter holds, asking
+        for `ask(r)` drafts and, when `per_position`, branches. The requests count as synced
+        from here on."""
+        for rid in self.take_finished():
+            msg.sequences.add(request_id=rid, finished=True)
+        sent: Sent = {}
+        for r in requests:
+            n = r.num_tokens
+            base = self.synced_len(r.request_id)
+            base = base if base <= n else 0
+            k = ask(r)
+            msg.sequences.add(
+                request_id=r.request_id,
+                base_len=base,
+                new_tokens=r.tokens_between(base, n),
+                max_draft_tokens=k,
+                max_branches=per_position if k else 0,
+                branch_positions=min(BRANCH_POSITIONS, k + 1) if per_position and k else 0,
+            )
+            # Optimistic: if this message is lost, the drafter answers resync (or the stream
+            # breaks and everything restarts from 0); lengths only grow, so nothing goes wrong.
+            self.synced[r.request_id] = n
+            sent[r.request_id] = (n, k)
+        return sent
+
+    def apply(self, reply: Any, sent: Sent) -> list[str]:
+        """Keep each proposal of `reply` (a DraftResponse or DraftStreamResponse answering the
+        updates `sent` describes) as its request's run, with its branches. Returns the
+        counters to bump for what it refused: unknown_request, stale (a second draft for a
+        sequence, or one for another length), resynced (the drafter asks for the whole
+        prefix next time)."""
+        refused: list[str] = []
+        seen: set[str] = set()
+        for d in reply.drafts:
+            rid = d.request_id
+            if rid not in sent:
+                refused.append("unknown_request")
+            elif rid in seen:
+                refused.append("stale")
+            elif d.resync:
+                refused.append("resynced")
+                self.resync(rid)
+            elif d.base_len != sent[rid][0]:
+                refused.append("stale")
+            else:
+                tokens = list(d.tokens)
+                probs = None
+                if d.probs and len(d.probs) == len(tokens):
+                    probs = [(list(p.ids), list(p.probs)) for p in d.probs]
+                self.keep(rid, sent[rid][0], tokens, probs, asked=sent[rid][1], branches=d.branches)
+            seen.add(rid)
+        return refused
 
     def check_integrity(self) -> None:
         assert all(n >= 0 for n in self.synced.values()), "negative synced length"
