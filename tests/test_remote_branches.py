@@ -34,10 +34,11 @@ def test_alternatives_are_the_other_tokens_that_followed_the_suffix_with_what_ca
     assert ix.alternatives(proposal, positions=4, per_position=4, horizon=9) == [
         (0, 3, [4, 9, 1, 2, 5, 6, 9, 1])
     ]
-    # Position 4, past the proposal, has no token of its own: what followed "9 1" is offered
-    # (continued periodically past the end of the sequence).
+    # Position 4, past the proposal, has no token of its own: what followed "9 1" is offered,
+    # continued past the end over the sequence as it would be (... 9 1 2 | 5 6 9 1 | 2):
+    # the same period as the copy it follows.
     assert ix.alternatives(proposal, positions=5, per_position=4, horizon=9)[1:] == [
-        (4, 2, [2, 2, 2, 2])
+        (4, 2, [5, 6, 9, 1])
     ]
     # The horizon bounds each branch: at position p, at most horizon - p - 1 tokens.
     assert ix.alternatives(proposal, 5, 4, horizon=4) == [(0, 3, [4, 9, 1])]
@@ -77,6 +78,19 @@ def test_a_rejected_draft_continues_from_the_branch_that_foresaw_it():
     req.output_ids += [4, 9, 1]  # three more tokens, as the branch had them
     assert sessions.drafts_from_run(req) == ([2, 5, 6, 9], None, "lookahead")
     req.output_ids += [2, 5]  # less is left than a step may verify: ask for more
+    assert sessions.drafts_from_run(req) is None
+
+
+def test_a_branch_past_the_proposal_and_an_older_reply_after_a_branch():
+    sessions, req = _sessions_with_run(FORKED, [5, 6], [Branch(2, 7, [8, 8])])
+    req.output_ids += [5, 6, 7]  # past the whole proposal, with the token the branch foresaw
+    assert sessions.drafts_from_run(req) == ([8, 8], None, "branch")  # all it had: used
+    anchor = sessions.runs["a"].anchor
+    sessions.keep("a", len(FORKED), [5, 6, 9], None, asked=9)  # a reply from before the step
+    assert sessions.runs["a"].anchor == anchor  # the branch, newer, stays
+    # A branch that leaves no room (at the last position asked for) is never taken.
+    sessions, req = _sessions_with_run(FORKED, [5, 6], [Branch(1, 7, [8])], asked=2)
+    req.output_ids += [5, 7]
     assert sessions.drafts_from_run(req) is None
 
 
@@ -131,6 +145,8 @@ class RecordingDrafter(SessionDrafter):
         state.extend(tokens)
 
     def propose(self, state, budget, want_probs=False):
+        if self.junk and state.tokens[0] == 99:
+            return ([1 << 40], None)  # not a token id the wire can carry
         return (state.propose(budget), None)
 
     def alternatives(self, state, proposal, positions, per_position, horizon):
@@ -140,16 +156,24 @@ class RecordingDrafter(SessionDrafter):
         return [
             (0, proposal[0], [1]),  # the proposal's own token: not another way
             (positions, 7, [1]),  # a position not asked for
-            (len(proposal) + 1, 7, [1]),  # past the proposal
+            (len(proposal), 7, [1]),  # past the proposal's budget: no room for drafts
+            (0, "x", [1]),  # not a token
+            7,  # not a branch at all
+            (0.5, 7, [1]),  # not a position
+            (0, 1 << 40, [1]),  # not a token id the wire can carry
+            (0, 8, []),  # nothing to draft from
             *((1, 10 + i, [2] * 50) for i in range(per_position + 3)),  # too many, too long
+            (1, 10, [3]),  # said already
         ]
 
 
 def test_the_target_asks_a_drafter_that_offers_branches_while_its_messages_are_small(servers):
     rec = RecordingDrafter()
     server = servers(instance=rec, max_draft_len=16)
-    h = servers.harness(f"grpc://{server.address}", lookahead=5)
-    assert h.drafter.branches == -1  # auto
+    h = servers.harness(f"grpc://{server.address}")
+    # Auto: a drafter offering branches is asked for a look-ahead (K+1), which lets a branch
+    # hold a whole step's drafts.
+    assert h.drafter.lookahead == 5 and h.drafter.branches == -1
     h.step([make_request("a", FORKED)])
     assert rec.asked == [(2, 4, 9)]  # positions 0 and 1, 4 each, K + look-ahead 5 tokens
     h.step([make_request(f"r{i}", FORKED) for i in range(9)])  # 9 sequences: none (auto)
@@ -160,22 +184,30 @@ def test_the_target_asks_a_drafter_that_offers_branches_while_its_messages_are_s
     off = servers.harness(f"grpc://{server.address}", branches=0)
     off.step([make_request("t", FORKED)])
     assert len(rec.asked) == 10
+    # Nor without look-ahead enough for a branch at the second position to fill a step.
+    short = servers.harness(f"grpc://{server.address}", branches=4, lookahead=1)
+    assert short.drafter.branches == 0
     # A drafter that does not offer them is never asked (the model drafter has none).
     plain = servers(max_draft_len=16, drafter="model:tiny-random")
     assert servers.harness(f"grpc://{plain.address}", vocab=512, fp="").drafter.branches == 0
 
 
-def test_the_drafter_service_passes_only_well_formed_branches(servers):
+def test_the_drafter_service_passes_only_well_formed_branches_and_proposals(servers):
+    """A plugin's malformed branches are dropped one by one; a proposal the wire cannot carry
+    costs that sequence its draft, not the call."""
     server = servers(instance=RecordingDrafter(junk=True), max_draft_len=16)
     update = drafter_pb2.SequenceUpdate(
-        request_id="a", new_tokens=FORKED, max_draft_tokens=6, max_branches=2, branch_positions=3
+        request_id="a", new_tokens=FORKED, max_draft_tokens=6, max_branches=2, branch_positions=7
     )
+    bad = drafter_pb2.SequenceUpdate(request_id="b", new_tokens=[99, 1, 99], max_draft_tokens=6)
     with grpc.insecure_channel(server.address) as channel:
         stub = drafter_pb2_grpc.DrafterServiceStub(channel)
-        (draft,) = stub.Draft(drafter_pb2.DraftRequest(step=1, sequences=[update])).drafts
+        reply = stub.Draft(drafter_pb2.DraftRequest(step=1, sequences=[update, bad]))
+    draft, dropped = sorted(reply.drafts, key=lambda d: d.request_id)
     assert list(draft.tokens) == [5, 6, 9, 1, 2, 5]
     got = [(b.position, b.token, list(b.tokens)) for b in draft.branches]
     assert got == [(1, 10, [2] * 4), (1, 11, [2] * 4)]  # 2 per position, 6 - 1 - 1 tokens
+    assert dropped.request_id == "b" and list(dropped.tokens) == [] and not dropped.branches
 
 
 def test_drafter_branches_flag_is_checked():

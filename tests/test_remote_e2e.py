@@ -242,9 +242,9 @@ def test_remote_drafter_that_is_not_waited_for_is_lossless(
 @pytest.mark.parametrize("patience_ms", [2000, 0], ids=["wait", "never"])
 @pytest.mark.parametrize("mode", ["stream", "unary"])
 def test_remote_drafter_with_branches_is_lossless(tiny, baseline, drafters, mode, patience_ms):
-    """Every message asks for branches (--drafter-branches 4): after a rejected draft, steps
-    draft at once from a branch the drafter foresaw. Output unchanged, nothing failed; waiting
-    for every reply, some steps are drafted from branches."""
+    """Every message asks for branches (--drafter-branches 4), replies waited for or not:
+    output unchanged, nothing failed or leaked. (Whether a step drafts from a branch or from
+    a fresher reply depends on when replies arrive; test_remote_branches.py pins that down.)"""
     server = drafters(drafter="ngram")
     eng = engine(
         tiny,
@@ -257,9 +257,7 @@ def test_remote_drafter_with_branches_is_lossless(tiny, baseline, drafters, mode
     results = run_all(eng, PROMPTS)
     assert [c.token_ids for c in results] == baseline["short"]
     c = eng.drafter.counters()
-    assert c["failed"] == c["stale"] == c["unknown_request"] == 0
-    if patience_ms:
-        assert c["branched"] > 0
+    assert c["failed"] == c["stale"] == c["unknown_request"] == 0 and c["prefetched"] > 0
     wait_until(lambda: len(server.engine.store) == 0, timeout=10, what="sessions freed")
     server.engine.check_integrity()
     eng.shutdown()

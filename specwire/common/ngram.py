@@ -96,7 +96,8 @@ class NGramIndex:
         (a draft continuing this sequence; position p: after its first p tokens): up to
         `per_position` tokens other than the proposal's own that followed an earlier
         occurrence of the suffix there, each with up to `horizon - p - 1` tokens that
-        followed it (continued periodically near the end, like `propose`)."""
+        followed it (near the end continued periodically over the sequence as it would then
+        be, like `propose`)."""
         toks, buf, w = self.tokens, self._buf, _WIDTH
         if len(toks) < 2 or per_position <= 0:
             return []
@@ -124,8 +125,11 @@ class NGramIndex:
                     break
             h = horizon - p - 1
             for token, start in found.items():
-                run = toks[start : start + 1 + h]
-                if len(run) < h + 1:  # copy with overlap, as `propose` does
-                    run = (run * (h // len(run) + 2))[: h + 1]
-                out.append((p, token, run[1:]))
+                run = toks[start + 1 : start + 1 + h]
+                if len(run) < h:
+                    # Copy with overlap, as `propose` does, over the sequence as it would be
+                    # (its tokens, the proposal's first p, this token): period L + p - start.
+                    run += proposal[:p] + [token]
+                    run = (run * (h // len(run) + 1))[:h]
+                out.append((p, token, run))
         return out

@@ -78,11 +78,12 @@ def run(args: argparse.Namespace) -> int:
         **config_kwargs(args, FLAGS), security=server_security_from_args(args)
     )
     running = serve(config)
+    stop = StopSignal()  # before the listening line: whoever waits for it may signal at once
     print(
         f"specwire drafter listening on {config.host}:{running.port} "
         f"(drafter={running.engine.drafter.name} security={config.security.describe()})",
         flush=True,
     )
-    StopSignal().wait()
+    stop.wait()
     running.drain(args.drain_timeout)
     return 0

@@ -8,7 +8,9 @@ or a drafter failure, costs only the drafts it concerns.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import operator
 import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -18,6 +20,20 @@ from specwire.common.errors import UserError
 from specwire.drafter_service.sessions import SessionStore
 
 log = logging.getLogger(__name__)
+
+
+_INT32 = 1 << 31
+
+
+def token_ids(values, limit: int) -> list[int]:
+    """The first `limit` of `values` as token ids that fit the wire (int32); TypeError or
+    ValueError for anything else."""
+    ids = list(itertools.islice(values, limit))
+    if not all(type(t) is int for t in ids):
+        ids = [int(t) for t in ids]
+    if ids and not (-_INT32 <= min(ids) and max(ids) < _INT32):
+        raise ValueError("a token id outside int32")
+    return ids
 
 
 class SeqUpdate(NamedTuple):  # immutable and cheap to build: one per sequence per message
@@ -145,40 +161,54 @@ class DraftEngine:
         except Exception:  # a drafter bug costs this step's drafts, not the service
             log.exception("drafter %s failed; answering without drafts", self.drafter.name)
             return
-        for (answer, state, budget, u), (tokens, probs) in zip(todo, proposals, strict=True):
-            tokens = list(tokens)[:budget]
-            if not all(type(t) is int for t in tokens):
-                tokens = [int(t) for t in tokens]
-            answer.tokens = tokens
+        for (answer, state, budget, u), proposal in zip(todo, proposals, strict=True):
+            try:  # what a drafter returns is checked per sequence: one bad answer costs one draft
+                tokens, probs = proposal
+                answer.tokens = token_ids(tokens, budget)
+            except (TypeError, ValueError) as exc:
+                log.warning("drafter %s: a proposal dropped: %s", self.drafter.name, exc)
+                continue
             if want_probs and probs is not None and len(probs) >= len(answer.tokens):
                 answer.probs = list(probs)[: len(answer.tokens)]
             if u.max_branches and u.branch_positions and self.branches:
-                answer.branches = self._alternatives(state, tokens, u, budget)
+                answer.branches = self._alternatives(state, answer.tokens, u, budget)
 
     def _alternatives(
         self, state: object, tokens: list[int], u: SeqUpdate, budget: int
     ) -> list[Branch] | None:
-        """The drafter's branches for one proposal, bounded as the update asked (a bad one
-        is dropped; a drafter bug costs only the branches)."""
+        """The drafter's branches for one proposal, bounded as the update asked: at a
+        position asked for and not past the proposal, a token other than the proposal's own
+        there, at most `max_branches` a position, 1 to `budget - position - 1` tokens each,
+        each (position, token) once. A malformed branch is dropped; a drafter that fails
+        costs only its branches."""
         try:
             found = self.drafter.alternatives(
                 state, tokens, u.branch_positions, u.max_branches, budget
             )
+            found = list(itertools.islice(found, u.branch_positions * u.max_branches * 4))
         except Exception:
             log.exception("drafter %s: alternatives failed", self.drafter.name)
             return None
         out: list[Branch] = []
         per: dict[int, int] = {}  # position -> branches kept there
-        for position, token, rest in found:
-            if not (0 <= position < u.branch_positions and position <= len(tokens)):
+        seen: set[tuple[int, int]] = set()
+        for entry in found:
+            try:
+                position, token, rest = entry
+                position, (token,) = operator.index(position), token_ids([token], 1)
+                if not (0 <= position < u.branch_positions and position <= len(tokens)):
+                    continue
+                if position < len(tokens) and token == tokens[position]:
+                    continue  # not another way: the proposal itself
+                rest = token_ids(rest, max(0, budget - position - 1))
+            except (TypeError, ValueError):
                 continue
-            if position < len(tokens) and token == tokens[position]:
-                continue  # not another way: the proposal itself
+            if not rest or (position, token) in seen:
+                continue  # nothing to draft from, or said already
+            seen.add((position, token))
             if per.get(position, 0) < u.max_branches:
                 per[position] = per.get(position, 0) + 1
-                out.append(
-                    Branch(position, int(token), [int(t) for t in rest[: budget - position - 1]])
-                )
+                out.append(Branch(position, token, rest))
         return out
 
     def check_integrity(self) -> None:

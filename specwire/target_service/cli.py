@@ -58,7 +58,7 @@ ENGINE_FLAGS = {
     ),
     "drafter_lookahead": Flag(
         "remote drafters: draft tokens asked past a step's own, used when it accepts them all"
-        " (-1 = auto: K+1 for an n-gram drafter, else 0)"
+        " (-1 = auto: K+1 for an n-gram drafter or one offering branches, else 0)"
     ),
     "drafter_branches": Flag(
         "remote drafters offering branches: other tokens asked for at each draft position, each"
@@ -160,6 +160,9 @@ def run(args: argparse.Namespace) -> int:
     # and then for as long as it takes to walk it all.
     gc.collect()
     gc.freeze()
+    # From here SIGTERM drains (before the listening line: whoever waits for it may signal
+    # at once); during the load above it still ends the process outright.
+    stopped = StopSignal()
     server.attach(engine)
     if args.metrics_port:
         engine.executor.metrics.serve(args.metrics_port, args.host)
@@ -170,7 +173,6 @@ def run(args: argparse.Namespace) -> int:
         f"security={server.security.describe()})",
         flush=True,
     )
-    stopped = StopSignal()
     # The supervisor: a dead executor turns health NOT_SERVING (in `attach`) and ends the
     # process with a non-zero code, so an orchestrator restarts it.
     engine.executor.on_death = lambda exc: (server.mark_dead(exc), stopped.set())

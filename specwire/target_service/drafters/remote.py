@@ -66,6 +66,7 @@ from specwire.target_service.drafters.remote_channel import (
 )
 from specwire.target_service.drafters.remote_patience import Patience
 from specwire.target_service.drafters.remote_sessions import (
+    BRANCH_POSITIONS,
     RemoteSessions,
     Sent,
     branches_per_position,
@@ -167,13 +168,17 @@ class RemoteDrafter(Drafter):
             log.warning("drafter %s does not offer streams; using unary calls", self.name)
             self.mode = "unary"
         self.want_probs = "draft_probs" in self.info.capabilities
+        offers_branches = "branches" in self.info.capabilities
         if lookahead < 0:  # auto: a lookup's longer proposal costs the drafter nothing
-            lookahead = max_draft_len + 1 if self.info.name == "ngram" else 0
+            cheap = self.info.name == "ngram" or offers_branches
+            lookahead = max_draft_len + 1 if cheap else 0
         self.lookahead = lookahead
         self.patience = Patience(self.config, lookahead)
-        # Alternatives asked per draft position (-1: auto, by the message's size); none
-        # from a drafter that does not offer them.
-        self.branches = branches if "branches" in self.info.capabilities else 0
+        # Alternatives asked per draft position (-1: auto, by the message's size). None from
+        # a drafter that does not offer them, nor without the look-ahead that lets a branch
+        # hold a whole step's drafts (at position p it holds what was asked, less p + 1).
+        usable = offers_branches and lookahead >= BRANCH_POSITIONS
+        self.branches = branches if usable else 0
         # The most tokens a proposal may hold: what the drafter says it ever returns.
         self._most = self.info.max_draft_len or (max_draft_len + lookahead)
         self._connect()

@@ -56,9 +56,11 @@ class Run:
 
     def branch(self, position: int, token: int) -> Run | None:
         """The run that starts where the target left this one for `token` at `position`."""
+        room = self.asked - position - 1  # what the drafter may propose past the branch token
+        if room <= 0:
+            return None
         for b in self.branches:
             if b.position == position and b.token == token:
-                room = self.asked - position - 1
                 tokens = list(b.tokens[:room])
                 return Run(self.anchor + position + 1, tokens, None, len(tokens) < room)
         return None
