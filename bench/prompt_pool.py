@@ -23,13 +23,21 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-KINDS = ("complete", "edit", "explain", "tests")
+KINDS = ("complete", "edit", "explain", "tests")  # the default mix (every round so far)
+# More kinds (`--kinds all`): twice the unique prompts, for passes too long for the default
+# pool (a server may see each prompt once).
+MORE_KINDS = ("rename", "comment", "javascript", "review")
+ALL_KINDS = KINDS + MORE_KINDS
 
 _INSTRUCTIONS = {
     "complete": "Complete the following Python function. Reply with the whole function.",
     "edit": "Rewrite the following function, adding type hints and a docstring, keep the logic:",
     "explain": "Explain what the following function does, step by step:",
     "tests": "Write pytest unit tests for the following function:",
+    "rename": "Rewrite the following function with clearer variable names, keep the logic:",
+    "comment": "Add a short comment above every statement of the following function:",
+    "javascript": "Translate the following Python function to JavaScript:",
+    "review": "Review the following function: list its possible bugs and unhandled inputs:",
 }
 
 
@@ -69,9 +77,9 @@ def build_pool(
     chat: bool, kinds: tuple[str, ...] = KINDS, seed: int = 0
 ) -> tuple[list[Prompt], str]:
     """(unique prompts in a fixed mixed order, source name). Same arguments: same pool."""
-    unknown = set(kinds) - set(KINDS)
+    unknown = set(kinds) - set(ALL_KINDS)
     if unknown:
-        raise ValueError(f"unknown prompt kinds {sorted(unknown)}; known: {', '.join(KINDS)}")
+        raise ValueError(f"unknown prompt kinds {sorted(unknown)}; known: {', '.join(ALL_KINDS)}")
     problems, source = _sources()
     random.Random(seed).shuffle(problems)
     pool: list[Prompt] = []

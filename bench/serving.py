@@ -41,7 +41,7 @@ import grpc
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from prompt_pool import KINDS, Prompt, build_pool  # noqa: E402
+from prompt_pool import ALL_KINDS, KINDS, Prompt, build_pool  # noqa: E402
 from servers import CONFIGS, add_target_flags, running_config, scrape_metrics  # noqa: E402
 from serving_stats import (  # noqa: E402
     RequestRecord,
@@ -221,7 +221,7 @@ async def run_server(server, plans: list[PassPlan], args) -> dict:
                 **steady_state(records, plan.concurrency),
                 per_kind={
                     k: summarise([r for r in records if r.kind == k], None)
-                    for k in KINDS
+                    for k in ALL_KINDS
                     if any(r.kind == k for r in records)
                 },
                 eager_steps=_counter_delta(before, after, EAGER),
@@ -278,7 +278,7 @@ async def run_server(server, plans: list[PassPlan], args) -> dict:
         passes=passes,
         per_kind_first_sight={
             k: summarise([r for r in first_sight if r.kind == k], None)
-            for k in KINDS
+            for k in ALL_KINDS
             if any(r.kind == k for r in first_sight)
         },
     )
@@ -345,7 +345,11 @@ def main() -> int:
         default=True,
         help="send prompts as chat messages (default) or raw text (--no-chat)",
     )
-    ap.add_argument("--kinds", default=",".join(KINDS), help="prompt kinds to mix")
+    ap.add_argument(
+        "--kinds",
+        default=",".join(KINDS),
+        help=f"prompt kinds to mix, or 'all' ({','.join(ALL_KINDS)}: twice the unique prompts)",
+    )
     ap.add_argument("--seed", type=int, default=0, help="prompt pool order")
     ap.add_argument("--request-timeout", type=float, default=600.0)
     ap.add_argument(
@@ -365,7 +369,8 @@ def main() -> int:
         ap.error("--pass-factor and --repeat must be at least 1")
 
     env = environment(args)
-    pool, source = build_pool(args.chat, tuple(k for k in args.kinds.split(",") if k), args.seed)
+    kinds = ALL_KINDS if args.kinds == "all" else tuple(k for k in args.kinds.split(",") if k)
+    pool, source = build_pool(args.chat, kinds, args.seed)
     plans = plan_passes(
         pool, levels, args.prompts_per_pass, args.warmup_prompts, args.min_prompts, args.pass_factor
     )

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 
 import numpy as np
-from prompt_pool import KINDS
+from prompt_pool import ALL_KINDS
 
 
 @dataclass
@@ -325,7 +325,7 @@ def summary_markdown(results: list[dict]) -> str:
                 if n != "none"
             )
         lines.append(row + " |")
-    kinds = [k for k in KINDS if k in results[0]["per_kind_first_sight"]]
+    kinds = [k for k in ALL_KINDS if k in results[0]["per_kind_first_sight"]]
     lines += ["", "Mean accepted length (acceptance) per prompt kind, first-sight passes:", ""]
     lines += ["| kind | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for k in kinds:
