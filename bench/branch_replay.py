@@ -101,7 +101,8 @@ def replay(record: dict, mode: str, args) -> tuple[int, int, int]:
     engine = DraftEngine(drafter, SessionStore(drafter), max_draft_len=64)
     index = NGramIndex(3)
     index.extend(prompt)
-    synced, pending = 0, None  # the drafter's length; the reply asked for last step
+    synced = 0  # the tokens the drafter holds
+    pending: list[tuple] = []  # replies asked for, oldest first, not yet arrived
     steps = drafting = 0
     while req.num_tokens < len(truth):
         n = req.num_tokens
@@ -116,8 +117,10 @@ def replay(record: dict, mode: str, args) -> tuple[int, int, int]:
         index.extend(commit)
         steps += 1
         drafting += bool(drafts)
-        if pending is not None:  # arrived during this step: usable from the next one
-            sessions.keep("r", *pending)
+        # A reply arrives `--reply-steps` - 1 steps after the one that asked: usable from the
+        # step after that (2: it arrives during the next step).
+        while len(pending) >= args.reply_steps - 1 and pending:
+            sessions.keep("r", *pending.pop(0))
         if mode in ("remote", "branch"):
             ask = 2 * k + 1  # the step's K drafts, then the look-ahead's K+1
             per = args.branches if mode == "branch" else 0
@@ -132,7 +135,7 @@ def replay(record: dict, mode: str, args) -> tuple[int, int, int]:
             synced = req.num_tokens
             sessions.synced["r"] = synced
             (reply,) = engine.draft([update])
-            pending = (synced, reply.tokens, None, ask, reply.branches or ())
+            pending.append((synced, reply.tokens, None, ask, reply.branches or ()))
     return steps, drafting, req.num_tokens - len(prompt)
 
 
@@ -144,6 +147,13 @@ def main() -> int:
     ap.add_argument("--k", type=int, default=4, help="drafts per step")
     ap.add_argument("--branches", type=int, default=4, help="alternatives per position")
     ap.add_argument("--branch-positions", type=int, default=2)
+    ap.add_argument(
+        "--reply-steps",
+        type=int,
+        default=2,
+        help="a reply asked for as step s commits is usable from step s + N (2: it arrives"
+        " during the next step; 3: a round trip longer than a step, as at 8 streams)",
+    )
     ap.add_argument("--step-ms", type=float, default=1.17, help="1-token step")
     ap.add_argument("--verify-ms", type=float, default=1.30, help="1+K-token step")
     ap.add_argument("--rtt-ms", type=float, default=0.85, help="drafter round trip (wait mode)")
@@ -162,7 +172,8 @@ def main() -> int:
     print(
         f"# {len(data)} prompts ({source}), {args.model} fp32 greedy on CPU, "
         f"{sum(len(d['output']) for d in data)} tokens ({time.perf_counter() - t0:.0f} s); "
-        f"K={args.k}, branches {args.branches} x {args.branch_positions} positions; "
+        f"K={args.k}, branches {args.branches} x {args.branch_positions} positions, "
+        f"replies usable {args.reply_steps} steps after they are asked for; "
         f"costs: step {args.step_ms} ms, verify {args.verify_ms} ms, rtt {args.rtt_ms} ms\n"
     )
     print("| kind | drafter | steps | with drafts | tokens/step | projected ÷ none | ÷ inproc |")
