@@ -51,3 +51,34 @@ def test_drafter_cost_times_the_ngram_pool_and_a_service_message():
     out = _run("bench/drafter_cost.py", "--messages", "10", "--sequences", "4")
     assert len(re.findall(r"ngram propose\(9\), .*: this \d+\.\d+ us", out)) == 3, out
     assert re.search(r"drafter service, 4-sequence message: .* us per sequence", out), out
+
+
+def test_branch_replay_cost_and_index_comparison_run_on_tiny_random(tmp_path):
+    outputs = tmp_path / "greedy.json"
+    out = _run(
+        "bench/branch_replay.py", "--model", "tiny-random", "--per-kind", "1",
+        "--max-new-tokens", "24", "--save-outputs", str(outputs),
+    )  # fmt: skip
+    rows = re.findall(r"^\| (\w+) \| (inproc|wait|remote|branch) \| (\d+) \| (\d+) \|", out, re.M)
+    assert len(rows) == 5 * 4, out  # all + 4 kinds, 4 drafters each
+    steps = {(kind, drafter): (int(n), int(d)) for kind, drafter, n, d in rows}
+    for (kind, drafter), (n, drafted) in steps.items():
+        assert drafted <= n, (kind, drafter)
+        # Waiting for the drafter drafts exactly what drafting in process does.
+        assert (n, drafted) == steps[(kind, "inproc")] or drafter in ("remote", "branch")
+    out = _run("bench/branch_cost.py", "--outputs", str(outputs), "--rows", "1,2", "--iters", "3")
+    assert len(re.findall(r"^\| \d+ \| \d+\.\d× \|", out, re.M)) == 2, out
+    out = _run(
+        "bench/ngram_index_cost.py", "--outputs", str(outputs),
+        "--other", "specwire/common/ngram.py", "--iters", "2",
+    )  # fmt: skip
+    assert out.count("| real") == 1 and out.count("| straddling") == 1, out
+
+
+def test_host_only_drafts_through_a_remote_drafter_service():
+    out = _run(
+        "bench/host_only.py", "--concurrency", "2", "--pass-factor", "1", "--min-prompts", "2",
+        "--max-new-tokens", "16", "--drafter", "remote-ngram", "--device-ms", "0.2",
+    )  # fmt: skip
+    assert re.search(r"host-only remote-ngram .* c=2: \d+ tokens .* errors 0", out), out
+    assert re.search(r"drafter counters \{.*'failed': 0", out), out

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specwire.common.ngram import NGramIndex
+from specwire.common.ngram import MAX_TOKEN_ID, NGramIndex
 
 
 def reference(tokens: list[int], max_ngram: int, latest: bool, budget: int) -> list[int]:
@@ -28,14 +28,20 @@ def reference(tokens: list[int], max_ngram: int, latest: bool, budget: int) -> l
 
 @settings(max_examples=400, deadline=None)
 @given(
-    chunks=st.lists(st.lists(st.integers(0, 6) | st.integers(0, 1 << 30), max_size=12), max_size=8),
+    chunks=st.lists(
+        st.lists(
+            st.integers(0, 6) | st.integers(0xD7FE, 0xE001) | st.integers(0, MAX_TOKEN_ID - 1),
+            max_size=12,
+        ),
+        max_size=8,
+    ),
     max_ngram=st.integers(1, 4),
     latest=st.booleans(),
     budget=st.integers(0, 6),
 )
 def test_proposals_match_the_definition(chunks, max_ngram, latest, budget):
-    """Small alphabets make many overlapping matches; huge ids make byte patterns that also
-    match across token boundaries, which must never count."""
+    """Small alphabets make many overlapping matches; ids around the surrogate range are
+    stored shifted; huge ids cover the rest of what the pool holds."""
     index = NGramIndex(max_ngram, "latest" if latest else "oldest")
     seen: list[int] = []
     for chunk in chunks:
@@ -57,13 +63,28 @@ def test_periodic_text_gets_full_length_drafts():
     assert index.propose(5) == [3, 1, 2, 3, 1]
 
 
-def test_an_id_outside_int32_is_refused_whole():
-    """The pool holds int32 ids (as the wire does); a larger one is a ValueError (the drafter
-    contract's "cannot hold") and nothing of that update is kept."""
+def test_an_id_the_pool_cannot_hold_is_refused_whole():
+    """The pool holds ids in [0, MAX_TOKEN_ID) (every vocabulary's); another is a ValueError
+    (the drafter contract's "cannot hold") and nothing of that update is kept."""
     import pytest
 
     index = NGramIndex(2)
     index.extend([1, 2, 1])
-    with pytest.raises(ValueError, match="int32"):
-        index.extend([2, 1 << 40])
+    for bad in (1 << 40, MAX_TOKEN_ID, -1):
+        with pytest.raises(ValueError, match="token ids must lie in"):
+            index.extend([2, bad])
     assert len(index) == 3 and index.propose(2) == reference([1, 2, 1], 2, True, 2)
+
+
+def test_ids_past_the_surrogate_range_and_patterns_that_straddle_ids():
+    """Ids around 0xD800 (stored shifted) match only themselves; ids whose byte patterns
+    would line up across neighbours (256 = 00 01 00 00) match only whole ids, and a long run
+    of them is searched in one scan."""
+    index = NGramIndex(2)
+    seq = [55295, 55296, 57343, 57344, 100000, 55295, 55296, 57343]
+    index.extend(seq)
+    assert index.propose(2) == reference(seq, 2, True, 2) == [57344, 100000]
+    index = NGramIndex(3)
+    seq = [256] * 50_000 + [1, 7, 256, 1]
+    index.extend(seq)
+    assert index.propose(3) == reference(seq, 3, True, 3)

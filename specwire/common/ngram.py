@@ -8,11 +8,13 @@ occurrence, up to the budget; a continuation that runs into the end of the seque
 periodically (copy with overlap), so repetitive text gets full-length drafts. With
 `prefer="latest"` (default) the most recent earlier occurrence wins, which suits editing and
 repetitive code; `prefer="oldest"` keeps the first.
-The pool is implicit: the tokens are kept as a byte string of fixed-width integers, and a query
-searches it (bytes.rfind / find: C speed, aligned matches only) instead of maintaining a dict
-of every n-gram. Appending costs nothing per token in Python, which matters when a request
-drafts only now and then (the adaptive policy) and its tokens would otherwise all be indexed
-at once; a query is a few memory scans of the sequence.
+The pool is implicit: the tokens are also kept as a string, one code point per token, and a
+query searches it (str.rfind / find: C speed, and a match can only start at a token, so no
+pattern of ids, however chosen, makes a search step through false matches) instead of
+maintaining a dict of every n-gram. Appending costs nothing per token in Python, which matters
+when a request drafts only now and then (the adaptive policy) and its tokens would otherwise
+all be indexed at once; a query is a few memory scans of the sequence. Ids must lie in
+[0, MAX_TOKEN_ID): every vocabulary does.
 
 `alternatives` serves the remote target's branches: at each position of a proposal, the other
 tokens that followed earlier occurrences of the suffix there (longest n-gram first, latest
@@ -21,11 +23,22 @@ occurrence first), each with what followed it.
 
 from __future__ import annotations
 
-from array import array
-
-_WIDTH = 4  # bytes per token in the search buffer (array typecode "i": token ids are int32,
-# as on the wire; half the bytes of int64 to scan per query)
+_SURROGATES = 0xD800  # code points 0xD800..0xDFFF cannot stand alone in a str: ids from
+_SHIFT = 0x800  # here on are stored 0x800 higher
+MAX_TOKEN_ID = 0x110000 - _SHIFT  # 1,112,064
 _SCAN = 8  # earlier occurrences looked at per n-gram when collecting alternatives
+
+
+def _encode(tokens: list[int]) -> str:
+    """One code point per token id; ValueError for an id outside [0, MAX_TOKEN_ID)."""
+    if not tokens:
+        return ""
+    lo, hi = min(tokens), max(tokens)
+    if hi < _SURROGATES and lo >= 0:
+        return "".join(map(chr, tokens))
+    if lo < 0 or hi >= MAX_TOKEN_ID:
+        raise ValueError(f"token ids must lie in [0, {MAX_TOKEN_ID}), got {lo if lo < 0 else hi}")
+    return "".join([chr(t + _SHIFT if t >= _SURROGATES else t) for t in tokens])
 
 
 class NGramIndex:
@@ -39,36 +52,29 @@ class NGramIndex:
         self.max_ngram = max_ngram
         self.prefer_latest = prefer == "latest"
         self.tokens: list[int] = []
-        self._buf = bytearray()  # the tokens as fixed-width integers
+        self._text = ""  # the tokens, one code point each (`_encode`)
 
     def __len__(self) -> int:
         return len(self.tokens)
 
     def extend(self, new_tokens: list[int]) -> None:
-        """Append committed tokens. ValueError for an id outside int32 (nothing appended)."""
-        try:
-            packed = array("i", new_tokens).tobytes()
-        except OverflowError as exc:
-            raise ValueError(f"token ids must fit in int32: {exc}") from None
+        """Append committed tokens. ValueError for an id outside [0, MAX_TOKEN_ID) (nothing
+        appended)."""
+        text = _encode(new_tokens)
         self.tokens.extend(new_tokens)
-        self._buf += packed
+        self._text += text
 
-    def _start(self, tail: bytes, n: int) -> int | None:
+    def _start(self, tail: str, n: int) -> int | None:
         """Where the tokens after the chosen earlier occurrence of the last `n` tokens begin
         (`tail` holds the last few tokens, at least `n`): the latest (or oldest) occurrence
         that has at least one token after it."""
-        buf, w = self._buf, _WIDTH
-        pattern = tail[len(tail) - n * w :]
-        end = len(buf) - w  # an occurrence must end before the last token
+        pattern = tail[len(tail) - n :]
+        end = len(self._text) - 1  # an occurrence must end before the last token
         if self.prefer_latest:
-            i = buf.rfind(pattern, 0, end)
-            while i >= 0 and i % w:  # a match straddling tokens: look further back
-                i = buf.rfind(pattern, 0, i + len(pattern) - 1)
+            i = self._text.rfind(pattern, 0, end)
         else:
-            i = buf.find(pattern, 0, end)
-            while i >= 0 and i % w:
-                i = buf.find(pattern, i + 1, end)
-        return None if i < 0 else i // w + n
+            i = self._text.find(pattern, 0, end)
+        return None if i < 0 else i + n
 
     def propose(self, budget: int) -> list[int]:
         """Up to `budget` tokens continuing the longest earlier match of the suffix."""
@@ -77,7 +83,7 @@ class NGramIndex:
         if budget <= 0 or n_tok < 2:
             return []
         longest = min(self.max_ngram, n_tok - 1)
-        tail = bytes(self._buf[-longest * _WIDTH :])  # the suffix, copied once for all n
+        tail = self._text[-longest:]  # the suffix, copied once for all n
         for n in range(longest, 0, -1):
             start = self._start(tail, n)
             if start is not None:
@@ -98,29 +104,28 @@ class NGramIndex:
         occurrence of the suffix there, each with up to `horizon - p - 1` tokens that
         followed it (near the end continued periodically over the sequence as it would then
         be, like `propose`)."""
-        toks, buf, w = self.tokens, self._buf, _WIDTH
+        toks, text = self.tokens, self._text
         if len(toks) < 2 or per_position <= 0:
             return []
-        end = len(buf) - w  # an occurrence must end before the last token (it needs a follower)
+        end = len(text) - 1  # an occurrence must end before the last token (it needs a follower)
         out: list[tuple[int, int, list[int]]] = []
         last = min(positions, len(proposal) + 1, horizon)
         held = min(self.max_ngram, len(toks))
         # The sequence's last tokens, then the proposal's: position p's suffixes end at p.
-        ctx = bytes(buf[len(buf) - held * w :]) + array("i", proposal[: last - 1]).tobytes()
+        ctx = text[len(text) - held :] + _encode(proposal[: last - 1])
         for p in range(last):
             own = proposal[p] if p < len(proposal) else None
             found: dict[int, int] = {}  # token -> where it follows an occurrence
-            stop = (held + p) * w
+            stop = held + p
             for n in range(min(self.max_ngram, held + p), 0, -1):
-                pattern = ctx[stop - n * w : stop]
-                i, scanned = buf.rfind(pattern, 0, end), 0
+                pattern = ctx[stop - n : stop]
+                i, scanned = text.rfind(pattern, 0, end), 0
                 while i >= 0 and scanned < _SCAN and len(found) < per_position:
-                    if not i % w:
-                        scanned += 1
-                        start = i // w + n
-                        if toks[start] != own:
-                            found.setdefault(toks[start], start)
-                    i = buf.rfind(pattern, 0, i + len(pattern) - 1)
+                    scanned += 1
+                    start = i + n
+                    if toks[start] != own:
+                        found.setdefault(toks[start], start)
+                    i = text.rfind(pattern, 0, i + n - 1)
                 if len(found) >= per_position:
                     break
             h = horizon - p - 1

@@ -1,0 +1,75 @@
+"""The n-gram index's own cost, one implementation against another, in one process (ratios):
+`propose` and `alternatives` on real sequences (greedy outputs saved by
+`bench/branch_replay.py --save-outputs F`), and a sequence built so that its ids' byte patterns
+line up across neighbours (256 = 00 01 00 00), which a byte-string index must step through.
+
+    git show REV:specwire/common/ngram.py > /tmp/ngram_old.py
+    python bench/ngram_index_cost.py --outputs F --other /tmp/ngram_old.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT)]
+
+from specwire.common import ngram  # noqa: E402
+
+
+def load(path: str):
+    spec = importlib.util.spec_from_file_location("ngram_other", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def per_call(module, seqs: list[list[int]], iters: int) -> tuple[float, float]:
+    """Seconds per (propose(9), alternatives(2 positions x 4)) call, averaged."""
+    indexes = []
+    for s in seqs:
+        ix = module.NGramIndex(3)
+        ix.extend(s)
+        indexes.append(ix)
+    proposals = [ix.propose(9) for ix in indexes]
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        for ix in indexes:
+            ix.propose(9)
+    propose = (time.perf_counter() - t0) / iters / len(indexes)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        for ix, p in zip(indexes, proposals, strict=True):
+            ix.alternatives(p, 2, 4, 9)
+    alternatives = (time.perf_counter() - t0) / iters / len(indexes)
+    return propose, alternatives
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--outputs", required=True)
+    ap.add_argument("--other", required=True, help="another ngram.py to compare against")
+    ap.add_argument("--iters", type=int, default=500)
+    args = ap.parse_args()
+    data = json.loads(Path(args.outputs).read_text())
+    other = load(args.other)
+    cases = {
+        "real (40 HumanEval outputs)": [d["prompt"] + d["output"] for d in data],
+        "straddling ids (100,000 x 256)": [[256] * 100_000 + [1]],
+    }
+    print("| sequences | propose: this ÷ other | alternatives: this ÷ other |")
+    print("|---|---|---|")
+    for name, seqs in cases.items():
+        iters = args.iters if len(seqs) > 1 else 5
+        mine, theirs = per_call(ngram, seqs, iters), per_call(other, seqs, iters)
+        print(f"| {name} | {mine[0] / theirs[0]:.2f} | {mine[1] / theirs[1]:.3f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
