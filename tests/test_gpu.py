@@ -165,6 +165,36 @@ def test_two_batch_overlap_lossless_fp32_with_cuda_graphs(loaded):
     assert halves > 0 and eng.executor.stats.accepted_tokens > 0
 
 
+def test_remote_drafter_with_branches_lossless_fp32_with_cuda_graphs(loaded):
+    """A drafter service (n-gram) on loopback, asked for branches at every message and never
+    waited for: drafts from replies, look-aheads and branches, output equal to plain
+    decoding."""
+    from specwire.drafter_service.config import DrafterServiceConfig
+    from specwire.drafter_service.server import serve
+
+    server = serve(DrafterServiceConfig(host="127.0.0.1", port=0, max_draft_len=16))
+    try:
+        prompts = lossless_prompts(50)
+        base = _run(build_engine(_cfg(drafter="none"), loaded=loaded), prompts)
+        remote = f"grpc://{server.address}"
+        eng = build_engine(
+            _cfg(drafter=remote, drafter_branches=4, drafter_patience_ms=0), loaded=loaded
+        )
+        spec = _run(eng, prompts)
+        diff = _differing(base, spec)
+        c = eng.drafter.counters()
+        print(
+            f"remote+branches fp32+graphs: {50 - len(diff)}/50 identical; accepted "
+            f"{eng.executor.stats.accepted_tokens}/{eng.executor.stats.draft_tokens} drafts; "
+            f"look-ahead {c['lookahead']}, branched {c['branched']}, deferred {c['deferred']}"
+        )
+        assert not diff, f"prompts {diff} differ with the remote drafter"
+        assert c["failed"] == c["stale"] == c["unknown_request"] == 0
+        eng.shutdown()
+    finally:
+        server.stop(None)
+
+
 def _bf16_loaded():
     from specwire.common.model.loader import load_model
 
