@@ -63,7 +63,8 @@ ENGINE_FLAGS = {
     "drafter_branches": Flag(
         "remote drafters offering branches: other tokens asked for at each draft position, each"
         " with the drafts after it, so a step that rejects a draft has the next drafts at once"
-        " (-1 = auto: 4 while a message carries <= 8 sequences, else 0)"
+        " (-1 = auto: 4 while a message carries <= 8 sequences, else 0; only with a"
+        " look-ahead of at least 2)"
     ),
     "progress": Flag("no progress bars while loading"),
     "max_prompt_bytes": Flag("most UTF-8 bytes of a prompt (checked before tokenising)"),
