@@ -1,7 +1,8 @@
 """The n-gram index's own cost, one implementation against another, in one process (ratios):
 `propose` and `alternatives` on real sequences (greedy outputs saved by
-`bench/branch_replay.py --save-outputs F`), and a sequence built so that its ids' byte patterns
-line up across neighbours (256 = 00 01 00 00), which a byte-string index must step through.
+`bench/branch_replay.py --save-outputs F`), a sequence built so that its ids' byte patterns
+line up across neighbours (256 = 00 01 00 00), which a byte-string index must step through,
+and one sequence grown step by step, with or without a query each step.
 
     git show REV:specwire/common/ngram.py > /tmp/ngram_old.py
     python bench/ngram_index_cost.py --outputs F --other /tmp/ngram_old.py
@@ -50,6 +51,21 @@ def per_call(module, seqs: list[list[int]], iters: int) -> tuple[float, float]:
     return propose, alternatives
 
 
+def growing(module, seq: list[int], query: bool, reps: int) -> float:
+    """Seconds to grow an index along `seq`, 4 tokens a step from its first 1,000, with a
+    `propose(9)` after every step (as a drafting request) or none (as one the policy keeps
+    from drafting)."""
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        ix = module.NGramIndex(3)
+        ix.extend(seq[:1000])
+        for i in range(1000, len(seq), 4):
+            ix.extend(seq[i : i + 4])
+            if query:
+                ix.propose(9)
+    return (time.perf_counter() - t0) / reps
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--outputs", required=True)
@@ -68,6 +84,12 @@ def main() -> int:
         iters = args.iters if len(seqs) > 1 else 5
         mine, theirs = per_call(ngram, seqs, iters), per_call(other, seqs, iters)
         print(f"| {name} | {mine[0] / theirs[0]:.2f} | {mine[1] / theirs[1]:.3f} |")
+    long = [t for d in data for t in d["prompt"] + d["output"]][:20_000]
+    print("\n| growing one sequence 1,000 -> 20,000 tokens, 4 a step | this ÷ other |")
+    print("|---|---|")
+    for query in (True, False):
+        ratio = growing(ngram, long, query, 3) / growing(other, long, query, 3)
+        print(f"| {'a propose(9) every step' if query else 'no queries'} | {ratio:.2f} |")
     return 0
 
 

@@ -180,9 +180,12 @@ def test_remote_drafter_with_branches_lossless_fp32_with_cuda_graphs(loaded):
         eng = build_engine(
             _cfg(drafter=remote, drafter_branches=4, drafter_patience_ms=0), loaded=loaded
         )
-        spec = _run(eng, prompts)
+        try:
+            spec = _run(eng, prompts)
+            c = eng.drafter.counters()
+        finally:
+            eng.shutdown()
         diff = _differing(base, spec)
-        c = eng.drafter.counters()
         print(
             f"remote+branches fp32+graphs: {50 - len(diff)}/50 identical; accepted "
             f"{eng.executor.stats.accepted_tokens}/{eng.executor.stats.draft_tokens} drafts; "
@@ -190,7 +193,8 @@ def test_remote_drafter_with_branches_lossless_fp32_with_cuda_graphs(loaded):
         )
         assert not diff, f"prompts {diff} differ with the remote drafter"
         assert c["failed"] == c["stale"] == c["unknown_request"] == 0
-        eng.shutdown()
+        # (How many drafts came from branches depends on when replies arrive: printed only.)
+        assert eng.executor.stats.accepted_tokens > 0
     finally:
         server.stop(None)
 

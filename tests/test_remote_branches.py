@@ -187,6 +187,8 @@ def test_the_target_asks_a_drafter_that_offers_branches_while_its_messages_are_s
     # Nor without look-ahead enough for a branch at the second position to fill a step.
     short = servers.harness(f"grpc://{server.address}", branches=4, lookahead=1)
     assert short.drafter.branches == 0
+    capped = servers(instance=RecordingDrafter(), max_draft_len=4)  # no room past K = 4
+    assert servers.harness(f"grpc://{capped.address}", branches=4).drafter.branches == 0
     # A drafter that does not offer them is never asked (the model drafter has none).
     plain = servers(max_draft_len=16, drafter="model:tiny-random")
     assert servers.harness(f"grpc://{plain.address}", vocab=512, fp="").drafter.branches == 0
@@ -215,3 +217,56 @@ def test_drafter_branches_flag_is_checked():
         TargetConfig(drafter_branches=17)
     with pytest.raises(UserError, match="--drafter-branches"):
         TargetConfig(drafter_branches=-2)
+
+
+class GarbageDrafter(SessionDrafter):
+    """Answers by the sequence's first token: 1 a good draft, 2 an infinite id, 3 tokens that
+    raise while read, 4 malformed distributions, 5 branches that raise while read."""
+
+    name = "garbage"
+    capabilities = ("branches", "draft_probs")
+
+    def new_state(self) -> list[int]:
+        return []
+
+    def extend(self, state, tokens):
+        state.extend(tokens)
+
+    def propose(self, state, budget, want_probs=False):
+        def raising():
+            yield 1
+            raise RuntimeError("broken iterator")
+
+        kind = state[0]
+        if kind == 2:
+            return ([float("inf")], None)
+        if kind == 3:
+            return (raising(), None)
+        if kind == 4:
+            return ([1, 2], [([1, 2], [0.5]), ("x", None)])
+        return ([1, 2], [([1], [1.0]), ([2], [1.0])] if want_probs else None)
+
+    def alternatives(self, state, proposal, positions, per_position, horizon):
+        if state[0] == 5:
+            return [(0, 9, [float("inf")]), (0, 8, iter([3, 4]))]
+        return [(0, 7, [3])]
+
+
+def test_a_drafters_garbage_costs_its_own_sequence_never_the_call(servers):
+    server = servers(instance=GarbageDrafter(), max_draft_len=16)
+    updates = [
+        drafter_pb2.SequenceUpdate(
+            request_id=f"s{kind}", new_tokens=[kind, 0], max_draft_tokens=4, max_branches=2,
+            branch_positions=2,
+        )
+        for kind in (1, 2, 3, 4, 5)
+    ]  # fmt: skip
+    with grpc.insecure_channel(server.address) as channel:
+        stub = drafter_pb2_grpc.DrafterServiceStub(channel)
+        msg = drafter_pb2.DraftRequest(step=1, sequences=updates, want_probs=True)
+        got = {d.request_id: d for d in stub.Draft(msg).drafts}
+    assert list(got["s1"].tokens) == [1, 2] and len(got["s1"].probs) == 2
+    assert [(b.position, b.token, list(b.tokens)) for b in got["s1"].branches] == [(0, 7, [3])]
+    assert list(got["s2"].tokens) == list(got["s3"].tokens) == []  # no draft for them alone
+    assert list(got["s4"].tokens) == [1, 2] and not got["s4"].probs  # point masses
+    assert [(b.token, list(b.tokens)) for b in got["s5"].branches] == [(8, [3, 4])]

@@ -11,10 +11,11 @@ repetitive code; `prefer="oldest"` keeps the first.
 The pool is implicit: the tokens are also kept as a string, one code point per token, and a
 query searches it (str.rfind / find: C speed, and a match can only start at a token, so no
 pattern of ids, however chosen, makes a search step through false matches) instead of
-maintaining a dict of every n-gram. Appending costs nothing per token in Python, which matters
-when a request drafts only now and then (the adaptive policy) and its tokens would otherwise
-all be indexed at once; a query is a few memory scans of the sequence. Ids must lie in
-[0, MAX_TOKEN_ID): every vocabulary does.
+maintaining a dict of every n-gram. Appending costs nothing per token in Python, and the new
+text joins the string only at the next query, which matters when a request drafts only now and
+then (the adaptive policy) and its tokens would otherwise all be indexed at once; a query is a
+few memory scans of the sequence (and one copy of it, when tokens came since the last). Ids
+must lie in [0, MAX_TOKEN_ID): every vocabulary's do.
 
 `alternatives` serves the remote target's branches: at each position of a proposal, the other
 tokens that followed earlier occurrences of the suffix there (longest n-gram first, latest
@@ -31,14 +32,14 @@ _SCAN = 8  # earlier occurrences looked at per n-gram when collecting alternativ
 
 def _encode(tokens: list[int]) -> str:
     """One code point per token id; ValueError for an id outside [0, MAX_TOKEN_ID)."""
-    if not tokens:
+    if len(tokens) == 0:
         return ""
     lo, hi = min(tokens), max(tokens)
     if hi < _SURROGATES and lo >= 0:
         return "".join(map(chr, tokens))
     if lo < 0 or hi >= MAX_TOKEN_ID:
         raise ValueError(f"token ids must lie in [0, {MAX_TOKEN_ID}), got {lo if lo < 0 else hi}")
-    return "".join([chr(t + _SHIFT if t >= _SURROGATES else t) for t in tokens])
+    return "".join([chr(int(t) + _SHIFT if t >= _SURROGATES else t) for t in tokens])
 
 
 class NGramIndex:
@@ -52,7 +53,8 @@ class NGramIndex:
         self.max_ngram = max_ngram
         self.prefer_latest = prefer == "latest"
         self.tokens: list[int] = []
-        self._text = ""  # the tokens, one code point each (`_encode`)
+        self._joined = ""  # the tokens, one code point each (`_encode`), up to the last query
+        self._pending: list[str] = []  # what came since
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -60,20 +62,26 @@ class NGramIndex:
     def extend(self, new_tokens: list[int]) -> None:
         """Append committed tokens. ValueError for an id outside [0, MAX_TOKEN_ID) (nothing
         appended)."""
+        new_tokens = list(new_tokens)
         text = _encode(new_tokens)
         self.tokens.extend(new_tokens)
-        self._text += text
+        self._pending.append(text)
+
+    @property
+    def _text(self) -> str:
+        """All the tokens as one string (joined here, at a query, not at every append)."""
+        if self._pending:
+            self._joined += "".join(self._pending)
+            self._pending.clear()
+        return self._joined
 
     def _start(self, tail: str, n: int) -> int | None:
         """Where the tokens after the chosen earlier occurrence of the last `n` tokens begin
         (`tail` holds the last few tokens, at least `n`): the latest (or oldest) occurrence
         that has at least one token after it."""
-        pattern = tail[len(tail) - n :]
-        end = len(self._text) - 1  # an occurrence must end before the last token
-        if self.prefer_latest:
-            i = self._text.rfind(pattern, 0, end)
-        else:
-            i = self._text.find(pattern, 0, end)
+        pattern, text = tail[len(tail) - n :], self._text
+        end = len(text) - 1  # an occurrence must end before the last token
+        i = text.rfind(pattern, 0, end) if self.prefer_latest else text.find(pattern, 0, end)
         return None if i < 0 else i + n
 
     def propose(self, budget: int) -> list[int]:

@@ -26,14 +26,26 @@ _INT32 = 1 << 31
 
 
 def token_ids(values, limit: int) -> list[int]:
-    """The first `limit` of `values` as token ids that fit the wire (int32); TypeError or
-    ValueError for anything else."""
+    """The first `limit` of `values` as token ids that fit the wire (integers in int32);
+    an exception for anything else."""
     ids = list(itertools.islice(values, limit))
     if not all(type(t) is int for t in ids):
-        ids = [int(t) for t in ids]
+        ids = [operator.index(t) for t in ids]  # numpy ints, not floats or strings
     if ids and not (-_INT32 <= min(ids) and max(ids) < _INT32):
         raise ValueError("a token id outside int32")
     return ids
+
+
+def distributions(probs, n: int) -> list[SparseDist] | None:
+    """The first `n` sparse distributions (ids, probs), made to fit the wire; None when there
+    are fewer than `n` (the draft is then sent as point masses); an exception for malformed
+    ones (the target checks what they mean: sums, the vocabulary)."""
+    out = [
+        (token_ids(ids, _INT32), [float(p) for p in ps]) for ids, ps in itertools.islice(probs, n)
+    ]
+    if any(len(ids) != len(ps) for ids, ps in out):
+        raise ValueError("a distribution with more ids than probabilities, or fewer")
+    return out if len(out) == n else None
 
 
 class SeqUpdate(NamedTuple):  # immutable and cheap to build: one per sequence per message
@@ -165,11 +177,14 @@ class DraftEngine:
             try:  # what a drafter returns is checked per sequence: one bad answer costs one draft
                 tokens, probs = proposal
                 answer.tokens = token_ids(tokens, budget)
-            except (TypeError, ValueError) as exc:
-                log.warning("drafter %s: a proposal dropped: %s", self.drafter.name, exc)
+            except Exception as exc:
+                log.warning("drafter %s: a proposal dropped: %r", self.drafter.name, exc)
                 continue
-            if want_probs and probs is not None and len(probs) >= len(answer.tokens):
-                answer.probs = list(probs)[: len(answer.tokens)]
+            if want_probs and probs is not None and answer.tokens:
+                try:
+                    answer.probs = distributions(probs, len(answer.tokens))
+                except Exception as exc:  # the draft stays, as point masses
+                    log.warning("drafter %s: distributions dropped: %r", self.drafter.name, exc)
             if u.max_branches and u.branch_positions and self.branches:
                 answer.branches = self._alternatives(state, answer.tokens, u, budget)
 
@@ -201,7 +216,7 @@ class DraftEngine:
                 if position < len(tokens) and token == tokens[position]:
                     continue  # not another way: the proposal itself
                 rest = token_ids(rest, max(0, budget - position - 1))
-            except (TypeError, ValueError):
+            except Exception:  # a malformed branch costs only itself
                 continue
             if not rest or (position, token) in seen:
                 continue  # nothing to draft from, or said already

@@ -174,13 +174,14 @@ class RemoteDrafter(Drafter):
             lookahead = max_draft_len + 1 if cheap else 0
         self.lookahead = lookahead
         self.patience = Patience(self.config, lookahead)
-        # Alternatives asked per draft position (-1: auto, by the message's size). None from
-        # a drafter that does not offer them, nor without the look-ahead that lets a branch
-        # hold a whole step's drafts (at position p it holds what was asked, less p + 1).
-        usable = offers_branches and lookahead >= BRANCH_POSITIONS
-        self.branches = branches if usable else 0
         # The most tokens a proposal may hold: what the drafter says it ever returns.
         self._most = self.info.max_draft_len or (max_draft_len + lookahead)
+        # Alternatives asked per draft position (-1: auto, by the message's size). None from
+        # a drafter that does not offer them, nor without the look-ahead that lets a branch
+        # hold a whole step's drafts (at position p it holds what was asked, less p + 1):
+        # the look-ahead the drafter's own cap leaves.
+        room = min(lookahead, self._most - max_draft_len)
+        self.branches = branches if offers_branches and room >= BRANCH_POSITIONS else 0
         self._connect()
 
     # -- connection ---------------------------------------------------------------------------
