@@ -37,7 +37,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 from prompt_pool import KINDS, build_pool  # noqa: E402
 
 from specwire.common.drafters.ngram import NGramDrafter  # noqa: E402
-from specwire.common.ngram import NGramIndex  # noqa: E402
+from specwire.common.ngram import DEFAULT_MAX_NGRAM, NGramIndex  # noqa: E402
 from specwire.drafter_service.engine import DraftEngine, SeqUpdate  # noqa: E402
 from specwire.drafter_service.sessions import SessionStore  # noqa: E402
 from specwire.target_service.drafters.remote_sessions import RemoteSessions  # noqa: E402
@@ -97,9 +97,9 @@ def replay(record: dict, mode: str, args) -> tuple[int, int, int]:
     req = Request("r", list(prompt), max_new_tokens=len(output), max_draft_len=k)
     req.state, req.step_draft_cap = RequestState.DECODE, k
     sessions = RemoteSessions()
-    drafter = NGramDrafter()
+    drafter = NGramDrafter(args.max_ngram)
     engine = DraftEngine(drafter, SessionStore(drafter), max_draft_len=64)
-    index = NGramIndex(3)
+    index = NGramIndex(args.max_ngram)
     index.extend(prompt)
     synced = 0  # the tokens the drafter holds
     pending: list[tuple] = []  # replies asked for, oldest first, not yet arrived
@@ -145,6 +145,7 @@ def main() -> int:
     ap.add_argument("--per-kind", type=int, default=10)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--k", type=int, default=4, help="drafts per step")
+    ap.add_argument("--max-ngram", type=int, default=DEFAULT_MAX_NGRAM, help="both drafters'")
     ap.add_argument("--branches", type=int, default=4, help="alternatives per position")
     ap.add_argument("--branch-positions", type=int, default=2)
     ap.add_argument(
@@ -172,7 +173,8 @@ def main() -> int:
     print(
         f"# {len(data)} prompts ({source}), {args.model} fp32 greedy on CPU, "
         f"{sum(len(d['output']) for d in data)} tokens ({time.perf_counter() - t0:.0f} s); "
-        f"K={args.k}, branches {args.branches} x {args.branch_positions} positions, "
+        f"K={args.k}, max n-gram {args.max_ngram}, "
+        f"branches {args.branches} x {args.branch_positions} positions, "
         f"replies usable {args.reply_steps} steps after they are asked for; "
         f"costs: step {args.step_ms} ms, verify {args.verify_ms} ms, rtt {args.rtt_ms} ms\n"
     )

@@ -34,7 +34,7 @@ def per_call(module, seqs: list[list[int]], iters: int) -> tuple[float, float]:
     """Seconds per (propose(9), alternatives(2 positions x 4)) call, averaged."""
     indexes = []
     for s in seqs:
-        ix = module.NGramIndex(3)
+        ix = module.NGramIndex()  # each implementation with its own defaults
         ix.extend(s)
         indexes.append(ix)
     proposals = [ix.propose(9) for ix in indexes]
@@ -57,7 +57,7 @@ def growing(module, seq: list[int], query: bool, reps: int) -> float:
     from drafting)."""
     t0 = time.perf_counter()
     for _ in range(reps):
-        ix = module.NGramIndex(3)
+        ix = module.NGramIndex()  # each implementation with its own defaults
         ix.extend(seq[:1000])
         for i in range(1000, len(seq), 4):
             ix.extend(seq[i : i + 4])

@@ -3,10 +3,12 @@ with an earlier occurrence that has a token after it, latest or oldest, copy wit
 
 from __future__ import annotations
 
+from collections import Counter
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specwire.common.ngram import MAX_TOKEN_ID, NGramIndex
+from specwire.common.ngram import MAX_TOKEN_ID, VOTE, NGramIndex
 
 
 def reference(tokens: list[int], max_ngram: int, latest: bool, budget: int) -> list[int]:
@@ -17,7 +19,11 @@ def reference(tokens: list[int], max_ngram: int, latest: bool, budget: int) -> l
         suffix = tokens[-n:]
         ends = [e for e in range(n, n_tok) if tokens[e - n : e] == suffix]
         if ends:
-            start = max(ends) if latest else min(ends)
+            # The first VOTE occurrences in the preferred order vote with their next token;
+            # the first of the winners (a tie: the one seen first) is continued.
+            seen = sorted(ends, reverse=latest)[:VOTE]
+            votes = Counter(tokens[e] for e in seen)
+            start = next(e for e in seen if votes[tokens[e]] == max(votes.values()))
             out: list[int] = []
             for j in range(budget):
                 i = start + j
@@ -48,6 +54,28 @@ def test_proposals_match_the_definition(chunks, max_ngram, latest, budget):
         index.extend(chunk)
         seen += chunk
         assert index.propose(budget) == reference(seen, max_ngram, latest, budget)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    tokens=st.lists(st.integers(0, 2), min_size=2, max_size=60),
+    max_ngram=st.integers(1, 8),
+    latest=st.booleans(),
+)
+def test_the_vote_on_a_tiny_alphabet(tokens, max_ngram, latest):
+    """Three ids: suffixes recur often, with different next tokens, so the vote decides."""
+    index = NGramIndex(max_ngram, "latest" if latest else "oldest")
+    index.extend(tokens)
+    assert index.propose(5) == reference(tokens, max_ngram, latest, 5)
+
+
+def test_the_next_token_most_recent_occurrences_share_wins():
+    index = NGramIndex(1)
+    index.extend([1, 3, 1, 3, 1, 2, 1])  # after "1": 2 once (the latest), 3 twice
+    assert index.propose(2) == [3, 1]
+    index = NGramIndex(1)
+    index.extend([1, 2, 1, 3, 1, 3, 1, 2, 1])  # 2 and 3 twice each: the latest wins the tie
+    assert index.propose(2) == [2, 1]
 
 
 def test_a_match_straddling_two_tokens_is_not_a_match():

@@ -25,7 +25,8 @@ const { HealthImplementation } = require('grpc-health-check');
 const PROTO_ROOT = path.resolve(__dirname, '..', '..', 'protos');
 const PROTOCOL_VERSION = 1;
 
-/** The n-gram pool of one sequence (common/ngram.py's pool, prefer="latest", plus loops). */
+/** The n-gram pool of one sequence: the longest earlier match of the suffix, its latest
+ * occurrence, plus loops (common/ngram.py without its vote over several occurrences). */
 class NGramIndex {
   constructor(maxNgram) {
     this.maxNgram = maxNgram;

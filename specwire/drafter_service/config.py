@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specwire.common.errors import UserError
+from specwire.common.ngram import DEFAULT_MAX_NGRAM
 from specwire.common.security import ServerSecurity
 
 DRAFTER_KINDS = "ngram, model:NAME or module:Class"
@@ -18,7 +19,7 @@ class DrafterServiceConfig:
     max_draft_len: int = 16  # most tokens per proposal (a step's drafts + the look-ahead)
     host: str = "127.0.0.1"  # loopback unless told otherwise (compose sets 0.0.0.0)
     port: int = 50152  # 0 = pick a free port (tests)
-    max_ngram: int = 3
+    max_ngram: int = DEFAULT_MAX_NGRAM
     prefer: str = "latest"  # n-gram match preference: latest | oldest
     device: str = "cpu"
     dtype: str = "auto"  # model drafters: auto (float32 on CPU, bfloat16 on CUDA) | float32 | ...

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from specwire.common.drafting import MAX_BRANCHES
 from specwire.common.errors import UserError
 from specwire.common.model.paged import blocks_for
+from specwire.common.ngram import DEFAULT_MAX_NGRAM
 from specwire.common.security import ClientSecurity
 
 if TYPE_CHECKING:  # torch loads when a config is built, not when the CLI reads this class
@@ -21,7 +22,7 @@ class TargetConfig:
     model: str = "smollm2-135m"
     drafter: str = "ngram"  # none | ngram | model:NAME | module:Class | grpc://HOST:PORT
     max_draft_len: int = 4
-    max_ngram: int = 3
+    max_ngram: int = DEFAULT_MAX_NGRAM
     device: str = "cpu"
     dtype: str = "float32"
     cuda_graphs: bool = True

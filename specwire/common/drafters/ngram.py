@@ -4,7 +4,7 @@ token-agnostic."""
 from __future__ import annotations
 
 from specwire.common.drafting import Branch, Proposal, SessionDrafter
-from specwire.common.ngram import NGramIndex
+from specwire.common.ngram import DEFAULT_MAX_NGRAM, NGramIndex
 
 
 class NGramDrafter(SessionDrafter):
@@ -14,7 +14,7 @@ class NGramDrafter(SessionDrafter):
     cheap = True  # a few memory scans per proposal
     capabilities = ("branches",)
 
-    def __init__(self, max_ngram: int = 3, prefer: str = "latest") -> None:
+    def __init__(self, max_ngram: int = DEFAULT_MAX_NGRAM, prefer: str = "latest") -> None:
         NGramIndex(max_ngram, prefer)  # validate the settings once, at start-up
         self.max_ngram = max_ngram
         self.prefer = prefer
