@@ -143,6 +143,24 @@ def test_node_drafter_sessions_deltas_resync_and_finish(node_drafter: str) -> No
         assert d["never-seen"].resync
 
 
+def test_node_drafter_offers_branches_when_asked(node_drafter: str) -> None:
+    """The Node drafter implements the branches extension: other tokens that followed the
+    suffix, each with what came after it, only when the update asks."""
+    forked = [1, 2, 3, 4, 9, 1, 2, 5, 6, 9, 1, 2]  # after "1 2": 3 once, 5 (the latest) once
+    with grpc.insecure_channel(node_drafter) as channel:
+        stub = drafter_pb2_grpc.DrafterServiceStub(channel)
+        info = stub.GetInfo(drafter_pb2.GetInfoRequest(protocol_version=1), timeout=5)
+        assert "branches" in info.capabilities
+        ask = _update("f", 0, forked, max_branches=2, branch_positions=2)
+        plain = _update("g", 0, forked)
+        reply = stub.Draft(drafter_pb2.DraftRequest(step=1, sequences=[ask, plain]), timeout=5)
+    got = {d.request_id: d for d in reply.drafts}
+    assert list(got["f"].tokens) == [5, 6, 9, 1]
+    branches = [(b.position, b.token, list(b.tokens)) for b in got["f"].branches]
+    assert branches == [(0, 3, [4, 9, 1])]  # budget 4: 4 - 0 - 1 tokens after the branch token
+    assert list(got["g"].tokens) == [5, 6, 9, 1] and not got["g"].branches
+
+
 def test_node_drafter_stream_answers_in_order(node_drafter: str) -> None:
     steps = [2**40 + i for i in range(3)]  # uint64 step numbers round-trip exactly
     requests = [

@@ -13,6 +13,8 @@
 // tokens. Each update says how many tokens the drafter should already hold (`base_len`); a
 // mismatch (e.g. this process restarted) answers `resync: true` and the target sends the full
 // prefix next step. Drafts are UNPADDED (0..budget tokens) and echo the held length as base_len.
+// When an update asks (max_branches), a draft also carries branches: other tokens the target
+// might commit at its first positions, each with what would follow (NGramIndex.alternatives).
 // The drafter works on token ids only, so it is token-agnostic: vocab_size 0, empty fingerprint.
 'use strict';
 
@@ -25,13 +27,16 @@ const { HealthImplementation } = require('grpc-health-check');
 const PROTO_ROOT = path.resolve(__dirname, '..', '..', 'protos');
 const PROTOCOL_VERSION = 1;
 
+const KEPT = 8; // earlier occurrences remembered per n-gram (the latest one drafts)
+
 /** The n-gram pool of one sequence: the longest earlier match of the suffix, its latest
  * occurrence, plus loops (common/ngram.py without its vote over several occurrences). */
 class NGramIndex {
   constructor(maxNgram) {
     this.maxNgram = maxNgram;
     this.tokens = [];
-    this.pool = new Map(); // "t1,t2,.." -> position just after the latest earlier occurrence
+    // "t1,t2,.." -> positions just after its latest KEPT earlier occurrences, oldest first
+    this.pool = new Map();
     this.indexed = 0; // continuation starts < indexed are in the pool
   }
 
@@ -42,10 +47,47 @@ class NGramIndex {
     // A continuation start e needs at least one token after it: index e < toks.length.
     for (let e = Math.max(this.indexed, 1); e < toks.length; e++) {
       for (let n = 1; n <= Math.min(this.maxNgram, e); n++) {
-        this.pool.set(toks.slice(e - n, e).join(','), e);
+        const key = toks.slice(e - n, e).join(',');
+        const starts = this.pool.get(key) || [];
+        starts.push(e);
+        if (starts.length > KEPT) starts.shift();
+        this.pool.set(key, starts);
       }
     }
     this.indexed = Math.max(this.indexed, toks.length);
+  }
+
+  /**
+   * Branches (drafter.proto `Branch`): at each of `proposal`'s first `positions` positions,
+   * up to `perPosition` tokens other than the proposal's own that followed an earlier
+   * occurrence of the suffix there (longest n-gram first, latest first), each with up to
+   * `horizon - position - 1` tokens after it (continued periodically over the sequence as it
+   * would then be: its tokens, the proposal's first p, the branch token).
+   */
+  alternatives(proposal, positions, perPosition, horizon) {
+    const toks = this.tokens;
+    const branches = [];
+    const last = Math.min(positions, proposal.length + 1, horizon);
+    for (let p = 0; p < last; p++) {
+      const ctx = toks.slice(-this.maxNgram).concat(proposal.slice(0, p)).slice(-this.maxNgram);
+      const own = p < proposal.length ? proposal[p] : undefined;
+      const found = new Map(); // token -> the start of what followed it
+      for (let n = Math.min(this.maxNgram, ctx.length); n > 0 && found.size < perPosition; n--) {
+        const starts = this.pool.get(ctx.slice(ctx.length - n).join(',')) || [];
+        for (let i = starts.length - 1; i >= 0 && found.size < perPosition; i--) {
+          const token = toks[starts[i]];
+          if (token !== own && !found.has(token)) found.set(token, starts[i]);
+        }
+      }
+      const h = horizon - p - 1;
+      for (const [token, start] of found) {
+        const src = toks.slice(start + 1).concat(proposal.slice(0, p), [token]);
+        const tail = [];
+        for (let i = 0; i < h; i++) tail.push(i < src.length ? src[i] : tail[i - src.length]);
+        if (tail.length > 0) branches.push({ position: p, token, tokens: tail });
+      }
+    }
+    return branches;
   }
 
   /**
@@ -59,8 +101,9 @@ class NGramIndex {
     const toks = this.tokens;
     if (budget <= 0 || toks.length < 2) return [];
     for (let n = Math.min(this.maxNgram, toks.length - 1); n > 0; n--) {
-      const start = this.pool.get(toks.slice(toks.length - n).join(','));
-      if (start === undefined) continue;
+      const starts = this.pool.get(toks.slice(toks.length - n).join(','));
+      if (starts === undefined) continue;
+      const start = starts[starts.length - 1];
       const period = toks.length - start;
       const draft = [];
       for (let i = 0; i < budget; i++) draft.push(i < period ? toks[start + i] : draft[i - period]);
@@ -85,7 +128,7 @@ class PromptLookupDrafter {
       vocab_size: 0,
       tokenizer_fingerprint: '',
       max_draft_len: this.maxDraftLen,
-      capabilities: ['stream'],
+      capabilities: ['stream', 'branches'],
     };
   }
 
@@ -113,12 +156,13 @@ class PromptLookupDrafter {
       }
       session.extend(update.new_tokens || []);
       const budget = Math.min(update.max_draft_tokens || 0, this.maxDraftLen);
-      drafts.push({
-        request_id: id,
-        base_len: session.tokens.length,
-        tokens: session.propose(budget),
-        resync: false,
-      });
+      const tokens = session.propose(budget);
+      // Branches only when asked: max_branches other tokens at the first branch_positions.
+      const branches =
+        update.max_branches > 0 && update.branch_positions > 0 && budget > 0
+          ? session.alternatives(tokens, update.branch_positions, update.max_branches, budget)
+          : [];
+      drafts.push({ request_id: id, base_len: session.tokens.length, tokens, resync: false, branches });
     }
     return { step: request.step, drafts };
   }

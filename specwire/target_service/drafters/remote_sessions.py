@@ -15,7 +15,7 @@ from specwire.target_service.resources.base import ResourceManager
 # rejected (or a draftless step commits its token), or the second. In a replay of SmolLM2's
 # HumanEval outputs (bench/branch_replay.py --branch-positions 1/2/5) one, two and five
 # positions projected 0.94, 0.95 and 0.96 of the in-process drafter's speed, while the
-# n-gram drafter's work grows with the positions (with two, 3-4x its work per message without
+# n-gram drafter's work grows with the positions (with two, 3-5x its work per message without
 # branches: bench/branch_cost.py).
 BRANCH_POSITIONS = 2
 # Auto (--drafter-branches -1): this many alternatives per position while a message carries at
