@@ -37,7 +37,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 from prompt_pool import KINDS, build_pool  # noqa: E402
 
 from specwire.common.drafters.ngram import NGramDrafter  # noqa: E402
-from specwire.common.ngram import DEFAULT_MAX_NGRAM, NGramIndex  # noqa: E402
+from specwire.common.ngram import DEFAULT_MAX_NGRAM, VOTE, NGramIndex  # noqa: E402
 from specwire.drafter_service.engine import DraftEngine, SeqUpdate  # noqa: E402
 from specwire.drafter_service.sessions import SessionStore  # noqa: E402
 from specwire.target_service.drafters.remote_sessions import RemoteSessions  # noqa: E402
@@ -51,7 +51,9 @@ def greedy_outputs(args) -> tuple[list[dict], str]:
     from specwire.target_service.config import TargetConfig
     from specwire.target_service.engine import build_engine
 
-    pool, source = build_pool(chat=True)
+    pool, source = build_pool(chat=True, seed=args.seed)
+    skip = {d["id"] for d in json.loads(Path(args.exclude).read_text())} if args.exclude else set()
+    pool = [p for p in pool if p.id not in skip]
     chosen = [p for kind in KINDS for p in [q for q in pool if q.kind == kind][: args.per_kind]]
     cfg = TargetConfig(
         model=args.model,
@@ -89,21 +91,22 @@ def accepted(drafts: list[int], truth: list[int], at: int) -> int:
     return a
 
 
-def replay(record: dict, mode: str, args) -> tuple[int, int, int]:
-    """(steps, steps with drafts, tokens) of one request under `mode`."""
+def replay(record: dict, mode: str, args) -> tuple[int, int, int, int, int]:
+    """(steps, steps with drafts, tokens, draft tokens, accepted draft tokens) of one request
+    under `mode`."""
     k = args.k
     prompt, output = record["prompt"], record["output"]
     truth = prompt + output
     req = Request("r", list(prompt), max_new_tokens=len(output), max_draft_len=k)
     req.state, req.step_draft_cap = RequestState.DECODE, k
     sessions = RemoteSessions()
-    drafter = NGramDrafter(args.max_ngram)
+    drafter = NGramDrafter(args.max_ngram, vote=args.vote)
     engine = DraftEngine(drafter, SessionStore(drafter), max_draft_len=64)
-    index = NGramIndex(args.max_ngram)
+    index = NGramIndex(args.max_ngram, vote=args.vote)
     index.extend(prompt)
     synced = 0  # the tokens the drafter holds
     pending: list[tuple] = []  # replies asked for, oldest first, not yet arrived
-    steps = drafting = 0
+    steps = drafting = drafted = accepted_total = 0
     while req.num_tokens < len(truth):
         n = req.num_tokens
         if mode in ("inproc", "wait"):
@@ -117,6 +120,7 @@ def replay(record: dict, mode: str, args) -> tuple[int, int, int]:
         index.extend(commit)
         steps += 1
         drafting += bool(drafts)
+        drafted, accepted_total = drafted + len(drafts), accepted_total + a
         # A reply arrives `--reply-steps` - 1 steps after the one that asked: usable from the
         # step after that (2: it arrives during the next step).
         while len(pending) >= args.reply_steps - 1 and pending:
@@ -136,7 +140,7 @@ def replay(record: dict, mode: str, args) -> tuple[int, int, int]:
             sessions.synced["r"] = synced
             (reply,) = engine.draft([update])
             pending.append((synced, reply.tokens, None, ask, reply.branches or ()))
-    return steps, drafting, req.num_tokens - len(prompt)
+    return steps, drafting, req.num_tokens - len(prompt), drafted, accepted_total
 
 
 def main() -> int:
@@ -146,6 +150,13 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--k", type=int, default=4, help="drafts per step")
     ap.add_argument("--max-ngram", type=int, default=DEFAULT_MAX_NGRAM, help="both drafters'")
+    ap.add_argument(
+        "--vote", type=int, default=VOTE, help="occurrences that vote (1: the latest alone)"
+    )
+    ap.add_argument("--seed", type=int, default=0, help="prompt pool order")
+    ap.add_argument(
+        "--exclude", help="skip the prompts of outputs saved earlier (JSON): a held-out set"
+    )
     ap.add_argument("--branches", type=int, default=4, help="alternatives per position")
     ap.add_argument("--branch-positions", type=int, default=2)
     ap.add_argument(
@@ -173,27 +184,32 @@ def main() -> int:
     print(
         f"# {len(data)} prompts ({source}), {args.model} fp32 greedy on CPU, "
         f"{sum(len(d['output']) for d in data)} tokens ({time.perf_counter() - t0:.0f} s); "
-        f"K={args.k}, max n-gram {args.max_ngram}, "
+        f"K={args.k}, max n-gram {args.max_ngram}, vote {args.vote}, "
         f"branches {args.branches} x {args.branch_positions} positions, "
         f"replies usable {args.reply_steps} steps after they are asked for; "
         f"costs: step {args.step_ms} ms, verify {args.verify_ms} ms, rtt {args.rtt_ms} ms\n"
     )
-    print("| kind | drafter | steps | with drafts | tokens/step | projected ÷ none | ÷ inproc |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| kind | drafter | steps | with drafts | accepted per draft token | tokens/step | "
+        "projected ÷ none | ÷ inproc |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for kind in ("all", *KINDS):
         rows = [d for d in data if kind in ("all", d["kind"])]
         inproc_speed = None
         for mode in MODES:
-            steps = drafting = tokens = 0
+            steps = drafting = tokens = drafted = hits = 0
             for d in rows:
-                s, dr, t = replay(d, mode, args)
+                s, dr, t, n, a = replay(d, mode, args)
                 steps, drafting, tokens = steps + s, drafting + dr, tokens + t
+                drafted, hits = drafted + n, hits + a
             ms = (steps - drafting) * args.step_ms + drafting * args.verify_ms
             ms += drafting * args.rtt_ms if mode == "wait" else 0.0
             speed = tokens / ms * args.step_ms  # plain decoding: one token per step
             inproc_speed = inproc_speed or speed
             print(
-                f"| {kind} | {mode} | {steps} | {drafting} | {tokens / steps:.2f} | "
+                f"| {kind} | {mode} | {steps} | {drafting} | {hits / max(drafted, 1):.3f} | "
+                f"{tokens / steps:.2f} | "
                 f"{speed:.2f}× | {speed / inproc_speed:.2f} |"
             )
     return 0

@@ -5,7 +5,9 @@ line up across neighbours (256 = 00 01 00 00), which a byte-string index must st
 and one sequence grown step by step, with or without a query each step.
 
     git show REV:specwire/common/ngram.py > /tmp/ngram_old.py
-    python bench/ngram_index_cost.py --outputs F --other /tmp/ngram_old.py
+    python bench/ngram_index_cost.py --outputs F --other /tmp/ngram_old.py [--this NEW.py]
+
+Each implementation runs with its own defaults (max_ngram, vote).
 """
 
 from __future__ import annotations
@@ -70,10 +72,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--outputs", required=True)
     ap.add_argument("--other", required=True, help="another ngram.py to compare against")
-    ap.add_argument("--iters", type=int, default=500)
+    ap.add_argument("--this", help="an ngram.py to measure instead of specwire's own")
+    ap.add_argument("--iters", type=int, default=1500)
     args = ap.parse_args()
     data = json.loads(Path(args.outputs).read_text())
     other = load(args.other)
+    this = load(args.this) if args.this else ngram
     cases = {
         "real (40 HumanEval outputs)": [d["prompt"] + d["output"] for d in data],
         "straddling ids (100,000 x 256)": [[256] * 100_000 + [1]],
@@ -82,13 +86,13 @@ def main() -> int:
     print("|---|---|---|")
     for name, seqs in cases.items():
         iters = args.iters if len(seqs) > 1 else 5
-        mine, theirs = per_call(ngram, seqs, iters), per_call(other, seqs, iters)
+        mine, theirs = per_call(this, seqs, iters), per_call(other, seqs, iters)
         print(f"| {name} | {mine[0] / theirs[0]:.2f} | {mine[1] / theirs[1]:.3f} |")
     long = [t for d in data for t in d["prompt"] + d["output"]][:20_000]
     print("\n| growing one sequence 1,000 -> 20,000 tokens, 4 a step | this ÷ other |")
     print("|---|---|")
     for query in (True, False):
-        ratio = growing(ngram, long, query, 3) / growing(other, long, query, 3)
+        ratio = growing(this, long, query, 3) / growing(other, long, query, 3)
         print(f"| {'a propose(9) every step' if query else 'no queries'} | {ratio:.2f} |")
     return 0
 

@@ -13,11 +13,12 @@ fewer steps than max_ngram 3 with the latest occurrence alone (bench/RESULTS.md,
 The pool is implicit: the tokens are also kept as a string, one code point per token, and a
 query searches it (str.rfind / find: C speed, and a match can only start at a token, so no
 pattern of ids, however chosen, makes a search step through false matches) instead of
-maintaining a dict of every n-gram. Appending costs nothing per token in Python, and the new
-text joins the string only at the next query, which matters when a request drafts only now and
-then (the adaptive policy) and its tokens would otherwise all be indexed at once; a query is a
-few memory scans of the sequence (and one copy of it, when tokens came since the last). Ids
-must lie in [0, MAX_TOKEN_ID): every vocabulary's do.
+maintaining a dict of every n-gram. Appending costs little per token in Python (a join in C;
+ids from 0xD800 on are shifted one by one), and the new text joins the string only at the next
+query, which matters when a request drafts only now and then (the adaptive policy) and its
+tokens would otherwise all be indexed at once; a query is a few memory scans of the sequence
+(and one copy of it, when tokens came since the last). Ids must lie in [0, MAX_TOKEN_ID): every
+vocabulary's do.
 
 `alternatives` serves the remote target's branches: at each position of a proposal, the other
 tokens that followed earlier occurrences of the suffix there (longest n-gram first, latest
@@ -49,13 +50,18 @@ def _encode(tokens: list[int]) -> str:
 class NGramIndex:
     """The n-gram pool of one sequence."""
 
-    def __init__(self, max_ngram: int = DEFAULT_MAX_NGRAM, prefer: str = "latest") -> None:
+    def __init__(
+        self, max_ngram: int = DEFAULT_MAX_NGRAM, prefer: str = "latest", vote: int = VOTE
+    ) -> None:
         if max_ngram < 1:
             raise ValueError(f"max_ngram must be >= 1, got {max_ngram}")
+        if vote < 1:
+            raise ValueError(f"vote must be >= 1, got {vote}")
         if prefer not in ("latest", "oldest"):
             raise ValueError(f"prefer must be 'latest' or 'oldest', got {prefer!r}")
         self.max_ngram = max_ngram
         self.prefer_latest = prefer == "latest"
+        self.vote = vote  # occurrences that vote (1: the preferred one alone, as in round 9)
         self.tokens: list[int] = []
         self._joined = ""  # the tokens, one code point each (`_encode`), up to the last query
         self._pending: list[str] = []  # what came since
@@ -82,19 +88,19 @@ class NGramIndex:
     def _start(self, tail: str, n: int) -> int | None:
         """Where the tokens after the chosen earlier occurrence of the last `n` tokens begin
         (`tail` holds the last few tokens, at least `n`), None if there is none: of the first
-        VOTE occurrences in the preferred order (each with a token after it), the first whose
+        `vote` occurrences in the preferred order (each with a token after it), the first whose
         next token most of them share."""
         pattern, text, toks = tail[len(tail) - n :], self._text, self.tokens
         end = len(text) - 1  # an occurrence must end before the last token
         starts: list[int] = []
         if self.prefer_latest:
             i = text.rfind(pattern, 0, end)
-            while i >= 0 and len(starts) < VOTE:
+            while i >= 0 and len(starts) < self.vote:
                 starts.append(i + n)
                 i = text.rfind(pattern, 0, i + n - 1)
         else:
             i = text.find(pattern, 0, end)
-            while i >= 0 and len(starts) < VOTE:
+            while i >= 0 and len(starts) < self.vote:
                 starts.append(i + n)
                 i = text.find(pattern, i + 1, end)
         if len(starts) <= 1:

@@ -21,8 +21,11 @@ FLAGS = {
     "drafter": Flag(DRAFTER_KINDS),
     "max_draft_len": Flag("most draft tokens per sequence per reply (drafts + look-ahead)"),
     "max_ngram": Flag("ngram: longest n-gram matched"),
+    "ngram_vote": Flag("ngram: earlier occurrences of the match whose next token votes"),
     "prefer": Flag(
-        "ngram: which earlier match wins", env="SPECWIRE_NGRAM_PREFER", choices=("latest", "oldest")
+        "ngram: which earlier matches vote first and win a tie",
+        env="SPECWIRE_NGRAM_PREFER",
+        choices=("latest", "oldest"),
     ),
     "device": Flag("model drafters: cpu | cuda[:N]", env="SPECWIRE_DRAFTER_DEVICE"),
     "dtype": Flag(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specwire.common.errors import UserError
-from specwire.common.ngram import DEFAULT_MAX_NGRAM
+from specwire.common.ngram import DEFAULT_MAX_NGRAM, VOTE
 from specwire.common.security import ServerSecurity
 
 DRAFTER_KINDS = "ngram, model:NAME or module:Class"
@@ -20,6 +20,7 @@ class DrafterServiceConfig:
     host: str = "127.0.0.1"  # loopback unless told otherwise (compose sets 0.0.0.0)
     port: int = 50152  # 0 = pick a free port (tests)
     max_ngram: int = DEFAULT_MAX_NGRAM
+    ngram_vote: int = VOTE  # occurrences whose next token votes (1: the latest alone)
     prefer: str = "latest"  # n-gram match preference: latest | oldest
     device: str = "cpu"
     dtype: str = "auto"  # model drafters: auto (float32 on CPU, bfloat16 on CUDA) | float32 | ...
@@ -43,6 +44,7 @@ class DrafterServiceConfig:
         checks = {
             "--max-draft-len": (self.max_draft_len, 1),
             "--max-ngram": (self.max_ngram, 1),
+            "--ngram-vote": (self.ngram_vote, 1),
             "--kv-blocks": (self.kv_blocks, 1),
             "--draft-probs-top-n": (self.draft_probs_top_n, 0),
             "--delay-ms": (self.delay_ms, 0),

@@ -22,6 +22,10 @@ ENGINE_FLAGS = {
     "drafter": Flag("none | ngram | model:NAME | module:Class | grpc://HOST:PORT"),
     "max_draft_len": Flag("most draft tokens per sequence per step"),
     "max_ngram": Flag("ngram drafter: longest n-gram matched"),
+    "ngram_vote": Flag(
+        "ngram drafter: earlier occurrences of the match whose next token votes (1: the latest"
+        " alone)"
+    ),
     "device": Flag("cpu | cuda[:N]"),
     "dtype": Flag(
         "float32 | bfloat16 | float16 (unset: float32 on CPU, bfloat16 on GPU)", default=None
@@ -61,10 +65,10 @@ ENGINE_FLAGS = {
         " (-1 = auto: K+1 for an n-gram drafter or one offering branches, else 0)"
     ),
     "drafter_branches": Flag(
-        "remote drafters offering branches: other tokens asked for at each draft position, each"
-        " with the drafts after it, so a step that rejects a draft has the next drafts at once"
-        " (-1 = auto: 4 while a message carries <= 8 sequences, else 0; only with a"
-        " look-ahead of at least 2)"
+        "remote drafters offering branches: other tokens asked for at the first two draft"
+        " positions, each with the drafts after it, so a step that rejects a draft has the"
+        " next drafts at once (-1 = auto: 4 while a message carries <= 8 sequences, else 0;"
+        " only when the look-ahead the drafter's max-draft-len leaves is at least 2)"
     ),
     "progress": Flag("no progress bars while loading"),
     "max_prompt_bytes": Flag("most UTF-8 bytes of a prompt (checked before tokenising)"),

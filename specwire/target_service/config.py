@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from specwire.common.drafting import MAX_BRANCHES
 from specwire.common.errors import UserError
 from specwire.common.model.paged import blocks_for
-from specwire.common.ngram import DEFAULT_MAX_NGRAM
+from specwire.common.ngram import DEFAULT_MAX_NGRAM, VOTE
 from specwire.common.security import ClientSecurity
 
 if TYPE_CHECKING:  # torch loads when a config is built, not when the CLI reads this class
@@ -23,6 +23,7 @@ class TargetConfig:
     drafter: str = "ngram"  # none | ngram | model:NAME | module:Class | grpc://HOST:PORT
     max_draft_len: int = 4
     max_ngram: int = DEFAULT_MAX_NGRAM
+    ngram_vote: int = VOTE  # n-gram: occurrences whose next token votes (1: the latest alone)
     device: str = "cpu"
     dtype: str = "float32"
     cuda_graphs: bool = True
@@ -63,6 +64,9 @@ class TargetConfig:
     def __post_init__(self) -> None:
         if self.max_draft_len < 0:
             raise UserError(f"--max-draft-len must be >= 0, got {self.max_draft_len}")
+        for flag, value in (("--max-ngram", self.max_ngram), ("--ngram-vote", self.ngram_vote)):
+            if value < 1:
+                raise UserError(f"{flag} must be >= 1, got {value}")
         if self.dtype not in DTYPES:
             raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if not (self.device == "cpu" or self.device.startswith("cuda")):

@@ -48,7 +48,8 @@ def make_drafter(cfg: TargetConfig, loaded: LoadedModel) -> Drafter | None:
     if spec == "none" or cfg.max_draft_len == 0:
         return None
     if spec == "ngram":
-        return SessionDrafterAdapter(NGramDrafter(cfg.max_ngram), cfg.max_draft_len)
+        drafter = NGramDrafter(cfg.max_ngram, vote=cfg.ngram_vote)
+        return SessionDrafterAdapter(drafter, cfg.max_draft_len)
     if spec.startswith("model:"):
         draft = load_model_drafter(
             spec.removeprefix("model:"),

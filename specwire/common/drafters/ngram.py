@@ -4,7 +4,7 @@ token-agnostic."""
 from __future__ import annotations
 
 from specwire.common.drafting import Branch, Proposal, SessionDrafter
-from specwire.common.ngram import DEFAULT_MAX_NGRAM, NGramIndex
+from specwire.common.ngram import DEFAULT_MAX_NGRAM, VOTE, NGramIndex
 
 
 class NGramDrafter(SessionDrafter):
@@ -14,13 +14,16 @@ class NGramDrafter(SessionDrafter):
     cheap = True  # a few memory scans per proposal
     capabilities = ("branches",)
 
-    def __init__(self, max_ngram: int = DEFAULT_MAX_NGRAM, prefer: str = "latest") -> None:
-        NGramIndex(max_ngram, prefer)  # validate the settings once, at start-up
+    def __init__(
+        self, max_ngram: int = DEFAULT_MAX_NGRAM, prefer: str = "latest", vote: int = VOTE
+    ) -> None:
+        NGramIndex(max_ngram, prefer, vote)  # validate the settings once, at start-up
         self.max_ngram = max_ngram
         self.prefer = prefer
+        self.vote = vote
 
     def new_state(self) -> NGramIndex:
-        return NGramIndex(self.max_ngram, self.prefer)
+        return NGramIndex(self.max_ngram, self.prefer, self.vote)
 
     def extend(self, state: NGramIndex, tokens: list[int]) -> None:
         state.extend(tokens)

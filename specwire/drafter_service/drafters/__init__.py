@@ -18,7 +18,7 @@ __all__ = ["NGramDrafter", "Proposal", "SessionDrafter", "SparseDist", "build_dr
 def build_drafter(config: DrafterServiceConfig) -> SessionDrafter:
     """The drafter named by `config.drafter` (loads the model for `model:NAME`)."""
     if config.drafter == "ngram":
-        return NGramDrafter(config.max_ngram, config.prefer)
+        return NGramDrafter(config.max_ngram, config.prefer, config.ngram_vote)
     kind, _, arg = config.drafter.partition(":")
     if kind == "model":
         return _build_model_drafter(arg, config)

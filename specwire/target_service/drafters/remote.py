@@ -556,7 +556,8 @@ class RemoteDrafter(Drafter):
         connection counts: the wire field is "(re)connections made"), prefetched (submit
         replies collected), lookahead (requests drafted from a kept proposal past its start:
         its look-ahead, or a deferred reply), deferred (steps that went without a submit's
-        reply after the patience; the reply is kept for the steps after)."""
+        reply after the patience; the reply is kept for the steps after), branched (requests
+        drafted from a kept branch)."""
         with self._cv:
             return dict(self._counters)
 
