@@ -50,9 +50,13 @@ class Run:
     anchor: int
     tokens: list[int]
     probs: list[tuple[list[int], list[float]]] | None
-    complete: bool  # the drafter gave fewer tokens than asked: it had nothing more
+    asked: int  # tokens asked for from `anchor` (a branch at p holds at most asked - p - 1)
     branches: Sequence[Any] = ()
-    asked: int = 0  # tokens asked for from `anchor` (a branch at p holds at most asked-p-1)
+
+    @property
+    def complete(self) -> bool:
+        """The drafter gave fewer tokens than asked: it had nothing more."""
+        return len(self.tokens) < self.asked
 
     def branch(self, position: int, token: int) -> Run | None:
         """The run that starts where the target left this one for `token` at `position`."""
@@ -62,7 +66,7 @@ class Run:
         for b in self.branches:
             if b.position == position and b.token == token:
                 tokens = list(b.tokens[:room])
-                return Run(self.anchor + position + 1, tokens, None, len(tokens) < room)
+                return Run(self.anchor + position + 1, tokens, None, room)
         return None
 
 
@@ -122,7 +126,7 @@ class RemoteSessions(ResourceManager):
         old = self.runs.get(request_id)
         if old is not None and old.anchor > anchor:
             return
-        self.runs[request_id] = Run(anchor, tokens, probs, len(tokens) < asked, branches, asked)
+        self.runs[request_id] = Run(anchor, tokens, probs, asked, branches)
 
     def drafts_from_run(self, request: Request) -> tuple[list[int], list | None, str] | None:
         """(drafts, their distributions or None, where they come from) from the request's
