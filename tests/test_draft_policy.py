@@ -266,3 +266,46 @@ def test_a_first_window_longer_than_the_window_is_refused():
 
     with pytest.raises(ValueError, match="first_window <= mode_window"):
         DraftLengthPolicy(4, first_window=40, mode_window=32)
+
+
+def test_an_unknown_load_decodes_plainly_first_and_a_far_behind_first_look_is_cut():
+    """Speculation won at one stream; 32 streams arrive, where nothing is known or implied:
+    plain decoding runs first (it cannot lose to serving without a drafter), then speculation
+    is probed — cut after `first_window` steps when it trails by more than `first_look_exit`
+    (a synchronous step at that load costs several overlapped ones), whole when closer."""
+    p = _policy({1: 1e-3, 256: 1e-3})
+    one = [_req("solo")]
+    many = [_req(f"r{i}") for i in range(32)]
+    assert p.step_draft_len(one) > 0 and p.mode == "spec"  # the very first window: spec
+    _window(p, 1100.0, rows=1)
+    _window(p, 800.0, rows=1)  # plain at 1: spec wins there
+    assert p.mode == "spec"
+    assert p.step_draft_len(many) == 0 and p.mode == "plain"  # unknown here: plain first
+    assert _window(p, 12000.0, rows=32) == p.mode_window
+    assert p.mode == "spec"  # the probe of speculation at 32
+    assert _window(p, 5000.0, rows=32) == p.first_window  # 58 % behind: cut short
+    assert p.mode == "plain" and p.rates[("spec", 32)] < p.rates[("plain", 32)]
+    q = _policy({1: 1e-3, 256: 1e-3})
+    q.step_draft_len(one)
+    _window(q, 1100.0, rows=1)
+    _window(q, 800.0, rows=1)
+    q.step_draft_len(many)
+    _window(q, 12000.0, rows=32)  # plain first
+    assert q.mode == "spec"
+    assert _window(q, 8000.0, rows=32) == q.mode_window  # a third behind: a whole first look
+
+
+def test_back_at_a_load_where_only_plain_was_measured_speculation_is_probed():
+    """Plain decoding was measured at 16 rows and speculation not (the load moved on): when a
+    window starts there again with nothing implied, speculation runs as a probe — one that a
+    wide gap cuts short."""
+    p = _policy({1: 1e-3, 256: 1e-3})
+    p.step_draft_len([_req("solo")])
+    _window(p, 1100.0, rows=1)
+    _window(p, 800.0, rows=1)  # spec wins at 1
+    sixteen = [_req(f"r{i}") for i in range(16)]
+    assert p.step_draft_len(sixteen) == 0  # plain first at 16
+    _window(p, 9000.0, rows=16)
+    p.mode, p._planned, p._probing = "spec", 1, False  # noqa: SLF001 - as if the load moved away
+    assert p.step_draft_len(sixteen) > 0 and p.mode == "spec"  # the probe at 16
+    assert _window(p, 3000.0, rows=16) == p.first_window

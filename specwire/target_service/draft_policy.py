@@ -16,7 +16,11 @@ runs the mode with the better rate at the load just seen (speculation only when 
 starts at another load starts in the mode best there. At a load where the other mode has no rate
 yet it goes by what other loads imply (speculation pays less as the batch grows: plain winning
 at a smaller load wins here, speculation winning at a larger one wins here), and measures the
-other mode only when nothing is implied or a probe is due. Now and then it runs the losing mode
+other mode only when nothing is implied or a probe is due. Where nothing is known or implied it
+decodes plainly first and then probes speculation; a first look that trails by more than
+`first_look_exit` after `first_window` steps ends there too (on the H200 a synchronous
+speculative step at 32-64 rows took 3.5x an overlapped plain one, and whole first looks at
+speculation cost 5-8 % of a serving pass). Now and then it runs the losing mode
 for one window to re-measure it. How often: a probe costs one window at the losing rate, so the
 gap sets the interval — every `probe_every` windows when the modes are close, up to
 `max_probe_every` when the loser is far behind, keeping what probing costs near `probe_budget`
@@ -97,6 +101,11 @@ class DraftLengthPolicy:
     # yet) would misjudge speculation for a long while.
     first_window: int = 8
     early_exit: float = 0.25
+    # A mode's first look at a load ends after `first_window` steps only when it trails the
+    # other mode's rate there by more than this (a wide gap no start-of-response effect
+    # explains: on the H200 a synchronous speculative step at 32-64 rows took 3.5x an
+    # overlapped plain one, and whole first looks cost 5-8 % of a pass).
+    first_look_exit: float = 0.4
     probe_every: int = 8  # least windows between tries of the mode not in use
     max_probe_every: int = 32  # most windows between them
     probe_budget: float = 0.01  # throughput share probing may cost (sets the interval)
@@ -205,26 +214,29 @@ class DraftLengthPolicy:
         checking every step would stop a noisy probe at its worst moment and bias the loser's
         rate down)."""
         other = self.rates.get(("plain" if key[0] == "spec" else "spec", key[1]))
-        return (
-            self._probing
-            and key in self.rates
-            and other is not None
-            and rate < other * (1.0 - self.early_exit)
-        )
+        gap = self.early_exit if key in self.rates else self.first_look_exit
+        return self._probing and other is not None and rate < other * (1.0 - gap)
 
     def _start_window(self, rows: int) -> None:
         """A window starts with `rows` rows: at the load the last window ended with, or when
         the last window's end chose to measure a mode, run the mode chosen then; at another
         load, the mode best there (measured, or implied by other loads) — not a whole window
-        of the last load's mode."""
+        of the last load's mode. Where nothing is known or implied, plain decoding first (it
+        cannot lose to serving without a drafter); speculation is then a probe, cut short
+        when far behind. Only the very first window, with nothing measured anywhere, keeps
+        the starting mode."""
         load = _row_bucket(max(1, rows))
         if load == self._planned or self._probing:
             return
         self._planned = load
         if ("spec", load) in self.rates and ("plain", load) in self.rates:
             self.mode = self._winner(load)
-        else:
-            self.mode = self._infer(load) or self.mode
+        elif (implied := self._infer(load)) is not None:
+            self.mode = implied
+        elif self.rates and ("plain", load) in self.rates:  # speculation unmeasured here
+            self.mode, self._probing = "spec", True
+        elif self.rates:
+            self.mode = "plain"
 
     def _next_mode(self, load: int, seen: int) -> str:
         """The mode of the next window, after `seen` windows at `load` (this one included)."""
