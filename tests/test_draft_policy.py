@@ -309,3 +309,16 @@ def test_back_at_a_load_where_only_plain_was_measured_speculation_is_probed():
     p.mode, p._planned, p._probing = "spec", 1, False  # noqa: SLF001 - as if the load moved away
     assert p.step_draft_len(sixteen) > 0 and p.mode == "spec"  # the probe at 16
     assert _window(p, 3000.0, rows=16) == p.first_window
+
+
+def test_inside_a_plain_window_every_step_is_plain_whatever_its_rows():
+    """`plain_until_window_ends` lets the scheduler skip collecting rows: it holds only while
+    a plain window runs, never at a window's first step (where the load may change the mode)."""
+    p = _policy({1: 1e-3, 256: 1e-3})
+    reqs = [_req(f"r{i}") for i in range(8)]
+    assert not p.plain_until_window_ends  # spec, at the start
+    _window(p, 4000.0)
+    assert p.mode == "plain" and not p.plain_until_window_ends  # a window's first step
+    p.observe_rate(10, 10 / 6000.0, 8)
+    assert p.plain_until_window_ends and p.step_draft_len(reqs) == 0
+    assert not DraftLengthPolicy(4, adaptive=False).plain_until_window_ends

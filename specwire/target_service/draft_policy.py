@@ -326,6 +326,12 @@ class DraftLengthPolicy:
         self._est.pop(req.request_id, None)
 
     # -- the decision ----------------------------------------------------------------------------
+    @property
+    def plain_until_window_ends(self) -> bool:
+        """Whether the next step decodes plainly whatever its rows (adaptive, in the plain
+        mode, inside a window): the caller may skip collecting them (a hot path under load)."""
+        return self.adaptive and self.mode == "plain" and self._window[2] > 0
+
     def step_draft_len(self, decode: list[Request], prefill_tokens: int = 0) -> int:
         """The draft length for a step whose decode rows are `decode` (caps still apply)."""
         if self.adaptive and self._window[2] == 0:

@@ -97,6 +97,8 @@ class Scheduler:
 
     def draft_len(self) -> int:
         """The draft length the policy picks for the next step (before request caps)."""
+        if self.policy.plain_until_window_ends:
+            return 0
         decode_next, prefill = [], 0
         for r in self.running:
             left = len(r.prompt_ids) + len(r.output_ids) - r.num_computed  # uncached tokens

@@ -182,7 +182,11 @@ class TokenGraphs:
                 self._run(bucket, twin)  # warm-up (compiles the kernels for this shape)
                 torch.cuda.synchronize()
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self.pool):
+                # thread_local: another thread's CUDA call (a stopping server's executor, the
+                # collector freeing a tensor) must not invalidate this capture; under the default
+                # "global" mode it did, now and then, on the H200 (round 11: a Triton launch
+                # "failed due to a previous error during capture", and every later test with it).
+                with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
                     self._run(bucket, twin)
                 if self.pool is None:
                     self.pool = graph.pool()
