@@ -318,6 +318,12 @@ def environment(args: argparse.Namespace) -> dict:
     )
 
 
+def round_order(configs: list[str], rnd: int, args: argparse.Namespace) -> list[str]:
+    """The configurations' order in round `rnd` (0-based): odd rounds reversed unless
+    --fixed-order."""
+    return configs if args.fixed_order or rnd % 2 == 0 else configs[::-1]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_target_flags(ap)
@@ -358,6 +364,12 @@ def main() -> int:
         default=1,
         help="rounds of every configuration (fresh servers each); >1 adds mean ratios and ranges",
     )
+    ap.add_argument(
+        "--fixed-order",
+        action="store_true",
+        help="run the configurations in the same order every round (default: every other "
+        "round reversed, so a position in the order favours no configuration)",
+    )
     ap.add_argument("--json", default=None, metavar="PATH", help="write everything here")
     args = ap.parse_args()
     configs = [c for c in args.configs.split(",") if c]
@@ -391,8 +403,10 @@ def main() -> int:
         failures=[],
     )
     # --repeat: every configuration once per round, rounds one after the other, so slow drift
-    # of the machine hits every configuration alike
-    for rnd, name in [(r, n) for r in range(args.repeat) for n in configs]:
+    # of the machine hits every configuration alike; every other round in reverse order (on the
+    # H200 in round 11 the same code gave ngram 1.09x none at c=64 run before none and 1.02x
+    # run after it: bench/RESULTS.md, runs C and D)
+    for rnd, name in [(r, n) for r in range(args.repeat) for n in round_order(configs, r, args)]:
         try:
             rec = run_config(name, plans, args)
             rec["round"] = rnd
