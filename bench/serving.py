@@ -318,10 +318,10 @@ def environment(args: argparse.Namespace) -> dict:
     )
 
 
-def round_order(configs: list[str], rnd: int, args: argparse.Namespace) -> list[str]:
+def round_order(configs: list[str], rnd: int, fixed: bool = False) -> list[str]:
     """The configurations' order in round `rnd` (0-based): odd rounds reversed unless
-    --fixed-order."""
-    return configs if args.fixed_order or rnd % 2 == 0 else configs[::-1]
+    `fixed` (--fixed-order)."""
+    return configs if fixed or rnd % 2 == 0 else configs[::-1]
 
 
 def main() -> int:
@@ -406,7 +406,8 @@ def main() -> int:
     # of the machine hits every configuration alike; every other round in reverse order (on the
     # H200 in round 11 the same code gave ngram 1.09x none at c=64 run before none and 1.02x
     # run after it: bench/RESULTS.md, runs C and D)
-    for rnd, name in [(r, n) for r in range(args.repeat) for n in round_order(configs, r, args)]:
+    order = [(r, n) for r in range(args.repeat) for n in round_order(configs, r, args.fixed_order)]
+    for rnd, name in order:
         try:
             rec = run_config(name, plans, args)
             rec["round"] = rnd

@@ -107,15 +107,8 @@ def test_rounds_pair_by_number_when_a_round_failed() -> None:
 def test_every_other_round_runs_the_configurations_in_reverse() -> None:
     """A configuration's position in the order must not favour it (round 11 on the H200: the
     same code 1.09x none at c=64 when run before none, 1.02x after): odd rounds reverse."""
-    import argparse
-
     from serving import round_order
 
     configs = ["none", "ngram", "remote-ngram"]
-    alternate = argparse.Namespace(fixed_order=False)
-    assert [round_order(configs, r, alternate) for r in range(3)] == [
-        configs,
-        configs[::-1],
-        configs,
-    ]
-    assert round_order(configs, 1, argparse.Namespace(fixed_order=True)) == configs
+    assert [round_order(configs, r) for r in range(3)] == [configs, configs[::-1], configs]
+    assert round_order(configs, 1, fixed=True) == configs

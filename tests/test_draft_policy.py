@@ -296,18 +296,23 @@ def test_an_unknown_load_decodes_plainly_first_and_a_far_behind_first_look_is_cu
 
 
 def test_back_at_a_load_where_only_plain_was_measured_speculation_is_probed():
-    """Plain decoding was measured at 16 rows and speculation not (the load moved on): when a
-    window starts there again with nothing implied, speculation runs as a probe — one that a
-    wide gap cuts short."""
+    """Plain decoding was measured at 16 rows and speculation not (the load moved on before
+    the probe ran there): when a window starts at 16 again with nothing implied, speculation
+    runs as a probe — one that a wide gap cuts short."""
     p = _policy({1: 1e-3, 256: 1e-3})
-    p.step_draft_len([_req("solo")])
+    one = [_req("solo")]
+    p.step_draft_len(one)
     _window(p, 1100.0, rows=1)
     _window(p, 800.0, rows=1)  # spec wins at 1
     sixteen = [_req(f"r{i}") for i in range(16)]
     assert p.step_draft_len(sixteen) == 0  # plain first at 16
     _window(p, 9000.0, rows=16)
-    p.mode, p._planned, p._probing = "spec", 1, False  # noqa: SLF001 - as if the load moved away
-    assert p.step_draft_len(sixteen) > 0 and p.mode == "spec"  # the probe at 16
+    assert p.mode == "spec"  # the probe chosen for 16 ...
+    _window(p, 1100.0, rows=1)  # ... ran at one stream instead: the load moved away
+    assert p.step_draft_len(one) > 0 and p.mode == "spec"
+    _window(p, 1100.0, rows=1)
+    assert ("spec", 16) not in p.rates and ("plain", 16) in p.rates
+    assert p.step_draft_len(sixteen) > 0 and p.mode == "spec"  # back at 16: the probe
     assert _window(p, 3000.0, rows=16) == p.first_window
 
 
