@@ -183,9 +183,9 @@ class TokenGraphs:
                 torch.cuda.synchronize()
                 graph = torch.cuda.CUDAGraph()
                 # thread_local: another thread's CUDA call (a stopping server's executor, the
-                # collector freeing a tensor) must not invalidate this capture; under the default
-                # "global" mode it did, now and then, on the H200 (round 11: a Triton launch
-                # "failed due to a previous error during capture", and every later test with it).
+                # collector freeing a tensor) must not invalidate this capture. The suspected
+                # cause, not proven, of one H200 test run (round 11) where a Triton launch
+                # "failed due to a previous error during capture", and every later test with it.
                 with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
                     self._run(bucket, twin)
                 if self.pool is None:
