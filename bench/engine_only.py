@@ -45,6 +45,7 @@ async def run_pass(engine, plan, args, pool) -> dict:
                 chat=({"role": "user", "content": prompt.text},),
                 max_new_tokens=args.max_new_tokens,
                 request_id=f"{plan.name}/{i}",
+                max_draft_len=args.request_draft_len,
             )
             requests = await loop.run_in_executor(pool, engine.normalize, params)
             events, _streams = engine.submit(requests)
@@ -100,7 +101,7 @@ async def main_async(args) -> list[dict]:
             rec = await run_pass(engine, plan, args, pool)
             out.append(rec)
             print(
-                f"engine-only {args.drafter} {plan.name}: {rec['tokens']} tokens in "
+                f"engine-only {args.drafter} k={args.request_draft_len} {plan.name}: {rec['tokens']} tokens in "
                 f"{rec['wall_s']:.2f}s ({rec['tok_per_s']:.1f} tok/s), chunks {rec['chunks']}, "
                 f"errors {rec['errors']}",
                 flush=True,
@@ -124,6 +125,12 @@ def main() -> int:
     ap.add_argument("--min-prompts", type=int, default=48)
     ap.add_argument("--pass-factor", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument(
+        "--request-draft-len",
+        type=int,
+        default=None,
+        help="every request's max_draft_len (0: a server with a drafter that never drafts)",
+    )
     ap.add_argument("--json", default=None)
     ap.add_argument("--gil-switch-interval", type=float, default=5e-4, help="as the target's")
     args = ap.parse_args()

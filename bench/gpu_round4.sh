@@ -69,6 +69,15 @@ stage2)
       gzip -c "/tmp/profile_$cfg.txt" > "$OUT/profile_$cfg.txt.gz"
     done
   fi
+  # The engine without gRPC (engine_only.py), one run per ';'-separated argument list:
+  # ENGINE="--drafter none;--drafter ngram --request-draft-len 0" (ENGINE_C: concurrency).
+  if [ -n "$ENGINE" ]; then
+    IFS=';' read -ra eargs <<< "$ENGINE"; i=0
+    for a in "${eargs[@]}"; do
+      i=$((i + 1)); run "engine_$i" 200 "$PY" bench/engine_only.py --model smollm2-135m \
+        --device cuda --concurrency "${ENGINE_C:-32,64}" --json "$OUT/engine_$i.json" $a
+    done
+  fi
   # More runs on the same machine: SERVING_ARGS2, SERVING_ARGS3.
   for i in 2 3; do
     var="SERVING_ARGS$i"
@@ -104,3 +113,6 @@ serve)
     --json "$OUT/serving.json" ${SERVING_ARGS:-}
   ;;
 esac
+# A call brings back at most 8 files: everything but the summary travels in one archive.
+( cd "$OUT" && files=$(ls | grep -v -e '^summary.log$' -e '^results.tgz$') && \
+  [ -n "$files" ] && tar czf results.tgz $files && rm -f $files )

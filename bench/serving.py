@@ -41,6 +41,7 @@ import grpc
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
+from client_procs import run_pass_procs  # noqa: E402
 from prompt_pool import ALL_KINDS, KINDS, Prompt, build_pool  # noqa: E402
 from servers import CONFIGS, add_target_flags, running_config, scrape_metrics  # noqa: E402
 from serving_stats import (  # noqa: E402
@@ -210,7 +211,12 @@ async def run_server(server, plans: list[PassPlan], args) -> dict:
         for plan in plans:
             ledger.admit(plan.prompts, plan.replay)  # before anything is sent
             before = await asyncio.to_thread(scrape_metrics, server.metrics_url)
-            wall, records = await run_pass(stub, plan, server.config, args)
+            if args.client_procs > 1:
+                wall, records = await asyncio.to_thread(
+                    run_pass_procs, server.address, plan, server.config, args, args.client_procs
+                )
+            else:
+                wall, records = await run_pass(stub, plan, server.config, args)
             after = await asyncio.to_thread(scrape_metrics, server.metrics_url)
             timed = plan.name != "warm-up"
             rec = dict(
@@ -370,6 +376,12 @@ def main() -> int:
         help="run the configurations in the same order every round (default: every other "
         "round reversed, so a position in the order favours no configuration)",
     )
+    ap.add_argument(
+        "--client-procs",
+        type=int,
+        default=1,
+        help="load-generator processes per pass (one client process caps what it can receive)",
+    )
     ap.add_argument("--json", default=None, metavar="PATH", help="write everything here")
     args = ap.parse_args()
     configs = [c for c in args.configs.split(",") if c]
@@ -377,8 +389,8 @@ def main() -> int:
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown or not levels or min(levels) < 1:
         ap.error(f"bad --configs {unknown} or --concurrency {levels}")
-    if args.pass_factor < 1 or args.repeat < 1:
-        ap.error("--pass-factor and --repeat must be at least 1")
+    if args.pass_factor < 1 or args.repeat < 1 or args.client_procs < 1:
+        ap.error("--pass-factor, --repeat and --client-procs must be at least 1")
 
     env = environment(args)
     kinds = ALL_KINDS if args.kinds == "all" else tuple(k for k in args.kinds.split(",") if k)

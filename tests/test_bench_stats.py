@@ -112,3 +112,15 @@ def test_every_other_round_runs_the_configurations_in_reverse() -> None:
     configs = ["none", "ngram", "remote-ngram"]
     assert [round_order(configs, r) for r in range(3)] == [configs, configs[::-1], configs]
     assert round_order(configs, 1, fixed=True) == configs
+
+
+def test_client_processes_share_every_prompt_once_and_the_concurrency() -> None:
+    """--client-procs: each prompt goes to exactly one process, the processes' concurrency adds
+    up to the pass's, and no process is started without a prompt or a request in flight."""
+    from client_procs import shares
+
+    out = shares(10, 8, 3)
+    assert sorted(i for idx, _c in out for i in idx) == list(range(10))
+    assert [c for _idx, c in out] == [3, 3, 2]
+    assert shares(2, 1, 4) == [([0, 1], 1)]
+    assert shares(1, 8, 4) == [([0], 2)]
