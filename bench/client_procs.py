@@ -34,6 +34,7 @@ def shares(n_items: int, concurrency: int, procs: int) -> list[tuple[list[int], 
 
 def _child(address, prompts, indices, concurrency, config, name, args, ready, start, results):
     import serving  # the bench's module: the same `send` as a single-process pass
+
     from specwire.common.protogen import generation_pb2_grpc as pb_grpc
 
     async def main() -> None:

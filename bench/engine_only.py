@@ -101,7 +101,8 @@ async def main_async(args) -> list[dict]:
             rec = await run_pass(engine, plan, args, pool)
             out.append(rec)
             print(
-                f"engine-only {args.drafter} k={args.request_draft_len} {plan.name}: {rec['tokens']} tokens in "
+                f"engine-only {args.drafter} k={args.request_draft_len} {plan.name}: "
+                f"{rec['tokens']} tokens in "
                 f"{rec['wall_s']:.2f}s ({rec['tok_per_s']:.1f} tok/s), chunks {rec['chunks']}, "
                 f"errors {rec['errors']}",
                 flush=True,
