@@ -35,7 +35,8 @@ from procs import free_port, output_tail, start_service, stop_service  # noqa: E
 # service with unary calls (--drafter-mode unary) instead of the stream; "-2b" runs
 # speculative steps as two alternating halves from TWO_BATCH_ROWS requests on
 # (--two-batch-rows); "-p0" never waits for drafts asked for as the previous step committed
-# (--drafter-patience-ms 0: a late reply serves the steps after); "-nobranch" asks the drafter
+# (--drafter-patience-ms 0: a late reply serves the steps after); "-proc" runs the engine in a
+# process of its own (--engine-process); "-nobranch" asks the drafter
 # for no branches (--drafter-branches 0), to measure them side by side.
 CONFIGS = {
     "none": "none",
@@ -49,6 +50,9 @@ CONFIGS = {
     "remote-ngram-p0": "remote",
     "remote-ngram-unary-p0": "remote",
     "remote-ngram-nobranch": "remote",
+    "none-proc": "none",
+    "ngram-proc": "ngram",
+    "remote-ngram-proc": "remote",
 }
 REMOTE_DRAFTERS = {  # service --drafter
     "remote-ngram": "ngram",
@@ -57,6 +61,7 @@ REMOTE_DRAFTERS = {  # service --drafter
     "remote-ngram-p0": "ngram",
     "remote-ngram-unary-p0": "ngram",
     "remote-ngram-nobranch": "ngram",
+    "remote-ngram-proc": "ngram",
 }
 TWO_BATCH_ROWS = 32  # where the simulated device broke even (bench/RESULTS.md, round 8)
 TARGET_READY = r"specwire target listening on (\S+):(\d+)"
@@ -178,6 +183,8 @@ def running_config(config: str, args: argparse.Namespace) -> Iterator[Server]:
             cmd += ["--two-batch-rows", str(TWO_BATCH_ROWS)]
         if config.endswith("-nobranch"):
             cmd += ["--drafter-branches", "0"]
+        if config.endswith("-proc"):
+            cmd.append("--engine-process")
         proc, m = start_service(cmd, _env(), TARGET_READY, timeout=args.ready_timeout, cwd=ROOT)
         procs.append(proc)
         commands.append(cmd)

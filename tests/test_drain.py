@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from procs import output_tail, running_service, wait_until
 
@@ -37,10 +38,11 @@ def _consume(
         out.append(f"rpc {exc.code().name}")
 
 
-def test_sigterm_drains_then_cancels_with_a_completion_and_exits_zero():
+@pytest.mark.parametrize("where", [[], ["--engine-process"]], ids=["in-process", "engine-process"])
+def test_sigterm_drains_then_cancels_with_a_completion_and_exits_zero(where):
     cmd = SPECWIRE + [
         "target", "--model", "tiny-random", "--port", "0", "--no-progress", "--drafter", "none",
-        "--max-context-len", "4096", "--max-batch-size", "2", "--drain-timeout", "1",
+        "--max-context-len", "4096", "--max-batch-size", "2", "--drain-timeout", "1", *where,
     ]  # fmt: skip
     with running_service(cmd, ENV, r"listening on 127\.0\.0\.1:(\d+)", timeout=120) as (p, m):
         address = f"127.0.0.1:{m.group(1)}"

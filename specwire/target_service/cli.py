@@ -126,6 +126,15 @@ def register(sub) -> None:
         "seconds a thread may hold the GIL while the executor waits for it (sys.setswitchinterval)",
         float,
     )
+    add_env_flag(
+        p,
+        "--engine-process",
+        "SPECWIRE_ENGINE_PROCESS",
+        False,
+        "run the engine (model, executor) in a child process of its own, so the gRPC front end "
+        "and the executor do not share one GIL",
+        bool,
+    )
     add_server_flags(p)
     add_engine_flags(p)
     p.set_defaults(func=run)
@@ -134,6 +143,7 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from specwire.common.transport import StopSignal
     from specwire.target_service.engine import build_engine
+    from specwire.target_service.engine_process import EngineProcess
     from specwire.target_service.server import TargetServer
 
     cfg = config_from_args(args)
@@ -156,7 +166,19 @@ def run(args: argparse.Namespace) -> int:
         flush=True,
     )
     try:
-        engine = build_engine(cfg)
+        if args.engine_process:
+            engine = EngineProcess(
+                cfg,
+                metrics_port=args.metrics_port,
+                metrics_host=args.host,
+                switch_interval=args.gil_switch_interval,
+            )
+            supervised, k, graphs = engine, engine.max_draft_len, engine.graphs
+            where = f" engine-pid={engine.pid}"
+        else:
+            engine = build_engine(cfg)
+            supervised, k = engine.executor, engine.executor.max_draft_len
+            graphs, where = engine.runner.graphs is not None, ""
     except BaseException:
         server.stop(0)
         raise
@@ -169,22 +191,21 @@ def run(args: argparse.Namespace) -> int:
     # at once); during the load above it still ends the process outright.
     stopped = StopSignal()
     server.attach(engine)
-    if args.metrics_port:
+    if args.metrics_port and not args.engine_process:  # the engine process serves its own
         engine.executor.metrics.serve(args.metrics_port, args.host)
     print(
         f"specwire target listening on {args.host}:{server.port} "
-        f"(model={cfg.model} drafter={cfg.drafter} K={engine.executor.max_draft_len} "
-        f"device={cfg.device} graphs={engine.runner.graphs is not None} "
-        f"security={server.security.describe()})",
+        f"(model={cfg.model} drafter={cfg.drafter} K={k} device={cfg.device} graphs={graphs} "
+        f"security={server.security.describe()}{where})",
         flush=True,
     )
-    # The supervisor: a dead executor turns health NOT_SERVING (in `attach`) and ends the
-    # process with a non-zero code, so an orchestrator restarts it.
-    engine.executor.on_death = lambda exc: (server.mark_dead(exc), stopped.set())
-    if engine.executor.death is not None:  # died before the hook was set
+    # The supervisor: a dead executor (or engine process) turns health NOT_SERVING (in
+    # `attach`) and ends the process with a non-zero code, so an orchestrator restarts it.
+    supervised.on_death = lambda exc: (server.mark_dead(exc), stopped.set())
+    if supervised.death is not None:  # died before the hook was set
         stopped.set()
     stopped.wait()
-    death = engine.executor.death
+    death = supervised.death
     if death is not None:
         server.stop(0)
         print(f"specwire: error: the executor stopped: {death!r}", file=sys.stderr, flush=True)

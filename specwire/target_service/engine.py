@@ -19,6 +19,7 @@ from specwire.common.drafting import check_compatible
 from specwire.common.errors import UserError
 from specwire.common.model.loader import LoadedModel, load_model
 from specwire.common.model.triton_backend import make_backend, make_ops
+from specwire.common.tokenizer import Tokenizer
 from specwire.target_service.config import TargetConfig
 from specwire.target_service.draft_policy import DraftLengthPolicy
 from specwire.target_service.drafters.base import Drafter
@@ -91,15 +92,30 @@ def make_drafter(cfg: TargetConfig, loaded: LoadedModel) -> Drafter | None:
     )
 
 
-@dataclass
-class Engine:
+class Admission:
+    """Turning what a client asked for into validated Requests: tokenising, the chat template,
+    limits. Shared by the in-process `Engine` and the front end of an engine in its own
+    process (`engine_process.EngineProcess`), which answer the properties below."""
+
     config: TargetConfig
-    loaded: LoadedModel
-    kv: KVCacheManager
-    resources: ResourceRegistry
-    drafter: Drafter | None
-    runner: ModelRunner
-    executor: Executor
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        raise NotImplementedError
+
+    @property
+    def vocab_size(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def can_draft(self) -> bool:
+        """Whether the engine has a drafter."""
+        raise NotImplementedError
+
+    @property
+    def kv_geometry(self) -> tuple[int, int]:
+        """(tokens per KV block, blocks in the pool, the dummy block included)."""
+        raise NotImplementedError
 
     @property
     def max_context_len(self) -> int:
@@ -120,7 +136,7 @@ class Engine:
         """Validate inputs and build a Request; raises UserError naming the problem."""
         if not prompt_ids:
             raise UserError("prompt is empty")
-        vocab = self.loaded.config.vocab_size
+        vocab = self.vocab_size
         bad = [t for t in prompt_ids if not 0 <= t < vocab]
         if bad:
             raise UserError(f"prompt token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
@@ -138,18 +154,18 @@ class Engine:
                 f"max_new_tokens {max_new_tokens} + prompt {len(prompt_ids)} tokens exceeds the "
                 f"context of {self.max_context_len}"
             )
-        k = self.config.max_draft_len if self.drafter is not None and speculate else 0
+        k = self.config.max_draft_len if self.can_draft and speculate else 0
         if max_draft_len is not None:
             if max_draft_len < 0:
                 raise UserError(f"max_draft_len must be >= 0, got {max_draft_len}")
             k = min(k, max_draft_len)
         # A request that could never hold its KV blocks would wait forever at the queue's head.
-        kv = self.kv
-        need = -(-(len(prompt_ids) + max_new_tokens + k) // kv.block_size)
-        if need > kv.num_blocks - 1:  # block 0 is the dummy block
+        block_size, num_blocks = self.kv_geometry
+        need = -(-(len(prompt_ids) + max_new_tokens + k) // block_size)
+        if need > num_blocks - 1:  # block 0 is the dummy block
             raise UserError(
                 f"prompt {len(prompt_ids)} + max_new_tokens {max_new_tokens} tokens need {need} "
-                f"KV blocks; the pool holds {kv.num_blocks - 1}"
+                f"KV blocks; the pool holds {num_blocks - 1}"
             )
         sampling = sampling or SamplingConfig()  # validated where it was built
         return Request(
@@ -167,7 +183,7 @@ class Engine:
     def normalize(self, params: GenerationParams) -> list[Request]:
         """Tokenise (or render the chat template), build the sampling config, check limits and
         fan out the n completions (seeds seed + i); raises UserError naming the problem."""
-        tok = self.loaded.tokenizer
+        tok = self.tokenizer
         given = [x is not None for x in (params.prompt, params.prompt_token_ids, params.chat)]
         if sum(given) != 1:
             raise UserError("set exactly one input: prompt, prompt_token_ids or chat")
@@ -214,6 +230,39 @@ class Engine:
             )
             for i in range(params.n)
         ]
+
+
+@dataclass
+class Engine(Admission):
+    config: TargetConfig
+    loaded: LoadedModel
+    kv: KVCacheManager
+    resources: ResourceRegistry
+    drafter: Drafter | None
+    runner: ModelRunner
+    executor: Executor
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.loaded.tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return self.loaded.config.vocab_size
+
+    @property
+    def can_draft(self) -> bool:
+        return self.drafter is not None
+
+    @property
+    def kv_geometry(self) -> tuple[int, int]:
+        return self.kv.block_size, self.kv.num_blocks
+
+    def start(self) -> None:
+        self.executor.start()
+
+    def cancel(self, request_id: str) -> None:
+        self.executor.cancel(request_id)
 
     def submit(self, requests: list[Request]) -> tuple[EventQueue, list[OutputStream]]:
         """Start a request's completions; their events (tagged with `index`) share one queue.

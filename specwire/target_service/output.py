@@ -299,6 +299,8 @@ class OutputWorker:
     def __init__(self, on_stopped) -> None:
         self._queue: queue.Queue = queue.Queue()
         self._on_stopped = on_stopped
+        # Called after every rendered batch (the engine process sends the batch's events).
+        self.after_batch = None
         self._thread = threading.Thread(target=self._run, name="specwire-output", daemon=True)
         self._thread.start()
 
@@ -342,6 +344,8 @@ class OutputWorker:
                         if item is None:
                             return
                         self._call(*item)
+                if self.after_batch is not None:
+                    self.after_batch()
             finally:
                 for _ in batch:
                     self._queue.task_done()

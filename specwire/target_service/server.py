@@ -25,6 +25,7 @@ from specwire.common.security import ServerSecurity
 from specwire.common.transport import LoopThread, build_server
 from specwire.target_service.config import TargetConfig
 from specwire.target_service.engine import Engine
+from specwire.target_service.engine_process import EngineProcess
 from specwire.target_service.events import (
     Chunk,
     Complete,
@@ -169,7 +170,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
     small thread pool (`tokenize_pool`), off the event loop and off the executor's thread."""
 
     def __init__(self, tokenize_workers: int = 4) -> None:
-        self.engine: Engine | None = None
+        self.engine: Engine | EngineProcess | None = None
         self.draining = False  # no new calls (health is NOT_SERVING)
         self.closed = False  # the executor is stopped
         self.tokenize_pool = futures.ThreadPoolExecutor(tokenize_workers, "specwire-tokenize")
@@ -178,7 +179,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         self.idle = asyncio.Event()  # set while admitted == 0
         self.idle.set()
 
-    def _engine(self) -> Engine:
+    def _engine(self) -> Engine | EngineProcess:
         if self.engine is None:
             raise NotReady("the target is still loading and warming up; retry shortly")
         return self.engine
@@ -211,7 +212,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             for stream in streams:
                 self.streams.discard(stream)
                 if stream.request.finish_reason is None:  # the client went away: free blocks
-                    engine.executor.cancel(stream.request.request_id)
+                    engine.cancel(stream.request.request_id)
             self.admitted -= 1
             if self.admitted == 0:
                 self.idle.set()
@@ -235,36 +236,41 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                 return
 
     async def GetModelInfo(self, request, context):
-        return self.model_info()
+        engine = self._engine()
+        if isinstance(engine, EngineProcess):  # asks the engine process: off the loop
+            data = await asyncio.to_thread(engine.model_info_bytes)
+            return pb.GetModelInfoResponse.FromString(data)
+        return engine_info(engine)
 
-    def model_info(self) -> pb.GetModelInfoResponse:
-        e = self._engine()
-        cfg, loaded = e.config, e.loaded
-        counters = e.drafter.counters() if hasattr(e.drafter, "counters") else {}
-        return pb.GetModelInfoResponse(
-            model=cfg.model,
-            architecture=loaded.config.architecture,
-            vocab_size=loaded.config.vocab_size,
-            max_context_len=cfg.max_context_len,
-            dtype=cfg.dtype,
-            device=str(e.runner.device),
-            drafter=cfg.drafter if e.drafter is not None else "none",
-            max_draft_len=e.executor.max_draft_len,
-            cuda_graphs=e.runner.graphs is not None,
-            tokenizer_fingerprint=loaded.tokenizer.fingerprint,
-            eos_token_id=loaded.tokenizer.eos_token_id or 0,
-            speculation=stats_to_proto(e.executor.stats),
-            drafter_counters=pb.DrafterCounters(
-                **{
-                    k: v
-                    for k, v in counters.items()
-                    if k in pb.DrafterCounters.DESCRIPTOR.fields_by_name
-                }
-            ),
-            kv_blocks_total=e.kv.num_blocks,
-            kv_blocks_free=e.kv.num_free_blocks,
-            kv_block_size=e.kv.block_size,
-        )
+
+def engine_info(e: Engine) -> pb.GetModelInfoResponse:
+    """GetModelInfo's answer for an engine in this process."""
+    cfg, loaded = e.config, e.loaded
+    counters = e.drafter.counters() if hasattr(e.drafter, "counters") else {}
+    return pb.GetModelInfoResponse(
+        model=cfg.model,
+        architecture=loaded.config.architecture,
+        vocab_size=loaded.config.vocab_size,
+        max_context_len=cfg.max_context_len,
+        dtype=cfg.dtype,
+        device=str(e.runner.device),
+        drafter=cfg.drafter if e.drafter is not None else "none",
+        max_draft_len=e.executor.max_draft_len,
+        cuda_graphs=e.runner.graphs is not None,
+        tokenizer_fingerprint=loaded.tokenizer.fingerprint,
+        eos_token_id=loaded.tokenizer.eos_token_id or 0,
+        speculation=stats_to_proto(e.executor.stats),
+        drafter_counters=pb.DrafterCounters(
+            **{
+                k: v
+                for k, v in counters.items()
+                if k in pb.DrafterCounters.DESCRIPTOR.fields_by_name
+            }
+        ),
+        kv_blocks_total=e.kv.num_blocks,
+        kv_blocks_free=e.kv.num_free_blocks,
+        kv_block_size=e.kv.block_size,
+    )
 
 
 class TargetServer:
@@ -310,10 +316,10 @@ class TargetServer:
     def start(self) -> None:
         self._loop.run(self.server.start())
 
-    def attach(self, engine: Engine) -> None:
+    def attach(self, engine: Engine | EngineProcess) -> None:
         """The engine is warm: serve it."""
         self.servicer.engine = engine
-        engine.executor.start()
+        engine.start()
         self._set(health_pb2.HealthCheckResponse.SERVING)
 
     def mark_dead(self, exc: BaseException) -> None:

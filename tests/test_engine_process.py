@@ -1,0 +1,123 @@
+"""`specwire target --engine-process`: the engine in a child process, the gRPC front end in the
+server's. Real services on loopback: the same tokens as speculation off, errors named, blocks
+given back, and a dead engine process turns the target NOT_SERVING and ends it non-zero."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import grpc
+import pytest
+from procs import output_tail, running_service, wait_until
+
+from specwire.common.client import GenerationClient, build_request
+
+SPECWIRE = [sys.executable, "-m", "specwire.common.cli"]
+ENV = {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+READY = r"listening on 127\.0\.0\.1:(\d+) .*engine-pid=(\d+)"
+PROMPTS = [
+    "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n",
+    "for i in range(10):\n    print(i)\nfor i in range(10):\n",
+    "hello hello hello hello",
+    "The quick brown fox jumps over the lazy dog. The quick brown",
+]
+
+
+def _cmd(*extra: str) -> list[str]:
+    return SPECWIRE + [
+        "target", "--model", "tiny-random", "--port", "0", "--no-progress", "--engine-process",
+        "--drafter", "ngram", "--max-batch-size", "4", *extra,
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def target():
+    with running_service(_cmd(), ENV, READY, timeout=180) as (proc, m):
+        yield proc, f"127.0.0.1:{m.group(1)}", int(m.group(2))
+
+
+def test_greedy_output_through_the_engine_process_equals_speculation_off(target):
+    """Lossless through the pipe: with speculation, at once and one at a time, the same
+    tokens as without it; the engine's counters come back through GetModelInfo."""
+    _proc, address, _pid = target
+    with GenerationClient(address, timeout=120) as client:
+        plain = [
+            client.generate(p, max_new_tokens=40, ignore_eos=True, speculate=False).token_ids
+            for p in PROMPTS
+        ]
+        results: dict[int, list[int]] = {}
+
+        def run(i: int) -> None:
+            results[i] = client.generate(PROMPTS[i], max_new_tokens=40, ignore_eos=True).token_ids
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(PROMPTS))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert [results[i] for i in range(len(PROMPTS))] == plain
+        info = client.model_info()
+        assert info.model == "tiny-random" and info.max_draft_len == 4
+        assert info.speculation.draft_tokens > 0  # speculation really ran in the child
+        assert info.kv_blocks_free == info.kv_blocks_total - 1  # all back (block 0: dummy)
+
+
+def test_bad_input_is_named_and_the_next_request_runs(target):
+    _proc, address, _pid = target
+    with GenerationClient(address, timeout=60) as client:
+        with pytest.raises(grpc.RpcError) as err:
+            list(client.stream(build_request(token_ids=[1, 10**6], max_new_tokens=4)))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "outside the vocabulary" in err.value.details()
+        assert len(client.generate(PROMPTS[0], max_new_tokens=5, ignore_eos=True).token_ids) == 5
+
+
+def test_a_client_that_goes_away_gives_its_blocks_back(target):
+    _proc, address, _pid = target
+    with GenerationClient(address, timeout=60) as client:
+        total = client.model_info().kv_blocks_total
+        stream = client.stream(build_request(token_ids=[5, 6, 7], max_new_tokens=1500))
+        next(stream)  # generation is under way
+        assert client.model_info().kv_blocks_free < total - 1
+        stream.cancel()
+        wait_until(
+            lambda: client.model_info().kv_blocks_free == total - 1,
+            30,
+            0.05,
+            what="the cancelled request's blocks to come back",
+        )
+
+
+def test_a_dead_engine_process_fails_requests_and_ends_the_target_nonzero():
+    with running_service(_cmd(), ENV, READY, timeout=180) as (proc, m):
+        address, pid = f"127.0.0.1:{m.group(1)}", int(m.group(2))
+        with GenerationClient(address, timeout=60) as client:
+            stream = client.stream(
+                build_request(token_ids=[5, 6, 7], max_new_tokens=1500, ignore_eos=True)
+            )
+            next(stream)
+            os.kill(pid, signal.SIGKILL)
+            rest = list(stream)
+        error = rest[-1].error
+        assert error.code == "INTERNAL" and "engine" in error.message, rest[-1]
+        assert proc.wait(30) == 1, output_tail(proc)
+    assert re.search(r"the engine process exited", output_tail(proc))
+
+
+def test_a_model_that_cannot_load_is_one_line_and_a_nonzero_exit():
+    import subprocess
+
+    out = subprocess.run(
+        SPECWIRE + ["target", "--model", "/nonexistent/model.gguf", "--engine-process"],
+        env={**os.environ, **ENV},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode != 0
+    assert "does not exist" in out.stderr, out.stderr
