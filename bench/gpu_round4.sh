@@ -115,4 +115,4 @@ serve)
 esac
 # A call brings back at most 8 files: everything but the summary travels in one archive.
 ( cd "$OUT" && files=$(ls | grep -v -e '^summary.log$' -e '^results.tgz$') && \
-  [ -n "$files" ] && tar czf results.tgz $files && rm -f $files )
+  [ -n "$files" ] && tar czf results.tgz $files && rm -f $files ) || true
