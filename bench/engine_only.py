@@ -45,7 +45,7 @@ async def run_pass(engine, plan, args, pool) -> dict:
                 chat=({"role": "user", "content": prompt.text},),
                 max_new_tokens=args.max_new_tokens,
                 request_id=f"{plan.name}/{i}",
-                max_draft_len=args.request_draft_len,
+                max_draft_len=getattr(args, "request_draft_len", None),  # host_only: absent
             )
             requests = await loop.run_in_executor(pool, engine.normalize, params)
             events, _streams = engine.submit(requests)
