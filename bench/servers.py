@@ -36,7 +36,8 @@ from procs import free_port, output_tail, start_service, stop_service  # noqa: E
 # speculative steps as two alternating halves from TWO_BATCH_ROWS requests on
 # (--two-batch-rows); "-p0" never waits for drafts asked for as the previous step committed
 # (--drafter-patience-ms 0: a late reply serves the steps after); "-proc" runs the engine in a
-# process of its own (--engine-process); "-nobranch" asks the drafter
+# process of its own (--engine-process on: the default on CUDA), "-inproc" in the target's
+# (--engine-process off); "-nobranch" asks the drafter
 # for no branches (--drafter-branches 0), to measure them side by side.
 CONFIGS = {
     "none": "none",
@@ -53,6 +54,9 @@ CONFIGS = {
     "none-proc": "none",
     "ngram-proc": "ngram",
     "remote-ngram-proc": "remote",
+    "none-inproc": "none",
+    "ngram-inproc": "ngram",
+    "remote-ngram-inproc": "remote",
 }
 REMOTE_DRAFTERS = {  # service --drafter
     "remote-ngram": "ngram",
@@ -62,6 +66,7 @@ REMOTE_DRAFTERS = {  # service --drafter
     "remote-ngram-unary-p0": "ngram",
     "remote-ngram-nobranch": "ngram",
     "remote-ngram-proc": "ngram",
+    "remote-ngram-inproc": "ngram",
 }
 TWO_BATCH_ROWS = 32  # where the simulated device broke even (bench/RESULTS.md, round 8)
 TARGET_READY = r"specwire target listening on (\S+):(\d+)"
@@ -184,7 +189,9 @@ def running_config(config: str, args: argparse.Namespace) -> Iterator[Server]:
         if config.endswith("-nobranch"):
             cmd += ["--drafter-branches", "0"]
         if config.endswith("-proc"):
-            cmd.append("--engine-process")
+            cmd += ["--engine-process", "on"]
+        if config.endswith("-inproc"):
+            cmd += ["--engine-process", "off"]
         proc, m = start_service(cmd, _env(), TARGET_READY, timeout=args.ready_timeout, cwd=ROOT)
         procs.append(proc)
         commands.append(cmd)

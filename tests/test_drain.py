@@ -38,7 +38,9 @@ def _consume(
         out.append(f"rpc {exc.code().name}")
 
 
-@pytest.mark.parametrize("where", [[], ["--engine-process"]], ids=["in-process", "engine-process"])
+@pytest.mark.parametrize(
+    "where", [[], ["--engine-process", "on"]], ids=["in-process", "engine-process"]
+)
 def test_sigterm_drains_then_cancels_with_a_completion_and_exits_zero(where):
     cmd = SPECWIRE + [
         "target", "--model", "tiny-random", "--port", "0", "--no-progress", "--drafter", "none",

@@ -1,6 +1,7 @@
-"""`specwire target --engine-process`: the engine in a child process, the gRPC front end in the
-server's. Real services on loopback: the same tokens as speculation off, errors named, blocks
-given back, and a dead engine process turns the target NOT_SERVING and ends it non-zero."""
+"""`specwire target --engine-process on` (auto: on for CUDA): the engine in a child process,
+the gRPC front end in the server's. Real services on loopback: the same tokens as speculation
+off, errors named, blocks given back, and a dead engine process turns the target NOT_SERVING
+and ends it non-zero."""
 
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ PROMPTS = [
 
 def _cmd(*extra: str) -> list[str]:
     return SPECWIRE + [
-        "target", "--model", "tiny-random", "--port", "0", "--no-progress", "--engine-process",
-        "--drafter", "ngram", "--max-batch-size", "4", *extra,
+        "target", "--model", "tiny-random", "--port", "0", "--no-progress",
+        "--engine-process", "on", "--drafter", "ngram", "--max-batch-size", "4", *extra,
     ]  # fmt: skip
 
 
@@ -113,7 +114,7 @@ def test_a_model_that_cannot_load_is_one_line_and_a_nonzero_exit():
     import subprocess
 
     out = subprocess.run(
-        SPECWIRE + ["target", "--model", "/nonexistent/model.gguf", "--engine-process"],
+        SPECWIRE + ["target", "--model", "/nonexistent/model.gguf", "--engine-process", "on"],
         env={**os.environ, **ENV},
         capture_output=True,
         text=True,
@@ -121,3 +122,30 @@ def test_a_model_that_cannot_load_is_one_line_and_a_nonzero_exit():
     )
     assert out.returncode != 0
     assert "does not exist" in out.stderr, out.stderr
+
+
+def test_n_completions_logprobs_and_stop_strings_cross_the_pipe(target):
+    """What the output thread makes in the child — n completions tagged by index, logprobs,
+    text cut at a stop string — reaches the client as it does in-process."""
+    _proc, address, _pid = target
+    with GenerationClient(address, timeout=60) as client:
+        responses = list(
+            client.stream(
+                build_request(
+                    PROMPTS[1], max_new_tokens=8, n=2, temperature=1.0, seed=7, logprobs=True
+                )
+            )
+        )
+        done = [r.complete for r in responses if r.WhichOneof("response") == "complete"]
+        assert sorted(c.index for c in done) == [0, 1]
+        chunks = [r.chunk for r in responses if r.WhichOneof("response") == "chunk"]
+        for index in (0, 1):
+            mine = [c for c in chunks if c.index == index]
+            ids = [t for c in mine for t in c.token_ids]
+            assert len(ids) == done[[c.index for c in done].index(index)].usage.completion_tokens
+            assert [lp.token_id for c in mine for lp in c.logprobs] == ids
+        full = client.generate(PROMPTS[2], max_new_tokens=30, ignore_eos=True)
+        stop = full.text[5:9]
+        cut = client.generate(PROMPTS[2], max_new_tokens=30, ignore_eos=True, stop=[stop])
+        assert cut.finish_reason == "stop" and stop not in cut.text
+        assert full.text.startswith(cut.text)

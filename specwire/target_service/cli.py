@@ -130,10 +130,11 @@ def register(sub) -> None:
         p,
         "--engine-process",
         "SPECWIRE_ENGINE_PROCESS",
-        False,
+        "auto",
         "run the engine (model, executor) in a child process of its own, so the gRPC front end "
-        "and the executor do not share one GIL",
-        bool,
+        "and the executor do not share one GIL (auto: on for a CUDA device, where the host "
+        "sets the pace under load)",
+        choices=("auto", "on", "off"),
     )
     add_server_flags(p)
     add_engine_flags(p)
@@ -165,8 +166,11 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
+    own_process = args.engine_process == "on" or (
+        args.engine_process == "auto" and cfg.device.startswith("cuda")
+    )
     try:
-        if args.engine_process:
+        if own_process:
             engine = EngineProcess(
                 cfg,
                 metrics_port=args.metrics_port,
@@ -191,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
     # at once); during the load above it still ends the process outright.
     stopped = StopSignal()
     server.attach(engine)
-    if args.metrics_port and not args.engine_process:  # the engine process serves its own
+    if args.metrics_port and not own_process:  # the engine process serves its own
         engine.executor.metrics.serve(args.metrics_port, args.host)
     print(
         f"specwire target listening on {args.host}:{server.port} "
