@@ -149,3 +149,23 @@ def test_n_completions_logprobs_and_stop_strings_cross_the_pipe(target):
         cut = client.generate(PROMPTS[2], max_new_tokens=30, ignore_eos=True, stop=[stop])
         assert cut.finish_reason == "stop" and stop not in cut.text
         assert full.text.startswith(cut.text)
+
+
+def test_the_front_end_tokenises_as_the_in_process_target_does(target):
+    """Admission runs on a tokenizer the engine saved for the front end: a chat prompt gives
+    the same prompt tokens and the same greedy output as a target with the engine in-process;
+    SIGUSR1 to the engine prints its stacks and leaves it serving."""
+    proc, address, pid = target
+    chat = [{"role": "user", "content": "Write a function that adds two numbers."}]
+    with GenerationClient(address, timeout=60) as client:
+        mine = client.generate(chat=chat, max_new_tokens=12, ignore_eos=True)
+        os.kill(pid, signal.SIGUSR1)
+        assert client.generate(PROMPTS[0], max_new_tokens=3, ignore_eos=True).token_ids
+    cmd = [c for c in _cmd() if c != "on"]
+    cmd[cmd.index("--engine-process") + 1 : cmd.index("--engine-process") + 1] = ["off"]
+    with running_service(cmd, ENV, r"listening on 127\.0\.0\.1:(\d+)", timeout=180) as (_p, m):
+        with GenerationClient(f"127.0.0.1:{m.group(1)}", timeout=60) as client:
+            theirs = client.generate(chat=chat, max_new_tokens=12, ignore_eos=True)
+    assert mine.usage["prompt_tokens"] == theirs.usage["prompt_tokens"]
+    assert mine.token_ids == theirs.token_ids
+    wait_until(lambda: "in _engine_main" in output_tail(proc), 10, 0.1, what="the engine's stacks")

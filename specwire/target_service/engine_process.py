@@ -24,6 +24,7 @@ turns health NOT_SERVING and exits non-zero, as when the executor thread dies in
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import logging
 import multiprocessing as mp
@@ -307,6 +308,9 @@ def _engine_main(cfg, conn, tok_dir, metrics_port, metrics_host, switch_interval
     sys.setswitchinterval(switch_interval)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group: the front end decides
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # so does a drain
+    # As the front end: SIGUSR1 prints every thread's stack (to the stderr both share) and
+    # changes nothing else; without it the signal's default action would end the engine.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     lock = threading.Lock()
 
     def send(msg) -> None:
