@@ -38,8 +38,26 @@ def _cmd(*extra: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def target():
-    with running_service(_cmd(), ENV, READY, timeout=180) as (proc, m):
+    env = {**ENV, "SPECWIRE_LOG_LEVEL": "INFO"}
+    with running_service(_cmd(), env, READY, timeout=180) as (proc, m):
         yield proc, f"127.0.0.1:{m.group(1)}", int(m.group(2))
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie waiting for its reaper counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+def test_the_engine_logs_as_the_front_end_asked(target):
+    """--log-level reaches the child (a spawned interpreter starts with no logging set up)."""
+    proc, address, _pid = target
+    with GenerationClient(address, timeout=60) as client:
+        client.generate(PROMPTS[0], max_new_tokens=3, ignore_eos=True)
+    wait_until(lambda: "engine ready" in output_tail(proc), 10, 0.1, what="the engine's log")
 
 
 def test_greedy_output_through_the_engine_process_equals_speculation_off(target):
@@ -169,3 +187,19 @@ def test_the_front_end_tokenises_as_the_in_process_target_does(target):
     assert mine.usage["prompt_tokens"] == theirs.usage["prompt_tokens"]
     assert mine.token_ids == theirs.token_ids
     wait_until(lambda: "in _engine_main" in output_tail(proc), 10, 0.1, what="the engine's stacks")
+
+
+def test_an_engine_outlives_no_front_end():
+    """The front end killed (-9) with a request in flight: its engine process does not stay
+    behind holding the device."""
+    with running_service(_cmd(), ENV, READY, timeout=180) as (proc, m):
+        address, pid = f"127.0.0.1:{m.group(1)}", int(m.group(2))
+        with GenerationClient(address, timeout=60) as client:
+            stream = client.stream(
+                build_request(token_ids=[5, 6, 7], max_new_tokens=1500, ignore_eos=True)
+            )
+            next(stream)
+            os.kill(proc.pid, signal.SIGKILL)
+            with pytest.raises(grpc.RpcError):
+                list(stream)
+        wait_until(lambda: not _alive(pid), 30, 0.1, what="the engine process to end")

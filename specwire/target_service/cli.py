@@ -176,6 +176,8 @@ def run(args: argparse.Namespace) -> int:
                 metrics_port=args.metrics_port,
                 metrics_host=args.host,
                 switch_interval=args.gil_switch_interval,
+                log_level=args.log_level,
+                log_format=args.log_format,
             )
             supervised, k, graphs = engine, engine.max_draft_len, engine.graphs
             where = f" engine-pid={engine.pid}"
@@ -212,7 +214,8 @@ def run(args: argparse.Namespace) -> int:
     death = supervised.death
     if death is not None:
         server.stop(0)
-        print(f"specwire: error: the executor stopped: {death!r}", file=sys.stderr, flush=True)
+        why = str(death) if own_process else f"the executor stopped: {death!r}"
+        print(f"specwire: error: {why}", file=sys.stderr, flush=True)
         return 1
     print(f"specwire target draining (up to {args.drain_timeout:g}s)", file=sys.stderr, flush=True)
     server.drain(args.drain_timeout)

@@ -24,10 +24,15 @@ turns health NOT_SERVING and exits non-zero, as when the executor thread dies in
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import ctypes
 import faulthandler
 import gc
 import logging
 import multiprocessing as mp
+import os
+import queue
 import signal
 import sys
 import tempfile
@@ -49,17 +54,27 @@ log = logging.getLogger(__name__)
 
 
 class _RemoteStream:
-    """The front end's handle on one completion (what the servicer keeps per stream)."""
+    """The front end's handle on one completion (what the servicer keeps per stream). `lock`
+    is the engine's routes lock: a completion ends here or from the engine, never both."""
 
-    def __init__(self, request: Request, events: EventQueue, index: int) -> None:
+    def __init__(
+        self, request: Request, events: EventQueue, index: int, lock: threading.Lock
+    ) -> None:
         self.request = request
         self.events = events
         self.index = index
+        self.lock = lock
+
+    def _end(self, reason: str) -> bool:
+        with self.lock:
+            if self.request.finish_reason is not None:
+                return False
+            self.request.finish_reason = reason
+            return True
 
     def finish(self, reason: str) -> None:
         """End it here (the engine never took it in, or is gone)."""
-        if self.request.finish_reason is None:
-            self.request.finish_reason = reason
+        if self._end(reason):
             self.events.put(
                 Complete(
                     finish_reason=reason,
@@ -74,14 +89,26 @@ class _RemoteStream:
             )
 
     def fail(self, code: str, message: str) -> None:
-        if self.request.finish_reason is None:
-            self.request.finish_reason = "failed"
+        if self._end("failed"):
             self.events.put(Failed(code, message, self.index))
+
+
+class EngineUnavailable(UserError):
+    """The engine process is stopping or gone: the caller may retry on another replica."""
+
+    code = "UNAVAILABLE"
 
 
 class EngineProcess(Admission):
     """The servicer's engine when the engine runs in a child process: admission here, the
-    rest there. Blocks in the constructor until the child is warm (or raises why not)."""
+    rest there. Blocks in the constructor until the child is warm (or raises why not).
+
+    Everything sent to the child goes through one writer thread, in order: the servicer's
+    event loop only queues (a large prompt never blocks it on a full pipe). The child dies
+    with this process (PR_SET_PDEATHSIG, and a kill at exit), so a dead or interrupted
+    front end never leaves an engine holding the GPU."""
+
+    INFO_TIMEOUT_S = 5.0  # below the gateway's 10 s deadline for GetModelInfo
 
     def __init__(
         self,
@@ -90,28 +117,43 @@ class EngineProcess(Admission):
         metrics_port: int = 0,
         metrics_host: str = "127.0.0.1",
         switch_interval: float = 5e-4,
+        log_level: str = "WARNING",
+        log_format: str = "text",
     ) -> None:
         self.config = cfg
         self.on_death = None  # called (from the reader thread) with the reason
         self.death: BaseException | None = None
         self._routes: dict[str, _RemoteStream] = {}
         self._routes_lock = threading.Lock()
-        self._send_lock = threading.Lock()
-        self._info: dict[int, bytes] = {}
+        self._info: dict[int, bytes | str | None] = {}  # asked -> reply (None: not yet)
         self._info_ready = threading.Condition()
         self._info_no = 0
         self._stopping = False
         self._stopped = threading.Event()
+        self._outq: queue.SimpleQueue = queue.SimpleQueue()
         self._tok_dir = tempfile.TemporaryDirectory(prefix="specwire-tokenizer-")
         ctx = mp.get_context("spawn")  # CUDA cannot be forked
         self._conn, child_conn = ctx.Pipe()
         self.proc = ctx.Process(
             target=_engine_main,
-            args=(cfg, child_conn, self._tok_dir.name, metrics_port, metrics_host, switch_interval),
+            args=(
+                cfg,
+                child_conn,
+                self._tok_dir.name,
+                dict(
+                    metrics_port=metrics_port,
+                    metrics_host=metrics_host,
+                    switch_interval=switch_interval,
+                    log_level=log_level,
+                    log_format=log_format,
+                    parent=os.getpid(),
+                ),
+            ),
             name="specwire-engine",
             daemon=True,
         )
         self.proc.start()
+        atexit.register(self._kill)  # before multiprocessing's own exit join (which would wait)
         child_conn.close()
         try:
             msg = self._conn.recv()
@@ -120,6 +162,9 @@ class EngineProcess(Admission):
             raise RuntimeError(
                 f"the engine process exited while loading (exit code {self.proc.exitcode})"
             ) from None
+        except BaseException:  # Ctrl-C or SIGTERM during the load: the child goes too
+            self._kill()
+            raise
         if msg[0] == "failed":
             self.proc.join(timeout=10)
             if msg[2]:
@@ -133,9 +178,14 @@ class EngineProcess(Admission):
         self.graphs = facts["graphs"]
         self.pid = self.proc.pid
         self._tokenizer = Tokenizer.from_folder(self._tok_dir.name)
-        self._reader = threading.Thread(
-            target=self._read, name="specwire-engine-reader", daemon=True
-        )
+        if self._tokenizer.fingerprint != facts["tokenizer_fingerprint"]:
+            self._kill()
+            raise RuntimeError("the engine's tokenizer did not survive the hand-over")
+        self._writer = threading.Thread(target=self._write, name="specwire-engine-writer")
+        self._writer.daemon = True
+        self._writer.start()
+        self._reader = threading.Thread(target=self._read, name="specwire-engine-reader")
+        self._reader.daemon = True
         self._reader.start()
 
     # -- Admission -------------------------------------------------------------------------------
@@ -161,57 +211,71 @@ class EngineProcess(Admission):
 
     def submit(self, requests: list[Request]) -> tuple[EventQueue, list[_RemoteStream]]:
         events = EventQueue()
-        streams = [_RemoteStream(req, events, i) for i, req in enumerate(requests)]
+        lock = self._routes_lock
+        streams = [_RemoteStream(req, events, i, lock) for i, req in enumerate(requests)]
         with self._routes_lock:
-            dead = self.death is not None
-            if not dead:
+            gone = self.death is not None or self._stopping
+            if not gone:
                 for s in streams:
                     self._routes[s.request.request_id] = s
-        if dead:
+        if gone:
             for s in streams:
-                s.fail("INTERNAL", f"the target's engine stopped: {self.death!r}")
+                s.fail("UNAVAILABLE", "the target's engine is stopping; retry on another replica")
             return events, streams
-        self._send(("submit", [(s.request, s.index) for s in streams]))
+        self._outq.put(("submit", [(s.request, s.index) for s in streams]))
         return events, streams
 
     def cancel(self, request_id: str) -> None:
-        self._send(("cancel", request_id))
+        self._outq.put(("cancel", request_id))
 
-    def model_info_bytes(self, timeout: float = 10.0) -> bytes:
+    def model_info_bytes(self) -> bytes:
         """The child's GetModelInfoResponse, serialised (blocking: call it off the loop)."""
         with self._info_ready:
             self._info_no += 1
             n = self._info_no
-        self._send(("info", n))
+            self._info[n] = None
+        self._outq.put(("info", n))
         with self._info_ready:
-            if not self._info_ready.wait_for(
-                lambda: n in self._info or self.death is not None, timeout
-            ):
-                raise TimeoutError("the engine process did not answer GetModelInfo")
-            if n not in self._info:
-                raise RuntimeError(f"the target's engine stopped: {self.death!r}")
-            return self._info.pop(n)
+            answered = self._info_ready.wait_for(
+                lambda: self._info[n] is not None or self._stopped.is_set(), self.INFO_TIMEOUT_S
+            )
+            reply = self._info.pop(n)
+        if isinstance(reply, bytes):
+            return reply
+        if isinstance(reply, str):  # the engine could not build it
+            raise RuntimeError(f"GetModelInfo failed in the engine process: {reply}")
+        if not answered:
+            raise EngineUnavailable(f"the engine process did not answer in {self.INFO_TIMEOUT_S}s")
+        raise EngineUnavailable("the target's engine is stopping or gone")
 
     def shutdown(self, timeout: float = 15.0) -> None:
         """Stop the child's executor (its requests get CANCELLED completions, delivered before
         this returns), then the child."""
-        self._stopping = True
+        with self._routes_lock:
+            self._stopping = True
         if self.proc.is_alive():
-            self._send(("stop",))
+            self._outq.put(("stop",))
             self._stopped.wait(timeout)
-        self.proc.join(timeout=5)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join(timeout=5)
+        self._kill()
+        self._reader.join(timeout=5)  # no completion is delivered after this returns
+        self._outq.put(None)
         self._tok_dir.cleanup()
 
     # -- internals -------------------------------------------------------------------------------
-    def _send(self, msg) -> None:
-        try:
-            with self._send_lock:
+    def _kill(self) -> None:
+        self._stopping = True  # an end we chose is no death to report
+        self.proc.join(timeout=5 if self._stopped.is_set() else 0)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(timeout=5)
+
+    def _write(self) -> None:
+        while (msg := self._outq.get()) is not None:
+            try:
                 self._conn.send(msg)
-        except (OSError, ValueError) as exc:  # the child is gone: the reader reports it
-            log.debug("engine process pipe closed: %r", exc)
+            except (OSError, ValueError) as exc:  # the child is gone: the reader reports it
+                log.debug("engine process pipe closed: %r", exc)
+                return
 
     def _read(self) -> None:
         reason = None
@@ -223,12 +287,15 @@ class EngineProcess(Admission):
                     self._deliver(msg[1])
                 elif kind == "info":
                     with self._info_ready:
-                        self._info[msg[1]] = msg[2]
+                        if msg[1] in self._info:  # nobody waits for a reply that came late
+                            self._info[msg[1]] = msg[2]
                         self._info_ready.notify_all()
                 elif kind == "dead":
                     reason = RuntimeError(f"the executor stopped: {msg[1]}")
                     break
                 elif kind == "stopped":
+                    if not self._stopping:
+                        reason = RuntimeError(f"the engine process stopped: {msg[1]}")
                     break
         except (EOFError, OSError):
             if not self._stopping:
@@ -236,6 +303,8 @@ class EngineProcess(Admission):
                 reason = RuntimeError(f"the engine process exited (exit code {self.proc.exitcode})")
         finally:
             self._stopped.set()
+            with self._info_ready:
+                self._info_ready.notify_all()
         if reason is not None:
             self._died(reason)
 
@@ -246,9 +315,11 @@ class EngineProcess(Admission):
                 if stream is None:
                     continue
                 if isinstance(ev, Complete | Failed):
-                    stream.request.finish_reason = getattr(ev, "finish_reason", "failed")
                     with self._routes_lock:
                         self._routes.pop(request_id, None)
+                        if stream.request.finish_reason is not None:
+                            continue  # ended here meanwhile (`_RemoteStream.finish`)
+                        stream.request.finish_reason = getattr(ev, "finish_reason", "failed")
                 stream.events.put(ev)
 
     def _died(self, reason: BaseException) -> None:
@@ -256,8 +327,6 @@ class EngineProcess(Admission):
         with self._routes_lock:
             self.death = reason
             streams, self._routes = list(self._routes.values()), {}
-        with self._info_ready:
-            self._info_ready.notify_all()
         for s in streams:
             s.fail("INTERNAL", f"the target's engine stopped: {reason}")
         if self.on_death is not None:
@@ -265,25 +334,31 @@ class EngineProcess(Admission):
 
 
 class _Outbox:
-    """The child's events, batched: the output thread sends one message per rendered batch."""
+    """The child's events, batched: the output thread sends one message per rendered batch.
+    Once the pipe is broken (the front end is gone) events are dropped."""
 
     def __init__(self, send) -> None:
         self._send = send
         self._items: list[tuple] = []
         self._lock = threading.Lock()
+        self.closed = False
 
     def tap(self, request_id: str) -> _Tap:
         return _Tap(self, request_id)
 
     def add(self, request_id: str, event) -> None:
         with self._lock:
-            self._items.append((request_id, event))
+            if not self.closed:
+                self._items.append((request_id, event))
 
     def flush(self) -> None:
         with self._lock:
             items, self._items = self._items, []
-        if items:
-            self._send(("events", items))
+        if items and not self.closed:
+            try:
+                self._send(("events", items))
+            except (OSError, ValueError):
+                self.closed = True
 
 
 class _Tap:
@@ -299,13 +374,27 @@ class _Tap:
         self.outbox.add(self.request_id, event)
 
 
-def _engine_main(cfg, conn, tok_dir, metrics_port, metrics_host, switch_interval) -> None:
+def _die_with_parent(parent: int) -> None:
+    """Linux: SIGKILL this process when the front end dies (whatever the way)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return  # not Linux: the front end's exit handler still kills it
+    if os.getppid() != parent:  # the parent died before the line above
+        os._exit(1)
+
+
+def _engine_main(cfg, conn, tok_dir, opts) -> None:
     """The engine process: build, report ready, serve the front end's messages until "stop"
     or until the front end goes away."""
+    _die_with_parent(opts["parent"])
+    from specwire.common.cli import setup_logging
     from specwire.target_service.engine import build_engine
     from specwire.target_service.server import engine_info
 
-    sys.setswitchinterval(switch_interval)
+    setup_logging(opts["log_level"], opts["log_format"])
+    sys.setswitchinterval(opts["switch_interval"])
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group: the front end decides
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # so does a drain
     # As the front end: SIGUSR1 prints every thread's stack (to the stderr both share) and
@@ -320,52 +409,95 @@ def _engine_main(cfg, conn, tok_dir, metrics_port, metrics_host, switch_interval
     try:
         engine = build_engine(cfg)
         engine.tokenizer.save(tok_dir)
+        if opts["metrics_port"]:
+            try:
+                engine.executor.metrics.serve(opts["metrics_port"], opts["metrics_host"])
+            except OSError as exc:
+                raise UserError(
+                    f"cannot serve metrics on {opts['metrics_host']}:{opts['metrics_port']}: "
+                    f"{exc.strerror or exc}"
+                ) from exc
     except BaseException as exc:  # noqa: BLE001 - the front end reports it and exits
-        send(("failed", str(exc), isinstance(exc, UserError)))
+        user = isinstance(exc, UserError)
+        if not user:
+            log.exception("the engine failed to load")
+        with contextlib.suppress(OSError):
+            send(("failed", str(exc) if user else f"{exc!r}", user))
         return
     gc.collect()
     gc.freeze()  # as the in-process target does once warm
     executor = engine.executor
     outbox = _Outbox(send)
     executor.output.after_batch = outbox.flush
-    executor.on_death = lambda exc: send(("dead", repr(exc)))
-    if metrics_port:
-        executor.metrics.serve(metrics_port, metrics_host)
+
+    def on_death(exc: BaseException) -> None:
+        if not outbox.closed:
+            with contextlib.suppress(OSError):
+                send(("dead", repr(exc)))
+
+    executor.on_death = on_death
     engine.start()
-    send(
-        (
-            "ready",
-            dict(
-                vocab_size=engine.vocab_size,
-                can_draft=engine.can_draft,
-                kv_geometry=engine.kv_geometry,
-                max_draft_len=executor.max_draft_len,
-                graphs=engine.runner.graphs is not None,
-            ),
-        )
-    )
-    route = executor.make_stream.route
+    why = "the front end went away"
     try:
-        while True:
-            try:
-                msg = conn.recv()
-            except (EOFError, OSError):
-                break  # the front end is gone
-            kind = msg[0]
-            if kind == "submit":
-                for req, index in msg[1]:
-                    route(req.request_id, outbox.tap(req.request_id), index)
-                    executor.submit(req)
-            elif kind == "cancel":
-                executor.cancel(msg[1])
-            elif kind == "info":
-                send(("info", msg[1], engine_info(engine).SerializeToString()))
-            elif kind == "stop":
-                break
+        send(
+            (
+                "ready",
+                dict(
+                    vocab_size=engine.vocab_size,
+                    can_draft=engine.can_draft,
+                    kv_geometry=engine.kv_geometry,
+                    max_draft_len=executor.max_draft_len,
+                    graphs=engine.runner.graphs is not None,
+                    tokenizer_fingerprint=engine.tokenizer.fingerprint,
+                ),
+            )
+        )
+        why = _serve(engine, conn, send, outbox, engine_info)
+    except (EOFError, OSError):
+        pass
+    except BaseException as exc:  # noqa: BLE001 - reported as the reason below
+        log.exception("the engine process's message loop failed")
+        why = f"its message loop failed: {exc!r}"
     finally:
+        if why != "stop":
+            outbox.closed = outbox.closed or why == "the front end went away"
+        # Bounded: a shutdown that cannot finish (an output thread gone with the pipe) must
+        # not leave this process behind.
+        threading.Timer(30.0, os._exit, (1,)).start()
         engine.shutdown()
         outbox.flush()
+        with contextlib.suppress(OSError):
+            send(("stopped", why))
+        os._exit(0)
+
+
+def _serve(engine, conn, send, outbox: _Outbox, engine_info) -> str:
+    """The child's message loop; returns why it ended ("stop" when asked to)."""
+    executor = engine.executor
+    route = executor.make_stream.route
+    while True:
         try:
-            send(("stopped",))
-        except OSError:
-            pass
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return "the front end went away"
+        kind = msg[0]
+        if kind == "submit":
+            for req, index in msg[1]:
+                try:
+                    route(req.request_id, outbox.tap(req.request_id), index)
+                    executor.submit(req)
+                except Exception as exc:  # that request fails, the engine goes on
+                    log.exception("submitting %s failed", req.request_id)
+                    outbox.add(req.request_id, Failed("INTERNAL", f"submit failed: {exc}", index))
+                    outbox.flush()
+        elif kind == "cancel":
+            executor.cancel(msg[1])
+        elif kind == "info":
+            try:
+                reply: bytes | str = engine_info(engine).SerializeToString()
+            except Exception as exc:  # that call fails, the engine goes on
+                log.exception("GetModelInfo failed")
+                reply = repr(exc)
+            send(("info", msg[1], reply))
+        elif kind == "stop":
+            return "stop"

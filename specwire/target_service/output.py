@@ -345,7 +345,10 @@ class OutputWorker:
                             return
                         self._call(*item)
                 if self.after_batch is not None:
-                    self.after_batch()
+                    try:
+                        self.after_batch()
+                    except Exception:  # never the output thread's end
+                        log.exception("after_batch failed")
             finally:
                 for _ in batch:
                     self._queue.task_done()
