@@ -85,4 +85,7 @@ def run_pass_procs(address: str, plan, config: str, args: argparse.Namespace, pr
             child.join(timeout=10)
             if child.is_alive():
                 child.kill()
+        for q in (ready, results):
+            q.close()
+            q.join_thread()
     return max(ends) - t0, records
