@@ -203,3 +203,23 @@ def test_an_engine_outlives_no_front_end():
             with pytest.raises(grpc.RpcError):
                 list(stream)
         wait_until(lambda: not _alive(pid), 30, 0.1, what="the engine process to end")
+
+
+def test_a_remote_drafter_drafts_for_the_engine_process():
+    """The remote drafter client lives in the engine process (its config, TLS settings
+    included, crosses the spawn): lossless output, and its counters reach GetModelInfo."""
+    dcmd = SPECWIRE + ["drafter", "--port", "0", "--drafter", "ngram", "--max-draft-len", "16"]
+    with running_service(dcmd, ENV, r"drafter listening on (\S+):(\d+)", timeout=120) as (_d, dm):
+        cmd = _cmd()
+        cmd[cmd.index("ngram")] = f"grpc://127.0.0.1:{dm.group(2)}"
+        with running_service(cmd, ENV, READY, timeout=180) as (_p, m):
+            with GenerationClient(f"127.0.0.1:{m.group(1)}", timeout=60) as client:
+                for prompt in PROMPTS[1:3]:
+                    spec = client.generate(prompt, max_new_tokens=30, ignore_eos=True)
+                    plain = client.generate(
+                        prompt, max_new_tokens=30, ignore_eos=True, speculate=False
+                    )
+                    assert spec.token_ids == plain.token_ids
+                info = client.model_info()
+    assert info.drafter.startswith("grpc://") and info.speculation.draft_tokens > 0
+    assert info.drafter_counters.reconnects >= 1  # the first connection counts
