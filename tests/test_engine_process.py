@@ -112,14 +112,18 @@ def test_a_client_that_goes_away_gives_its_blocks_back(target):
         )
 
 
+def _under_way(client: GenerationClient):
+    """A long generation whose first response has arrived."""
+    stream = client.stream(build_request(token_ids=[5, 6, 7], max_new_tokens=1500, ignore_eos=True))
+    next(stream)
+    return stream
+
+
 def test_a_dead_engine_process_fails_requests_and_ends_the_target_nonzero():
     with running_service(_cmd(), ENV, READY, timeout=180) as (proc, m):
         address, pid = f"127.0.0.1:{m.group(1)}", int(m.group(2))
         with GenerationClient(address, timeout=60) as client:
-            stream = client.stream(
-                build_request(token_ids=[5, 6, 7], max_new_tokens=1500, ignore_eos=True)
-            )
-            next(stream)
+            stream = _under_way(client)
             os.kill(pid, signal.SIGKILL)
             rest = list(stream)
         error = rest[-1].error
@@ -195,10 +199,7 @@ def test_an_engine_outlives_no_front_end():
     with running_service(_cmd(), ENV, READY, timeout=180) as (proc, m):
         address, pid = f"127.0.0.1:{m.group(1)}", int(m.group(2))
         with GenerationClient(address, timeout=60) as client:
-            stream = client.stream(
-                build_request(token_ids=[5, 6, 7], max_new_tokens=1500, ignore_eos=True)
-            )
-            next(stream)
+            stream = _under_way(client)
             os.kill(proc.pid, signal.SIGKILL)
             with pytest.raises(grpc.RpcError):
                 list(stream)
