@@ -106,7 +106,9 @@ class EngineProcess(Admission):
     Everything sent to the child goes through one writer thread, in order: the servicer's
     event loop only queues (a large prompt never blocks it on a full pipe). The child dies
     with this process (PR_SET_PDEATHSIG, and a kill at exit), so a dead or interrupted
-    front end never leaves an engine holding the GPU."""
+    front end never leaves an engine holding the GPU. Linux ties PR_SET_PDEATHSIG to the
+    thread that started the child: build this on a thread that lives as long as the engine
+    should (the CLI builds it on the main thread)."""
 
     INFO_TIMEOUT_S = 5.0  # below the gateway's 10 s deadline for GetModelInfo
 
