@@ -33,7 +33,7 @@ from specwire.target_service.events import Chunk, Complete, Failed  # noqa: E402
 from specwire.target_service.params import GenerationParams  # noqa: E402
 
 
-async def run_pass(engine, plan, args, pool) -> dict:
+async def run_pass(engine, plan, args, pool, request_draft_len: int | None = None) -> dict:
     todo = iter(enumerate(plan.prompts))
     tokens = errors = chunks = 0
 
@@ -45,7 +45,7 @@ async def run_pass(engine, plan, args, pool) -> dict:
                 chat=({"role": "user", "content": prompt.text},),
                 max_new_tokens=args.max_new_tokens,
                 request_id=f"{plan.name}/{i}",
-                max_draft_len=getattr(args, "request_draft_len", None),  # host_only: absent
+                max_draft_len=request_draft_len,
             )
             requests = await loop.run_in_executor(pool, engine.normalize, params)
             events, _streams = engine.submit(requests)
@@ -98,7 +98,7 @@ async def main_async(args) -> list[dict]:
     out = []
     try:
         for plan in plans:
-            rec = await run_pass(engine, plan, args, pool)
+            rec = await run_pass(engine, plan, args, pool, args.request_draft_len)
             out.append(rec)
             print(
                 f"engine-only {args.drafter} k={args.request_draft_len} {plan.name}: "

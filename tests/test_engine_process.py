@@ -29,10 +29,11 @@ PROMPTS = [
 ]
 
 
-def _cmd(*extra: str) -> list[str]:
+def _cmd(*extra: str, engine_process: str = "on", drafter: str = "ngram") -> list[str]:
     return SPECWIRE + [
         "target", "--model", "tiny-random", "--port", "0", "--no-progress",
-        "--engine-process", "on", "--drafter", "ngram", "--max-batch-size", "4", *extra,
+        "--engine-process", engine_process, "--drafter", drafter, "--max-batch-size", "4",
+        *extra,
     ]  # fmt: skip
 
 
@@ -183,14 +184,13 @@ def test_the_front_end_tokenises_as_the_in_process_target_does(target):
         mine = client.generate(chat=chat, max_new_tokens=12, ignore_eos=True)
         os.kill(pid, signal.SIGUSR1)
         assert client.generate(PROMPTS[0], max_new_tokens=3, ignore_eos=True).token_ids
-    cmd = [c for c in _cmd() if c != "on"]
-    cmd[cmd.index("--engine-process") + 1 : cmd.index("--engine-process") + 1] = ["off"]
+    cmd = _cmd(engine_process="off")
     with running_service(cmd, ENV, r"listening on 127\.0\.0\.1:(\d+)", timeout=180) as (_p, m):
         with GenerationClient(f"127.0.0.1:{m.group(1)}", timeout=60) as client:
             theirs = client.generate(chat=chat, max_new_tokens=12, ignore_eos=True)
     assert mine.usage["prompt_tokens"] == theirs.usage["prompt_tokens"]
     assert mine.token_ids == theirs.token_ids
-    wait_until(lambda: "in _engine_main" in output_tail(proc), 10, 0.1, what="the engine's stacks")
+    wait_until(lambda: "in engine_main" in output_tail(proc), 10, 0.1, what="the engine's stacks")
 
 
 def test_an_engine_outlives_no_front_end():
@@ -211,8 +211,7 @@ def test_a_remote_drafter_drafts_for_the_engine_process():
     included, crosses the spawn): lossless output, and its counters reach GetModelInfo."""
     dcmd = SPECWIRE + ["drafter", "--port", "0", "--drafter", "ngram", "--max-draft-len", "16"]
     with running_service(dcmd, ENV, r"drafter listening on (\S+):(\d+)", timeout=120) as (_d, dm):
-        cmd = _cmd()
-        cmd[cmd.index("ngram")] = f"grpc://127.0.0.1:{dm.group(2)}"
+        cmd = _cmd(drafter=f"grpc://127.0.0.1:{dm.group(2)}")
         with running_service(cmd, ENV, READY, timeout=180) as (_p, m):
             with GenerationClient(f"127.0.0.1:{m.group(1)}", timeout=60) as client:
                 for prompt in PROMPTS[1:3]:
