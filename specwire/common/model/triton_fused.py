@@ -39,6 +39,7 @@ from specwire.common.model.triton_attention import _check_cache
 from specwire.common.model.triton_ops import (
     _INTERPRET,
     BLOCK_M,
+    LinearConfig,
     _cast,
     _exp,
     _f32,
@@ -55,7 +56,6 @@ MAX_TOKENS = BLOCK_M
 # Columns per pass-1 chunk. Pass 1's loop is software-pipelined (`tl.range(num_stages=3)`:
 # cp.async, the next chunks in flight), not unrolled: unrolled, K = 4096 spilled on sm_90.
 _NORM_BLOCK = 256
-_NUM_WARPS = 4
 
 
 @triton.jit
@@ -230,6 +230,7 @@ def add_norm_linear(
     eps: float,
     weight: torch.Tensor,  # [N, K]
     bias: torch.Tensor | None = None,  # [N]
+    config: LinearConfig | None = None,  # default linear_config(N, K)
 ) -> tuple[torch.Tensor, torch.Tensor]:  # ([M, N], the new residual [M, K])
     """`linear(rms_norm(x + residual) * norm_weight, weight, bias)` and `x + residual` (x itself
     when `residual` is None), as `triton_ops.add_rms_norm` then `linear` would give them."""
@@ -246,7 +247,7 @@ def add_norm_linear(
     new_res = x if residual is None else torch.empty((m, k), dtype=x.dtype, device=x.device)
     if m == 0:
         return out, new_res
-    cfg = linear_config(n, k)
+    cfg = config or linear_config(n, k)
     target = _split_target(m, n, cfg.split_k, out)
     res = residual if residual is not None else x
     _add_norm_linear_kernel[(triton.cdiv(m, BLOCK_M), triton.cdiv(n, cfg.block_n), cfg.split_k)](
@@ -257,13 +258,15 @@ def add_norm_linear(
         K=k, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None and target is out,
         FP32_IEEE=x.dtype == torch.float32, BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, NORM_BLOCK=min(_NORM_BLOCK, triton.next_power_of_2(k)),
-        num_warps=_NUM_WARPS, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     _sum_splits(target, out, bias)
     return out, new_res
 
 
-def silu_linear(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def silu_linear(
+    gate_up: torch.Tensor, weight: torch.Tensor, config: LinearConfig | None = None
+) -> torch.Tensor:
     """`linear(silu(gate) * up, weight)` for gate, up = gate_up.chunk(2, -1):
     gate_up [M, 2I], weight [N, I] -> [M, N], as `triton_ops.silu_mul` then `linear` would."""
     if gate_up.dim() != 2 or gate_up.shape[1] % 2:
@@ -274,7 +277,7 @@ def silu_linear(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     out = torch.empty((m, n), dtype=gate_up.dtype, device=gate_up.device)
     if m == 0:
         return out
-    cfg = linear_config(n, k)
+    cfg = config or linear_config(n, k)
     target = _split_target(m, n, cfg.split_k, out)
     _silu_linear_kernel[(triton.cdiv(m, BLOCK_M), triton.cdiv(n, cfg.block_n), cfg.split_k)](
         gate_up, weight, target,
@@ -282,7 +285,7 @@ def silu_linear(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         gate_up.stride(0), weight.stride(0), n, _split_stride(target),
         cfg.k_per_split,
         FP32_IEEE=gate_up.dtype == torch.float32, BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, num_warps=_NUM_WARPS, num_stages=cfg.num_stages,
+        BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     _sum_splits(target, out, None)
     return out

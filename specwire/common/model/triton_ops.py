@@ -335,6 +335,7 @@ def linear(
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
     block_m: int = BLOCK_M,
+    config: LinearConfig | None = None,
 ) -> torch.Tensor:
     """Batch-invariant `x @ weight.T + bias`: x [M, K], weight [N, K], bias [N] -> [M, N].
 
@@ -347,7 +348,9 @@ def linear(
     multiple of 64 rows with a multiple of 4 warps; 16 and 32 rows with 4 warps, and 64 rows
     with 2 warps, all stay on the same m16n8k16 mma.sync chain per row, so the bits should not
     change, while a larger tile re-reads the weight from L2 fewer times at large M. Pick it by
-    M only once the GPU test `test_gpu_block_m_keeps_bits` has passed on the target GPU."""
+    M only once the GPU test `test_gpu_block_m_keeps_bits` has passed on the target GPU.
+
+    `config` overrides `linear_config(N, K)` (`bench/gemm_sweep.py` times candidates)."""
     m, k = x.shape
     n = weight.shape[0]
     if weight.shape[1] != k or weight.dtype != x.dtype or x.stride(-1) != 1:
@@ -360,7 +363,7 @@ def linear(
     out = torch.empty((m, n), dtype=out_dtype, device=x.device)
     if m == 0:
         return out
-    cfg = linear_config(n, k)
+    cfg = config or linear_config(n, k)
     has_bias = bias is not None
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, cfg.block_n), cfg.split_k)
     target = out if cfg.split_k == 1 else torch.empty((cfg.split_k, m, n), dtype=torch.float32,
