@@ -14,6 +14,10 @@ For each shape, batch B and draft length K, B decode rows each feed q = 1 + K to
 `--fused on,off` measures the fused Triton ops (`triton_fused.py`) and the unfused ones on the
 same model and cache, one after the other; the table puts them side by side (column "ops").
 
+`--small-gemms triton,cublas` measures the GEMMs of steps of at most 16 tokens on our Triton GEMM
+with tuned tiles (the default, `triton_ops._TUNED`) and on cuBLAS (`small_gemms="cublas"`),
+side by side (ops column "triton" / "triton-cublas"; the exact mode always runs our GEMM).
+
 `--compile off,default,max-autotune` (issue 8) adds `torch.compile` of the PyTorch math between
 two attention calls (`bench/compiled_ops.py`; "max-autotune" is torch.compile mode
 "max-autotune-no-cudagraphs"), on the same model and cache, with the same attention backend;
@@ -287,13 +291,17 @@ def bench_shape(
     model.set_attention(make_backend(args.attention, model, device))
     results: list[dict] = []
     measured: set[str] = set()
-    variants: list[tuple[bool, str]] = []  # (fused, compile mode) in turn
+    variants: list[tuple[bool, str, str]] = []  # (fused, small GEMMs, compile mode) in turn
     for mode in args.compile:
-        variants += [(f, mode) for f in args.fused] if mode == "off" else [(False, mode)]
-    for fused, mode in variants:  # the same model and cache, each ops variant in turn
+        if mode != "off":
+            variants.append((False, "triton", mode))
+            continue
+        variants += [(f, g, mode) for f in args.fused for g in args.small_gemms]
+    for fused, small_gemms, mode in variants:  # the same model and cache, each in turn
         compiled = None
         if mode == "off":
-            model.set_ops(make_ops(model.attention, exact=args.exact, fused=fused))
+            ops = make_ops(model.attention, args.exact, fused, small_gemms)
+            model.set_ops(ops)
         else:
             compiled = CompiledOps(model, mode)
             compiled.attach()
@@ -390,6 +398,12 @@ def main() -> int:
         "between attention calls (bench/compiled_ops.py; max-autotune = mode "
         "max-autotune-no-cudagraphs), side by side; off (the default): uncompiled only",
     )
+    ap.add_argument(
+        "--small-gemms",
+        default="triton",
+        help="comma list of triton | cublas: who runs the tuned GEMMs of steps of at most 16 "
+        "tokens (bf16), side by side; triton (the default) is what the target runs",
+    )
     ap.add_argument("--tag", default="", help="suffix of the output file names")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     ap.add_argument("--out", required=True)
@@ -400,6 +414,9 @@ def main() -> int:
     args.ks = [int(x) for x in args.ks.split(",")]
     args.fused = [{"on": True, "off": False}[x] for x in args.fused.split(",")]
     args.compile = [x.strip() for x in args.compile.split(",") if x.strip()]
+    args.small_gemms = [x.strip() for x in args.small_gemms.split(",") if x.strip()]
+    if not args.small_gemms or set(args.small_gemms) - {"triton", "cublas"}:
+        ap.error("--small-gemms: use a comma list of triton, cublas")
     bad = [x for x in args.compile if x != "off" and x not in COMPILE_MODES]
     if bad or not args.compile:
         ap.error(f"--compile: use a comma list of off, {', '.join(COMPILE_MODES)} (got {bad})")

@@ -148,6 +148,34 @@ def test_k_split_shape_is_split():
     assert ops.linear_config(4096, 14336).split_k > 1
 
 
+def test_tuned_configs_cover_k_without_empty_splits():
+    for (n, k), c in ops._TUNED.items():
+        assert ops.linear_config(n, k) is c and ops.tuned(n, k)
+        assert c.k_per_split % c.block_k == 0 and c.k_per_split * c.split_k >= k
+        assert c.k_per_split * (c.split_k - 1) < k, f"an empty split for {(n, k)}"
+    assert not ops.tuned(72, 200)
+
+
+def test_small_steps_of_tuned_shapes_take_our_gemm():
+    """TritonOps runs a tuned weight shape on our GEMM for steps of at most BLOCK_M tokens in
+    16-bit; wider steps, fp32 and small_gemms="cublas" stay on cuBLAS (F.linear)."""
+    from specwire.common.model.ops import TritonOps
+
+    n, k = 576, 576  # SmolLM2's o_proj: tuned
+    assert ops.tuned(n, k)
+    w = _randn(n, k, seed=5, scale=k**-0.5)
+    small, wide = _randn(5, k, seed=7), _randn(ops.BLOCK_M + 1, k, seed=8)
+    ours, cublas = ops.linear(small, w), F.linear(small, w)
+    assert not torch.equal(ours, cublas)  # else the routes below could not be told apart
+    assert torch.equal(TritonOps().linear(small, w), ours)
+    assert torch.equal(TritonOps().linear(wide, w), F.linear(wide, w))
+    assert torch.equal(TritonOps(small_gemms="cublas").linear(small, w), cublas)
+    small32, w32 = small.float(), w.float()
+    assert torch.equal(TritonOps().linear(small32, w32), F.linear(small32, w32))
+    with pytest.raises(ValueError, match="small_gemms"):
+        TritonOps(small_gemms="cutlass")
+
+
 def test_linear_handles_empty_batch():
     x, w = _randn(0, 64), _randn(32, 64)
     assert ops.linear(x, w).shape == (0, 32)

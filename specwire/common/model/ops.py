@@ -3,7 +3,10 @@
 - `TorchOps`: plain PyTorch (the CPU and the reference).
 - `TritonOps`: our Triton kernels (`triton_ops.py`) for the small ops a layer is made of —
   RMSNorm with the residual add fused in, RoPE in place on the fused q/k buffer, SiLU·up — so a
-  layer is ~10 kernels instead of ~25. GEMMs stay on cuBLAS...
+  layer is ~10 kernels instead of ~25. GEMMs stay on cuBLAS, except in steps of at most 16
+  tokens (16-bit) for weight shapes with measured tiles (`triton_ops._TUNED`: the SmolLM2 and
+  Llama-3-8B projections), where our GEMM is level with cuBLAS or faster
+  (`small_gemms="cublas"` turns that off, for comparison)...
 - ...unless `exact=True`: then every GEMM (projections and LM head) is our batch-invariant
   Triton GEMM, whose rows are bitwise independent of how many rows the step has. With the
   Triton attention (numerics a function of the row only) and per-row norms, a position's logits
@@ -78,7 +81,9 @@ class TorchOps:
 class TritonOps(TorchOps):
     name = "triton"
 
-    def __init__(self, exact: bool = False, fused: bool = False) -> None:
+    def __init__(
+        self, exact: bool = False, fused: bool = False, small_gemms: str = "triton"
+    ) -> None:
         # imports triton: GPU machines only
         from specwire.common.model import triton_fused, triton_ops
 
@@ -87,10 +92,17 @@ class TritonOps(TorchOps):
         # Exact mode keeps the unfused path: its rows must come from the batch-invariant GEMM.
         self._fused = triton_fused if fused and not exact else None
         self.fuse_rope = self._fused is not None
+        if small_gemms not in ("triton", "cublas"):
+            raise ValueError(f"small_gemms must be triton or cublas, not {small_gemms!r}")
+        # Steps of at most BLOCK_M tokens run the projections with measured tiles on our GEMM,
+        # which is level with or faster than cuBLAS there (`triton_ops._TUNED`).
+        self._small_on_triton = small_gemms == "triton"
         if exact:
             self.name = "triton-exact"
         elif fused:
             self.name = "triton-fused"
+        if not exact and small_gemms == "cublas":
+            self.name += "-cublas"
 
     def rms_norm(self, x, weight, eps):
         return self._k.rms_norm(x, weight, eps)
@@ -111,6 +123,13 @@ class TritonOps(TorchOps):
             # less for wide steps (H200: 1.5-1.7x faster at M >= 40).
             block_m = 16 if x.shape[0] <= 16 else 64
             return self._k.linear(x, weight, bias, out_dtype=out_dtype, block_m=block_m)
+        if (  # a function of the shapes only: the same choice at capture and at every replay
+            self._small_on_triton
+            and x.dtype != torch.float32  # the tiles were measured in bf16
+            and x.shape[0] <= self._k.BLOCK_M
+            and self._k.tuned(*weight.shape)
+        ):
+            return self._k.linear(x, weight, bias, out_dtype=out_dtype)
         return super().linear(x, weight, bias, out_dtype)
 
     def _fuses(self, x: torch.Tensor) -> bool:

@@ -84,7 +84,7 @@ def make_backend(kind: str, model, device: torch.device):
     raise UserError(f"unknown attention backend {kind!r} (use auto, triton or sdpa)")
 
 
-def make_ops(attention, exact: bool = False, fused: bool = False):
+def make_ops(attention, exact: bool = False, fused: bool = False, small_gemms: str = "triton"):
     """The model's ops to go with its attention backend: our fused Triton kernels beside the
     Triton attention (batch-invariant GEMMs too when `exact`), plain PyTorch otherwise.
 
@@ -95,7 +95,7 @@ def make_ops(attention, exact: bool = False, fused: bool = False):
     from specwire.common.model.ops import TorchOps, TritonOps
 
     if attention.name == "triton":
-        return TritonOps(exact=exact, fused=fused)
+        return TritonOps(exact=exact, fused=fused, small_gemms=small_gemms)
     if exact or fused:
         flag = "--exact" if exact else "--fused"
         raise UserError(f"{flag} needs the Triton kernels (--device cuda --attention triton)")

@@ -244,27 +244,54 @@ class LinearConfig:
     num_stages: int = 4
 
 
-def linear_config(n: int, k: int) -> LinearConfig:
-    """Pick tiles so that small-M calls (weight-bandwidth-bound) spread the weight over enough
-    programs to keep every SM streaming: 64-wide N tiles, 32-wide when N is small, and a K split
-    when there are still too few tiles and K is long enough for each split to stay efficient.
+def _tuned(bn: int, bk: int, split: int, warps: int, stages: int, k: int) -> LinearConfig:
+    per_split = triton.cdiv(triton.cdiv(k, bk), split) * bk
+    return LinearConfig(bn, bk, split, per_split, warps, stages)
 
-    What it gives (programs at M <= 16; M multiplies them by cdiv(M, 16)):
-      SmolLM2  qkv 960x576, o 576x576, gate_up 3072x576, down 576x1536: bn32, no split
-               (30, 18, 96, 18 programs: latency-bound, weights of 0.7-3.5 MB); lm_head 49152x576:
-               bn64, 768 programs.
-      Llama-8B qkv 6144x4096: bn32 split 2; o 4096x4096: bn32 split 3; down 4096x14336: bn32
-               split 3 (384 programs each, + the split sum); gate_up 28672x4096: bn64, 448;
-               lm_head 128256x4096: bn64, 2004.
-    num_stages 4 keeps 3 weight tiles in flight per program; with 4 warps and at most 20 KB a
-    stage, two or more programs fit on an SM."""
+
+# Tiles measured fastest at M = 1 and 5 (one config for both, as the exact mode needs) by
+# `python3 bench/gemm_sweep.py` on the H200 (bench/RESULTS.md, round 13), for the projections of
+# the two reference models. Each is at least level with cuBLAS there, so `TritonOps` runs these
+# shapes on our GEMM for steps of at most BLOCK_M tokens (`tuned`). Another GPU still gets valid
+# (if untuned) tiles; shapes not listed take `linear_config`'s rule.
+_TUNED: dict[tuple[int, int], LinearConfig] = {
+    # SmolLM2-135M: qkv, o_proj, gate_up, down (3.2 / 3.2 / 3.9 / 4.7 us; cuBLAS 3.6-3.7 /
+    # 3.6 / 4.1 / 5.0-5.1)
+    (960, 576): _tuned(16, 128, 1, 4, 5, 576),
+    (576, 576): _tuned(16, 128, 1, 4, 5, 576),
+    (3072, 576): _tuned(32, 64, 1, 4, 5, 576),
+    (576, 1536): _tuned(16, 128, 1, 4, 5, 1536),
+    # Llama-3-8B (15.7-15.8 / 12.0 / 56.6-57.0 / 30.9-31.4 us; cuBLAS 15.4-16.1 / 13.1-13.2 /
+    # 56.5-56.8 / 31.9-32.2)
+    (6144, 4096): _tuned(32, 128, 1, 4, 5, 4096),
+    (4096, 4096): _tuned(32, 128, 2, 4, 5, 4096),
+    (28672, 4096): _tuned(32, 128, 1, 4, 3, 4096),
+    (4096, 14336): _tuned(32, 128, 3, 4, 4, 14336),
+}
+
+
+def tuned(n: int, k: int) -> bool:
+    """Whether weight shape [N, K] has measured tiles (`_TUNED`)."""
+    return (n, k) in _TUNED
+
+
+def linear_config(n: int, k: int) -> LinearConfig:
+    """The measured tiles of a `_TUNED` shape. Otherwise a rule: small-M calls are
+    weight-bandwidth-bound, so spread the weight over enough programs to keep every SM
+    streaming: 64-wide N tiles, 32-wide when N is small, and a K split when there are still too
+    few tiles and K is long enough for each split to stay efficient (at least 8 K iterations, so
+    the pipeline reaches its steady state). num_stages 4 keeps 3 weight tiles in flight per
+    program; with 4 warps and at most 20 KB a stage, two or more programs fit on an SM. The
+    sweep found the rule within a few per cent of the best tiles except for wide N (Llama's
+    gate_up: 66.7 us against 56.6) and the smallest weights (SmolLM2: 5-20 % behind)."""
+    if (n, k) in _TUNED:
+        return _TUNED[(n, k)]
     block_k = next((b for b in (128, 64, 32) if k % b == 0), 64)
     block_n = 64 if triton.cdiv(n, 64) >= _TARGET_PROGRAMS // 2 else 32
     tiles_n = triton.cdiv(n, block_n)
     k_iters = triton.cdiv(k, block_k)
     split = 1
     if tiles_n < _TARGET_PROGRAMS and k >= 2048:
-        # at least 8 K iterations per split, so the pipeline reaches its steady state
         split = max(1, min(triton.cdiv(_TARGET_PROGRAMS, tiles_n), k_iters // 8))
     iters_per_split = triton.cdiv(k_iters, split)
     split = triton.cdiv(k_iters, iters_per_split)  # no empty splits
