@@ -327,3 +327,40 @@ def test_inside_a_plain_window_every_step_is_plain_whatever_its_rows():
     p.observe_rate(10, 10 / 6000.0, 8)
     assert p.plain_until_window_ends and p.step_draft_len(reqs) == 0
     assert not DraftLengthPolicy(4, adaptive=False).plain_until_window_ends
+
+
+def _one_stream(p: DraftLengthPolicy, kinds: list[str]) -> dict[str, int]:
+    """Serve one request of each kind in turn, one at a time, 96 tokens each: a plain step
+    makes 1 token in 1.2 ms; a speculative step takes 1.5 ms and makes 3 tokens on a "good"
+    request (drafts accepted), 1 on a "poor" one. The tokens each kind got while speculating."""
+    spec = dict.fromkeys(kinds, 0)
+    for i, kind in enumerate(kinds):
+        req, done = _req(f"{kind}{i}"), 0
+        while done < 96:
+            p.step_draft_len([req])
+            made = min(3 if kind == "good" else 1, 96 - done) if p.mode == "spec" else 1
+            spec[kind] += made if p.mode == "spec" else 0
+            p.observe_rate(made, 1.5e-3 if p.mode == "spec" else 1.2e-3, 1)
+            done += made
+    return spec
+
+
+def test_one_stream_speculates_through_a_poor_request():
+    """At one stream a window holds a third of one request, so its rate says as much about
+    that request's drafts as about the mode. Good and poor requests alternate; speculating
+    throughout is 1.2x plain decoding (poor requests lose 20 %, good ones gain 2.4x). One
+    poor request must not send the policy back to plain decoding until a probe happens to land
+    on a good one: the good requests are served speculatively."""
+    p = _policy({1: 1e-3, 64: 1e-3})
+    spec = _one_stream(p, ["good", "poor"] * 40)
+    assert spec["good"] >= 0.9 * 40 * 96
+    assert p.rates[("spec", 1)] > p.rates[("plain", 1)] * (1.0 + p.spec_margin)
+
+
+def test_one_stream_whose_drafts_never_pay_decodes_plainly():
+    """The longer memory at one stream keeps the guarantee: where speculation loses on every
+    request, it runs only in its first look and the probes."""
+    p = _policy({1: 1e-3, 64: 1e-3})
+    spec = _one_stream(p, ["poor"] * 40)
+    assert spec["poor"] <= 0.1 * 40 * 96
+    assert p.mode == "plain"

@@ -10,7 +10,9 @@ trip, the cost of draining the pipeline to switch. So the policy runs one mode f
 `mode_window` steps (a probe that trails the other mode's rate there by more than `early_exit`
 after `first_window` steps ends there), measures the tokens generated per second and per row
 over it (the executor reports every step, a switch's drain and the loop between steps included),
-keeps an EMA per mode and batch-size bucket (a rate means nothing at another load), and then
+keeps an average per mode and batch-size bucket (a rate means nothing at another load: the mean
+of the windows measured there, then an EMA whose weight shrinks below `full_weight_rows` rows,
+where a window samples few requests and measures their drafts as much as the mode), and then
 runs the mode with the better rate at the load just seen (speculation only when it is
 `spec_margin` faster: a near tie goes to the mode that cannot lose to no drafter); a window that
 starts at another load starts in the mode best there. At a load where the other mode has no rate
@@ -110,6 +112,20 @@ class DraftLengthPolicy:
     max_probe_every: int = 32  # most windows between them
     probe_budget: float = 0.01  # throughput share probing may cost (sets the interval)
     spec_margin: float = 0.05  # speculation runs only when measured this much faster
+    # A window's say in its mode's rate at a load: the mean of the windows measured there
+    # (1/n: no single look, the first included, outweighs the others), down to an EMA weight
+    # of 0.5 per whole window from `full_weight_rows` rows and proportionally less below.
+    # A window's rate averages the requests it ran; at a few rows those are one or two, and
+    # what speculation gains varies several-fold between requests (per kind at c=1 on the
+    # H200: edit 2.9x, review 0.97x; bench/RESULTS.md, round 12), so a 32-step window at one
+    # stream measures a third of one request more than the mode. With half the say per
+    # window the mode followed the request in flight: it left speculation after one poor
+    # request and came back only when a probe, >= `probe_every` windows later, landed on a
+    # good one (a remote drafter that paid 1.21x at one stream in one round decoded plainly
+    # on 83 % of the steps in the next, 1.00x; round 12, run C). From 8 rows a window
+    # averages enough requests (the n-gram drafter kept speculating on 77-89 % of the steps
+    # at c=8 there); the weight, and so the policy under load, is as it was.
+    full_weight_rows: int = 8
     mode: str = "spec"  # "spec" | "plain"
     # (mode, batch-size bucket) -> generated tokens per second per row (EMA over windows)
     rates: dict[tuple[str, int], float] = field(default_factory=dict)
@@ -121,6 +137,7 @@ class DraftLengthPolicy:
     _population: _Estimate = field(default_factory=_Estimate)
     _window: list[float] = field(default_factory=lambda: [0.0, 0.0, 0, 0])  # tok, s, steps, rows
     _windows: dict[int, int] = field(default_factory=dict)  # windows seen per load bucket
+    _looks: dict[tuple[str, int], int] = field(default_factory=dict)  # windows per rate
     _probe_at: dict[int, int] = field(default_factory=dict)  # load -> window of its next probe
     _planned: int = 0  # the load the current mode was chosen for
     _probing: bool = False  # the current window measures a mode chosen to be measured
@@ -131,6 +148,8 @@ class DraftLengthPolicy:
                 f"need 1 <= first_window <= mode_window, got {self.first_window}, "
                 f"{self.mode_window}"
             )
+        if self.full_weight_rows < 1:
+            raise ValueError(f"need full_weight_rows >= 1, got {self.full_weight_rows}")
         if not 1 <= self.probe_every <= self.max_probe_every or not 0 < self.probe_budget < 1:
             raise ValueError(
                 "need 1 <= probe_every <= max_probe_every and 0 < probe_budget < 1, got "
@@ -200,7 +219,9 @@ class DraftLengthPolicy:
         rate = w[0] / w[1] / max(rows, 1.0)
         if w[2] < self.mode_window and not (w[2] == self.first_window and self._short(key, rate)):
             return False
-        self.rates[key] = _ema(self.rates.get(key), rate, 0.5 * w[2] / self.mode_window)
+        looks = self._looks[key] = self._looks.get(key, 0) + 1
+        weight = max(1.0 / looks, 0.5 * min(1.0, rows / self.full_weight_rows))
+        self.rates[key] = _ema(self.rates.get(key), rate, weight * w[2] / self.mode_window)
         self._window = [0.0, 0.0, 0, 0]
         seen = self._windows[load] = self._windows.get(load, 0) + 1
         self._probing = False
