@@ -214,6 +214,61 @@ def test_remote_drafter_with_the_two_batch_overlap_is_lossless(
     eng.shutdown()
 
 
+def _adaptive(eng, costs: dict[int, float]) -> None:
+    """The draft-length policy of a GPU target on this CPU engine: k per step from `costs`
+    (token count -> seconds), held in the speculative mode (no mode windows end)."""
+    policy = eng.executor.scheduler.policy
+    policy.adaptive, policy.mode_window, policy.first_window = True, 10**6, 10**6
+    policy.seed_costs(costs)
+
+
+@pytest.mark.parametrize("mode", ["stream", "unary"])
+def test_plain_steps_keep_a_remote_drafter_current(tiny, baseline, drafters, mode):
+    """Inside the speculative mode the policy may choose k = 0: those steps run plain and
+    overlapped. The remote drafter still hears what each one committed (only the settled
+    tokens, not the one in flight), so its proposals stay current for the next drafting step.
+    Here the policy picks k = 0 for every step: all run plain, yet the drafter is asked
+    and its replies collected; output unchanged, nothing refused."""
+    server = drafters(drafter="ngram")
+    eng = engine(tiny, f"grpc://{server.address}", drafter_mode=mode, drafter_patience_ms=-1)
+    _adaptive(eng, {1: 1e-3, 1024: 0.3})
+    policy = eng.executor.scheduler.policy
+    policy.step_draft_len = lambda decode, prefill_tokens=0: 0  # k = 0, mode "spec"
+    results = run_all(eng, PROMPTS)
+    assert [c.token_ids for c in results] == baseline["short"]
+    stats = eng.executor.stats
+    assert stats.draft_tokens == 0 and policy.mode == "spec"
+    labels = {"model": eng.executor.metrics.model}
+    registry = eng.executor.metrics.registry
+    assert registry.get_sample_value("specwire_overlapped_steps_total", labels) > 0
+    c = eng.drafter.counters()
+    assert c["prefetched"] > 0, "plain steps did not reach the drafter"
+    assert c["failed"] == c["stale"] == c["unknown_request"] == c["resynced"] == 0
+    assert c["reconnects"] == 1
+    wait_until(lambda: len(server.engine.store) == 0, timeout=10, what="sessions freed")
+    server.engine.check_integrity()
+    eng.shutdown()
+
+
+def test_remote_drafter_alternating_plain_and_drafting_steps_is_lossless(tiny, baseline, drafters):
+    """Steep costs past 12 tokens: big batches verify without drafts (plain, overlapped, the
+    drafter told), small ones draft from proposals those plain steps asked for."""
+    server = drafters(drafter="ngram")
+    eng = engine(tiny, f"grpc://{server.address}", drafter_patience_ms=-1)
+    _adaptive(eng, {1: 1e-3, 4: 1e-3, 8: 1.1e-3, 12: 1.2e-3, 16: 4e-3, 64: 16e-3, 1024: 0.3})
+    results = run_all(eng, PROMPTS)
+    assert [c.token_ids for c in results] == baseline["short"]
+    labels = {"model": eng.executor.metrics.model}
+    registry = eng.executor.metrics.registry
+    assert registry.get_sample_value("specwire_overlapped_steps_total", labels) > 0
+    assert eng.executor.stats.accepted_tokens > 0
+    c = eng.drafter.counters()
+    assert c["failed"] == c["stale"] == c["unknown_request"] == c["resynced"] == 0
+    wait_until(lambda: len(server.engine.store) == 0, timeout=10, what="sessions freed")
+    server.engine.check_integrity()
+    eng.shutdown()
+
+
 @pytest.mark.parametrize("patience_ms, delay_ms", [(0, 5), (-1, 50)], ids=["never", "auto"])
 @pytest.mark.parametrize("mode", ["stream", "unary"])
 def test_remote_drafter_that_is_not_waited_for_is_lossless(

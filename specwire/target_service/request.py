@@ -174,6 +174,13 @@ class Request:
         return len(self.prompt_ids) + len(self.output_ids)
 
     @property
+    def num_settled_tokens(self) -> int:
+        """`num_tokens` less an output token whose overlapped step is still in flight (its
+        placeholder, a negative id, ends `output_ids` until the step is read)."""
+        n = self.num_tokens
+        return n - 1 if self.output_ids and self.output_ids[-1] < 0 else n
+
+    @property
     def useful_drafts(self) -> int:
         """Drafts that could be used at all (never past max_new_tokens)."""
         out = len(self.output_ids)

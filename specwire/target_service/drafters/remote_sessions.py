@@ -177,7 +177,7 @@ class RemoteSessions(ResourceManager):
             msg.sequences.add(request_id=rid, finished=True)
         sent: Sent = {}
         for r in requests:
-            n = r.num_tokens
+            n = r.num_settled_tokens  # a plain step's submit: the next step is in flight
             base = self.synced_len(r.request_id)
             base = base if base <= n else 0
             k = ask(r)
