@@ -53,7 +53,7 @@ class FutureUnary(RemoteDrafter):
 
     def _exchange_unary(self, msg):
         deadline_s = self.config.deadline_ms / 1000
-        future = self._stub.Draft.future(msg, timeout=deadline_s)
+        future = self.connection.stub.Draft.future(msg, timeout=deadline_s)
         return self._unary_reply(future, deadline_s + 0.05)
 
 

@@ -11,7 +11,7 @@ has not answered the previous step, a step sends nothing (its deltas ride along 
 a slow drafter drafts every other step instead of building an ever-growing backlog. A stream
 that breaks, or stays silent for `stall_s`, is dropped and re-opened in the background with
 exponential back-off, after re-checking the handshake (the drafter may have restarted with
-another model); every sequence is then re-sent from base_len 0.
+another model); every sequence is then re-sent from base_len 0 (`remote_connection.py`).
 
 Drafting off the critical path. `submit` (the moment a step commits) sends what it learnt and
 asks for the next drafts *plus a look-ahead*: `lookahead` more tokens, so each proposal also
@@ -35,8 +35,11 @@ than a target step cost more than they save, and a loopback n-gram reply takes ~
 deadline only fires for a drafter that is genuinely too slow. On a GPU target, whose step is a
 few ms, lower it (`--drafter-deadline-ms`).
 
-Pieces: `remote_channel.py` (config, handshake checks, the DraftStream call),
-`remote_sessions.py` (what the drafter holds per request, a resource manager, and the
+This module is the step: what to ask and when, collecting replies, keeping their proposals and
+the counters. Pieces: `remote_connection.py` (`RemoteConnection`: the channel, the stream and
+its reader thread, stall detection, dropping and re-opening the connection; it owns the lock,
+`cv`, which the step shares), `remote_channel.py` (config, handshake checks, the DraftStream
+call), `remote_sessions.py` (what the drafter holds per request, a resource manager, and the
 per-request wire deltas and kept proposals) and
 `remote_patience.py` (how long a step waits for a reply asked for early).
 """
@@ -44,26 +47,21 @@ per-request wire deltas and kept proposals) and
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import grpc
 
-from specwire.common.errors import UserError
-from specwire.common.protogen import drafter_pb2, drafter_pb2_grpc
+from specwire.common.protogen import drafter_pb2
 from specwire.common.security import ClientSecurity
-from specwire.common.transport import make_channel
 from specwire.target_service.drafters.base import Drafter
 from specwire.target_service.drafters.remote_channel import (
-    CHANNEL_OPTIONS,
     DEFAULT_DEADLINE_MS,
     PROTOCOL_VERSION,
-    DraftStreamCall,
     RemoteDrafterConfig,
-    handshake,
 )
+from specwire.target_service.drafters.remote_connection import RemoteConnection
 from specwire.target_service.drafters.remote_patience import Patience
 from specwire.target_service.drafters.remote_sessions import (
     BRANCH_POSITIONS,
@@ -107,7 +105,7 @@ class _Prefetch:
 
     step: int
     sent: Sent  # request -> (tokens the drafter was sent, drafts asked)
-    stream: object | None  # stream mode: the stream it went on (the reader fills `_reply`)
+    stream: object | None  # stream mode: the stream it went on (its reader hands the reply)
     future: grpc.Future | None  # unary mode: the call
     since: float = 0.0  # time.monotonic() when it was sent
     answered_at: float = 0.0  # unary: when the call completed (gRPC's callback)
@@ -142,31 +140,17 @@ class RemoteDrafter(Drafter):
         self.vocab_size = vocab_size
         self.tokenizer_fingerprint = tokenizer_fingerprint
         self.spec_resource_manager = self.sessions = RemoteSessions(self._send_finished)
-        self._counters = dict.fromkeys(COUNTERS, 0)
-        self._cv = threading.Condition()  # guards everything below and the counters
+        self._counters = dict.fromkeys(COUNTERS, 0)  # "reconnects": the connection's count
+        self.connection = RemoteConnection(
+            self.config, self.security, self.name, vocab_size, tokenizer_fingerprint
+        )
+        # The connection's lock, shared: it guards the connection's state, `_step` and the
+        # counters, so a step reads the one and updates the other atomically.
+        self._cv = self.connection.cv
         self._step = 0
-        self._inflight: int | None = None  # stream: step sent and not yet answered
-        self._inflight_since = 0.0
-        self._reply: drafter_pb2.DraftStreamResponse | None = None
-        self._connected = False
-        self._stream: DraftStreamCall | None = None
-        self._lost_sync = False  # set on failure: every sequence restarts from base_len 0
-        self._reconnecting = False
-        self._closed = threading.Event()
         self._notices: set[grpc.Future] = set()  # unary finished notices in flight
         self._prefetch: _Prefetch | None = None  # drafts in flight since the last step ended
-        self._reply_at = 0.0  # stream: when `_reply` arrived (reader thread)
-        self._channel = make_channel(self.config.target, self.security, CHANNEL_OPTIONS)
-        self._stub = drafter_pb2_grpc.DrafterServiceStub(self._channel)
-        try:
-            self.info = self._handshake(self.config.connect_timeout_s)
-        except BaseException:
-            self._channel.close()
-            raise
-        self.mode = self.config.mode
-        if self.mode == "stream" and "stream" not in self.info.capabilities:
-            log.warning("drafter %s does not offer streams; using unary calls", self.name)
-            self.mode = "unary"
+        self.info, self.mode = self.connection.info, self.connection.mode
         self.want_probs = "draft_probs" in self.info.capabilities
         offers_branches = "branches" in self.info.capabilities
         if lookahead < 0:  # auto: a lookup's longer proposal costs the drafter nothing
@@ -182,74 +166,7 @@ class RemoteDrafter(Drafter):
         # the look-ahead the drafter's own cap leaves.
         room = min(lookahead, self._most - max_draft_len)
         self.branches = branches if offers_branches and room >= BRANCH_POSITIONS else 0
-        self._connect()
-
-    # -- connection ---------------------------------------------------------------------------
-
-    def _handshake(self, timeout_s: float, wait: bool = True) -> drafter_pb2.GetInfoResponse:
-        """See `remote_channel.handshake`; raises UserError."""
-        return handshake(
-            self._stub, self.name, self.vocab_size, self.tokenizer_fingerprint, timeout_s, wait
-        )
-
-    def _connect(self) -> None:
-        stream = DraftStreamCall(self._stub, self._read_stream) if self.mode == "stream" else None
-        with self._cv:
-            if self._closed.is_set():  # close() won the race with a reconnect
-                if stream is not None:
-                    stream.close()
-                return
-            self._stream, self._connected, self._inflight = stream, True, None
-            self._counters["reconnects"] += 1
-
-    def _disconnect(self, why: str) -> None:
-        """Drop the connection (any thread) and re-open it in the background."""
-        with self._cv:
-            if not self._connected or self._closed.is_set():
-                return
-            log.warning("drafter %s: %s; reconnecting in the background", self.name, why)
-            stream, self._stream, self._connected = self._stream, None, False
-            self._inflight, self._lost_sync = None, True
-            self._cv.notify_all()
-            start = not self._reconnecting
-            self._reconnecting = True
-        if stream is not None:
-            stream.close()
-        if start:
-            threading.Thread(
-                target=self._reconnect_loop, daemon=True, name="drafter-reconnect"
-            ).start()
-
-    def _reconnect_loop(self) -> None:
-        delay = self.config.backoff_initial_s
-        while not self._closed.wait(delay):
-            try:
-                self._handshake(min(self.config.connect_timeout_s, 1.0), wait=False)
-                self._connect()
-                break
-            except (UserError, grpc.RpcError, ValueError) as exc:  # ValueError: channel closed
-                log.info("drafter %s: still down: %s", self.name, exc)
-                delay = min(2 * delay, self.config.backoff_max_s)
-        with self._cv:
-            self._reconnecting = False
-
-    def _read_stream(self, stream: DraftStreamCall, call: grpc.Call) -> None:
-        try:
-            for reply in call:
-                with self._cv:
-                    if stream is not self._stream:
-                        return
-                    if reply.step == self._inflight:  # anything else is junk: wait for ours
-                        self._inflight, self._reply = None, reply
-                        self._reply_at = time.monotonic()
-                        self._cv.notify_all()
-            why = "the drafter ended the stream"
-        except grpc.RpcError as exc:
-            why = f"stream failed ({exc.code().name}: {exc.details()})"
-        with self._cv:
-            current = stream is self._stream
-        if current:
-            self._disconnect(why)
+        self.connection.connect()
 
     # -- the step -----------------------------------------------------------------------------
 
@@ -264,11 +181,12 @@ class RemoteDrafter(Drafter):
         live = [r for r in requests if not r.finished and r.useful_drafts > 0]
         if not live:
             return
+        conn = self.connection
         with self._cv:
             if (
-                not self._connected
-                or self._lost_sync
-                or self._inflight is not None
+                not conn.connected
+                or conn.lost_sync
+                or conn.inflight is not None
                 or self._prefetch is not None
             ):
                 return
@@ -277,14 +195,12 @@ class RemoteDrafter(Drafter):
         msg, sent = self._build(step, live, budget=lambda r: r.useful_drafts)
         if self.mode == "stream":
             with self._cv:
-                stream = self._stream
+                stream = conn.send(msg)  # in flight as `step` (the message's)
                 if stream is None:
                     return
-                self._inflight, self._inflight_since = step, time.monotonic()
-                stream.send(msg)
             self._prefetch = _Prefetch(step, sent, stream, None, time.monotonic())
         else:
-            future = self._stub.Draft.future(msg, timeout=self.config.deadline_ms / 1000 + 1.0)
+            future = conn.stub.Draft.future(msg, timeout=self.config.deadline_ms / 1000 + 1.0)
             self._prefetch = pre = _Prefetch(step, sent, None, future, time.monotonic())
             future.add_done_callback(pre.mark_answered)
 
@@ -294,13 +210,12 @@ class RemoteDrafter(Drafter):
         pre = self._prefetch
         if pre is None:
             return
+        conn = self.connection
         if pre.future is not None:
             answered = pre.future.done()
         else:
-            with self._cv:
-                answered = (
-                    self._reply is not None and self._reply.step == pre.step
-                ) or self._stream is not pre.stream
+            with self._cv:  # answered, or the stream broke (no reply will come)
+                answered = conn.reply(pre.step) is not None or not conn.is_open(pre.stream)
         if answered:
             self._use_prefetch(pre)
         elif time.monotonic() - pre.since > self.config.deadline_ms / 1000:
@@ -319,7 +234,7 @@ class RemoteDrafter(Drafter):
             return False
         self._prefetch = None
         if reply is not None:
-            arrived = pre.answered_at if pre.future is not None else self._reply_at
+            arrived = pre.answered_at if pre.future is not None else self.connection.reply_at
             if arrived > pre.since:
                 self.patience.replied(arrived - pre.since)
             self._apply(reply, pre.sent)
@@ -358,16 +273,17 @@ class RemoteDrafter(Drafter):
         is suspect (reconnect in the background). None: the step goes without these drafts."""
         if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
             return self._count("late")
-        self._disconnect(f"Draft failed ({exc.code().name}: {exc.details()})")
+        self.connection.disconnect(f"Draft failed ({exc.code().name}: {exc.details()})")
         return self._count("failed")
 
     def _stream_reply(self, step: int, stream, end: float, patient: bool = False):
         """The stream's reply for `step`, waiting until `end` (monotonic); None if late or the
         stream broke (`_PENDING` if late and `patient`). Called with `_cv` held."""
         while True:
-            if self._reply is not None and self._reply.step == step:
-                return self._reply
-            if self._stream is not stream:
+            reply = self.connection.reply(step)
+            if reply is not None:
+                return reply
+            if not self.connection.is_open(stream):
                 return self._count("failed", locked=True)
             left = end - time.monotonic()
             if left <= 0:
@@ -386,7 +302,7 @@ class RemoteDrafter(Drafter):
         for r in requests:
             r.draft_tokens, r.draft_probs = [], None
         with self._cv:
-            lost, self._lost_sync = self._lost_sync, False
+            lost = self.connection.take_lost_sync()
         if lost:  # the connection was lost: every sequence goes out from token 0 next time
             self.sessions.resync_all()
         self._take_answered()
@@ -410,15 +326,16 @@ class RemoteDrafter(Drafter):
             requests = [r for r in requests if r.request_id not in covered]
         if not requests and not self.sessions.finished:
             return
+        conn = self.connection
         with self._cv:
             self._step += 1
-            step, connected = self._step, self._connected
-            inflight = self._inflight is not None
-            stalled = inflight and time.monotonic() - self._inflight_since > self.config.stall_s
+            step, connected = self._step, conn.connected
+            inflight = conn.inflight is not None
+            stalled = conn.stalled(time.monotonic())
         if not connected:
             return self._count("failed" if requests else None)
         if stalled:
-            self._disconnect(f"no reply for {self.config.stall_s:.1f} s")
+            conn.disconnect(f"no reply for {self.config.stall_s:.1f} s")
             return self._count("failed")
         if inflight or self._prefetch is not None:
             # the drafter has not answered an earlier message yet: skip, keep the deltas
@@ -467,11 +384,9 @@ class RemoteDrafter(Drafter):
     ) -> drafter_pb2.DraftStreamResponse | None:
         end = time.monotonic() + self.config.deadline_ms / 1000
         with self._cv:
-            stream = self._stream
+            stream = self.connection.send(msg)
             if stream is None:
                 return self._count("failed", locked=True)
-            self._inflight, self._inflight_since = msg.step, time.monotonic()
-            stream.send(msg)
             if not msg.sequences or all(s.finished for s in msg.sequences):
                 return None  # only `finished` notices: nothing to wait for
             return self._stream_reply(msg.step, stream, end)
@@ -484,7 +399,7 @@ class RemoteDrafter(Drafter):
         2.73 ms a round trip next to one busy Python thread (`bench/drafter_ping.py
         --busy-threads 1`, bench/RESULTS.md round 7)."""
         try:
-            return self._stub.Draft(msg, timeout=self.config.deadline_ms / 1000)
+            return self.connection.stub.Draft(msg, timeout=self.config.deadline_ms / 1000)
         except grpc.RpcError as exc:
             return self._call_failed(exc)
         except ValueError:  # the channel closed under us (shutdown)
@@ -508,7 +423,7 @@ class RemoteDrafter(Drafter):
         the first step after reconnecting.
         """
         with self._cv:
-            if not self._connected or self._closed.is_set():
+            if not self.connection.connected or self.connection.closed:
                 return
             rids = self.sessions.take_finished()
             if not rids:
@@ -517,9 +432,8 @@ class RemoteDrafter(Drafter):
             step = self._step
             updates = [drafter_pb2.SequenceUpdate(request_id=r, finished=True) for r in rids]
             if self.mode == "stream":
-                if self._stream is not None:
-                    notice = drafter_pb2.DraftStreamRequest(step=step, sequences=updates)
-                    self._stream.send(notice)
+                notice = drafter_pb2.DraftStreamRequest(step=step, sequences=updates)
+                self.connection.send(notice, awaited=False)
                 return
         msg = drafter_pb2.DraftRequest(step=step, sequences=updates)
         pre = self._prefetch
@@ -534,7 +448,7 @@ class RemoteDrafter(Drafter):
     def _send_notice(self, msg: drafter_pb2.DraftRequest) -> None:
         """Unary mode: one `Draft` call of finished notices, reply ignored (any thread)."""
         try:
-            future = self._stub.Draft.future(msg, timeout=self.config.connect_timeout_s)
+            future = self.connection.stub.Draft.future(msg, timeout=self.config.connect_timeout_s)
         except ValueError:  # the channel closed under us (shutdown): the drafter's TTL is left
             log.debug("drafter %s: finished notice not sent: channel closed", self.name)
             return
@@ -559,13 +473,9 @@ class RemoteDrafter(Drafter):
         reply after the patience; the reply is kept for the steps after), branched (requests
         drafted from a kept branch)."""
         with self._cv:
-            return dict(self._counters)
+            counts = dict(self._counters)
+            counts["reconnects"] = self.connection.connections
+            return counts
 
     def close(self) -> None:
-        self._closed.set()
-        with self._cv:
-            stream, self._stream, self._connected = self._stream, None, False
-            self._cv.notify_all()
-        if stream is not None:
-            stream.close()
-        self._channel.close()
+        self.connection.close()

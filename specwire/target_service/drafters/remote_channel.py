@@ -3,6 +3,8 @@
 `handshake` is GetInfo plus the compatibility checks the target makes before trusting a
 drafter (protocol version, vocabulary size, tokenizer fingerprint). `DraftStreamCall` is one
 open DraftStream: a queue feeds its request iterator and a reader thread consumes the replies.
+Keeping a connection up (opening the stream, dropping and re-opening it) is
+`remote_connection.py`'s.
 """
 
 from __future__ import annotations

@@ -1,0 +1,219 @@
+"""The remote drafter's connection: the channel, the handshake, and in stream mode the one open
+DraftStream and its reader thread; dropping the connection and re-opening it in the background.
+
+`RemoteConnection` owns that state: whether the connection is up, the open stream, the step
+sent on it and not yet answered, the reply the reader thread hands over, and `lost_sync`. It
+also owns the lock that guards it, `cv`, and `RemoteDrafter` shares that one Condition for its
+own step state and counters: a step reads the connection and updates its own state in one
+critical section (e.g. "up, nothing in flight: this message is step n, and it is in flight"),
+and waits on `cv` for the reply the reader thread hands over. Members marked "`cv` held"
+expect the caller to hold it; the others take it themselves.
+
+A stream that breaks, or stays silent for `stall_s` (the step notices: `stalled`), is dropped
+(`disconnect`, from any thread) and re-opened in the background with exponential back-off,
+after re-checking the handshake (the drafter may have restarted with another model);
+`lost_sync` then tells the next step that every sequence goes out from base_len 0 again.
+Unary mode has no stream: a failed call drops the connection the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import grpc
+
+from specwire.common.errors import UserError
+from specwire.common.protogen import drafter_pb2, drafter_pb2_grpc
+from specwire.common.security import ClientSecurity
+from specwire.common.transport import make_channel
+from specwire.target_service.drafters.remote_channel import (
+    CHANNEL_OPTIONS,
+    DraftStreamCall,
+    RemoteDrafterConfig,
+    handshake,
+)
+
+log = logging.getLogger(__name__)
+
+
+class RemoteConnection:
+    """The channel to one drafter service, handshaken at construction (raises UserError), and
+    its stream; see the module docstring. `mode` is the config's, or "unary" when the drafter
+    offers no streams. Nothing is sent before `connect`."""
+
+    def __init__(
+        self,
+        config: RemoteDrafterConfig,
+        security: ClientSecurity,
+        name: str,
+        vocab_size: int,
+        tokenizer_fingerprint: str,
+    ) -> None:
+        self.config = config
+        self.name = name
+        self.vocab_size = vocab_size
+        self.tokenizer_fingerprint = tokenizer_fingerprint
+        # Guards everything below (and, shared, the drafter's step state and counters).
+        self.cv = threading.Condition()
+        self.connections = 0  # made so far, the first one included (the `reconnects` counter)
+        self._connected = False
+        self._stream: DraftStreamCall | None = None
+        self._inflight: int | None = None  # stream: step sent and not yet answered
+        self._inflight_since = 0.0
+        self._reply: drafter_pb2.DraftStreamResponse | None = None
+        self._reply_at = 0.0  # when `_reply` arrived (reader thread)
+        self._lost_sync = False  # set on failure: every sequence restarts from base_len 0
+        self._reconnecting = False
+        self._closed = threading.Event()
+        self._channel = make_channel(config.target, security, CHANNEL_OPTIONS)
+        self.stub = drafter_pb2_grpc.DrafterServiceStub(self._channel)
+        try:
+            self.info = self._handshake(config.connect_timeout_s)
+        except BaseException:
+            self._channel.close()
+            raise
+        self.mode = config.mode
+        if self.mode == "stream" and "stream" not in self.info.capabilities:
+            log.warning("drafter %s does not offer streams; using unary calls", self.name)
+            self.mode = "unary"
+
+    # -- the state a step reads (`cv` held) ---------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        return self._connected
+
+    @property
+    def closed(self) -> bool:
+        """`close` has begun (any thread, no lock needed)."""
+        return self._closed.is_set()
+
+    @property
+    def lost_sync(self) -> bool:
+        """The connection was lost since the last `take_lost_sync`."""
+        return self._lost_sync
+
+    def take_lost_sync(self) -> bool:
+        """`lost_sync`, cleared: the caller re-sends every sequence from base_len 0."""
+        lost, self._lost_sync = self._lost_sync, False
+        return lost
+
+    @property
+    def inflight(self) -> int | None:
+        """Stream mode: the step sent and not yet answered (None: the stream is free)."""
+        return self._inflight
+
+    def stalled(self, now: float) -> bool:
+        """A step in flight for longer than `stall_s` (the caller then `disconnect`s)."""
+        return self._inflight is not None and now - self._inflight_since > self.config.stall_s
+
+    def send(
+        self, msg: drafter_pb2.DraftStreamRequest, awaited: bool = True
+    ) -> DraftStreamCall | None:
+        """Send `msg` on the open stream and return that stream; None (nothing sent) when
+        there is none. `msg.step` is then in flight until the reader hands its reply over
+        (`reply`); with `awaited=False` it is not, and its reply is dropped (the finished
+        notices sent between steps)."""
+        stream = self._stream
+        if stream is None:
+            return None
+        if awaited:
+            self._inflight, self._inflight_since = msg.step, time.monotonic()
+        stream.send(msg)
+        return stream
+
+    def reply(self, step: int) -> drafter_pb2.DraftStreamResponse | None:
+        """The stream's reply for `step`, once the reader has handed it over."""
+        reply = self._reply
+        return reply if reply is not None and reply.step == step else None
+
+    def is_open(self, stream: object) -> bool:
+        """`stream` (from `send`) is still the open one: not dropped, so a reply may come."""
+        return stream is self._stream
+
+    @property
+    def reply_at(self) -> float:
+        """When the last reply handed over arrived (time.monotonic(); read without `cv` once
+        `reply` has returned it: nothing else is in flight to replace it)."""
+        return self._reply_at
+
+    # -- the lifecycle (each takes `cv` itself) -----------------------------------------------
+
+    def _handshake(self, timeout_s: float, wait: bool = True) -> drafter_pb2.GetInfoResponse:
+        """See `remote_channel.handshake`; raises UserError."""
+        return handshake(
+            self.stub, self.name, self.vocab_size, self.tokenizer_fingerprint, timeout_s, wait
+        )
+
+    def connect(self) -> None:
+        """Open the stream (stream mode) and mark the connection up; counted in `connections`.
+        The drafter calls it once, when built; the background reconnect after that."""
+        stream = DraftStreamCall(self.stub, self._read_stream) if self.mode == "stream" else None
+        with self.cv:
+            if self._closed.is_set():  # close() won the race with a reconnect
+                if stream is not None:
+                    stream.close()
+                return
+            self._stream, self._connected, self._inflight = stream, True, None
+            self.connections += 1
+
+    def disconnect(self, why: str) -> None:
+        """Drop the connection (any thread) and re-open it in the background."""
+        with self.cv:
+            if not self._connected or self._closed.is_set():
+                return
+            log.warning("drafter %s: %s; reconnecting in the background", self.name, why)
+            stream, self._stream, self._connected = self._stream, None, False
+            self._inflight, self._lost_sync = None, True
+            self.cv.notify_all()
+            start = not self._reconnecting
+            self._reconnecting = True
+        if stream is not None:
+            stream.close()
+        if start:
+            threading.Thread(
+                target=self._reconnect_loop, daemon=True, name="drafter-reconnect"
+            ).start()
+
+    def _reconnect_loop(self) -> None:
+        delay = self.config.backoff_initial_s
+        while not self._closed.wait(delay):
+            try:
+                self._handshake(min(self.config.connect_timeout_s, 1.0), wait=False)
+                self.connect()
+                break
+            except (UserError, grpc.RpcError, ValueError) as exc:  # ValueError: channel closed
+                log.info("drafter %s: still down: %s", self.name, exc)
+                delay = min(2 * delay, self.config.backoff_max_s)
+        with self.cv:
+            self._reconnecting = False
+
+    def _read_stream(self, stream: DraftStreamCall, call: grpc.Call) -> None:
+        """The reader thread: hand the reply to the step in flight to the waiting step."""
+        try:
+            for reply in call:
+                with self.cv:
+                    if stream is not self._stream:
+                        return
+                    if reply.step == self._inflight:  # anything else is junk: wait for ours
+                        self._inflight, self._reply = None, reply
+                        self._reply_at = time.monotonic()
+                        self.cv.notify_all()
+            why = "the drafter ended the stream"
+        except grpc.RpcError as exc:
+            why = f"stream failed ({exc.code().name}: {exc.details()})"
+        with self.cv:
+            current = stream is self._stream
+        if current:
+            self.disconnect(why)
+
+    def close(self) -> None:
+        self._closed.set()
+        with self.cv:
+            stream, self._stream, self._connected = self._stream, None, False
+            self.cv.notify_all()
+        if stream is not None:
+            stream.close()
+        self._channel.close()
