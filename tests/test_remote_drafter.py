@@ -217,6 +217,33 @@ def test_killed_drafter_fails_open_then_reconnects_and_resyncs(servers, mode):
     assert h.counters()["reconnects"] >= 2
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_a_failure_right_after_a_reconnect_is_reconnected_too(servers, mode, monkeypatch):
+    """The connection fails again the moment the background reconnect has marked it up (a
+    fresh stream that breaks at once, a unary call that fails): that failure must start a
+    new reconnect, not find the old loop still flagged as running and leave the connection
+    down for good."""
+    from specwire.target_service.drafters.remote_connection import RemoteConnection
+
+    server = servers()
+    h = servers.harness(f"grpc://127.0.0.1:{server.port}", mode=mode, deadline_ms=1000)
+    conn = h.drafter.connection
+    connect = RemoteConnection.connect
+
+    def connect_then_fail(self, *args, **kw):
+        connect(self, *args, **kw)
+        if self.connections == 2:  # the first reconnect: fail again, right away
+            self.disconnect("failed again at once")
+
+    monkeypatch.setattr(RemoteConnection, "connect", connect_then_fail)
+    conn.disconnect("first failure")
+    wait_until(lambda: conn.connections >= 3, timeout=10, what="a second reconnect")
+    with conn.cv:
+        assert conn.connected
+    a = make_request("a", REPETITIVE)
+    wait_until(lambda: h.step([a])[0] == [3, 4, 1, 2], timeout=10, what="drafts after it")
+
+
 # A drafter service in its own process, so the test can SIGKILL it (no graceful goodbye).
 SERVE_NGRAM = (
     "import sys; from specwire.drafter_service.config import DrafterServiceConfig as C; "

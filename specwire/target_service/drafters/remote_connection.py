@@ -147,11 +147,17 @@ class RemoteConnection:
             self.stub, self.name, self.vocab_size, self.tokenizer_fingerprint, timeout_s, wait
         )
 
-    def connect(self) -> None:
+    def connect(self, ends_reconnect: bool = False) -> None:
         """Open the stream (stream mode) and mark the connection up; counted in `connections`.
-        The drafter calls it once, when built; the background reconnect after that."""
+        The drafter calls it once, when built; the background reconnect after that, with
+        `ends_reconnect`: the loop is over in the same critical section that marks the
+        connection up, so a `disconnect` right after it starts a new loop (were the flag
+        cleared later, that disconnect would find a loop still running, start none, and the
+        connection would stay down for good)."""
         stream = DraftStreamCall(self.stub, self._read_stream) if self.mode == "stream" else None
         with self.cv:
+            if ends_reconnect:
+                self._reconnecting = False
             if self._closed.is_set():  # close() won the race with a reconnect
                 if stream is not None:
                     stream.close()
@@ -182,12 +188,12 @@ class RemoteConnection:
         while not self._closed.wait(delay):
             try:
                 self._handshake(min(self.config.connect_timeout_s, 1.0), wait=False)
-                self.connect()
-                break
+                self.connect(ends_reconnect=True)
+                return
             except (UserError, grpc.RpcError, ValueError) as exc:  # ValueError: channel closed
                 log.info("drafter %s: still down: %s", self.name, exc)
                 delay = min(2 * delay, self.config.backoff_max_s)
-        with self.cv:
+        with self.cv:  # closed
             self._reconnecting = False
 
     def _read_stream(self, stream: DraftStreamCall, call: grpc.Call) -> None:
