@@ -368,6 +368,33 @@ def test_silent_stream_is_dropped_and_reopened():
         server.stop(None)
 
 
+def test_a_stream_that_fails_before_it_is_registered_is_reopened(monkeypatch):
+    """A drafter that fails every stream at once, and a reader that finishes before the
+    connection has registered its stream (forced here: the call waits for its reader): the
+    connection must not stay marked up on a dead stream until the stall check."""
+    from specwire.target_service.drafters import remote_channel
+
+    class FailsStreams(drafter_pb2_grpc.DrafterServiceServicer):
+        def DraftStream(self, request_iterator, context):
+            context.abort(grpc.StatusCode.UNAVAILABLE, "not today")
+
+    init = remote_channel.DraftStreamCall.__init__
+
+    def init_then_wait_for_the_reader(self, stub, read):
+        init(self, stub, read)
+        self._reader.join(5)
+
+    monkeypatch.setattr(remote_channel.DraftStreamCall, "__init__", init_then_wait_for_the_reader)
+    server, port = custom_server(FailsStreams())
+    h = Harness(f"127.0.0.1:{port}")
+    try:
+        conn = h.drafter.connection
+        wait_until(lambda: conn.connections >= 2, timeout=10, what="the dead stream reopened")
+    finally:
+        h.drafter.close()
+        server.stop(None)
+
+
 # -- malformed replies ------------------------------------------------------------------------
 
 

@@ -119,8 +119,11 @@ class DraftStreamCall:
     """One DraftStream call: a sender queue feeding its request iterator, and a reader thread.
 
     `read(self, call)` runs on the reader thread ("drafter-rx") and iterates the replies; it
-    returns when the stream ends or fails.
+    returns when the stream ends or fails. `ended` is the reader's to set, under the lock its
+    owner guards the stream with (`RemoteConnection.cv`).
     """
+
+    ended = False
 
     def __init__(
         self,

@@ -164,6 +164,11 @@ class RemoteConnection:
                 return
             self._stream, self._connected, self._inflight = stream, True, None
             self.connections += 1
+            # A stream whose reader ended before it was registered here (a drafter that fails
+            # it at once) has nobody left to report it: drop it now, not at the stall check.
+            died = stream is not None and stream.ended
+        if died:
+            self.disconnect("the stream ended as it opened")
 
     def disconnect(self, why: str) -> None:
         """Drop the connection (any thread) and re-open it in the background."""
@@ -210,7 +215,8 @@ class RemoteConnection:
             why = "the drafter ended the stream"
         except grpc.RpcError as exc:
             why = f"stream failed ({exc.code().name}: {exc.details()})"
-        with self.cv:
+        with self.cv:  # one critical section with `connect`'s check: one of them reports it
+            stream.ended = True
             current = stream is self._stream
         if current:
             self.disconnect(why)
