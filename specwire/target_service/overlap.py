@@ -164,7 +164,7 @@ class OverlappedSteps:
         if self.scheduler.policy.mode == "spec":
             # A plain step inside the speculative mode (the policy chose k = 0 for it): a
             # drafter that drafts off the critical path (remote) hears it too, so the next
-            # speculative step finds a proposal made from today's tokens, not from before the
+            # speculative step finds a proposal made from the current tokens, not from before the
             # plain stretch (it continues it past the token now in flight: the look-ahead).
             # Under load the mode is plain: no message per step there.
             self.drafts.submit([req for req, _i, _o in done.pending], done.step_no)
