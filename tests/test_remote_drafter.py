@@ -381,8 +381,16 @@ def test_a_stream_that_fails_before_it_is_registered_is_reopened(monkeypatch):
     init = remote_channel.DraftStreamCall.__init__
 
     def init_then_wait_for_the_reader(self, stub, read):
-        init(self, stub, read)
-        self._reader.join(5)
+        done = threading.Event()
+
+        def read_then_tell(stream, call):
+            try:
+                read(stream, call)
+            finally:
+                done.set()
+
+        init(self, stub, read_then_tell)
+        done.wait(5)
 
     monkeypatch.setattr(remote_channel.DraftStreamCall, "__init__", init_then_wait_for_the_reader)
     server, port = custom_server(FailsStreams())

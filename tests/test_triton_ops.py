@@ -149,11 +149,15 @@ def test_k_split_shape_is_split():
 
 
 def test_tuned_configs_cover_k_without_empty_splits():
-    for (n, k), c in ops._TUNED.items():
-        assert ops.linear_config(n, k) is c and ops.tuned(n, k)
+    """The reference models' projections have measured tiles (the LM heads do not), and
+    every config, measured or from the rule, covers K in whole K tiles with no empty split."""
+    projections = [v for m in (SMOLLM2, LLAMA3_8B) for name, v in m.items() if name != "lm_head"]
+    assert all(ops.tuned(n, k) for n, k in projections)
+    assert not ops.tuned(*SMOLLM2["lm_head"]) and not ops.tuned(72, 200)
+    for n, k in projections + [SMOLLM2["lm_head"], LLAMA3_8B["lm_head"], (72, 200), (40, 2112)]:
+        c = ops.linear_config(n, k)
         assert c.k_per_split % c.block_k == 0 and c.k_per_split * c.split_k >= k
         assert c.k_per_split * (c.split_k - 1) < k, f"an empty split for {(n, k)}"
-    assert not ops.tuned(72, 200)
 
 
 def test_small_steps_of_tuned_shapes_take_our_gemm():

@@ -42,6 +42,13 @@ class DraftIntake:
         self.pads = pads
         self.stats = stats
         self.errors = 0  # drafter calls that raised (each cost its step's drafts)
+        # A drafter that drafts off the critical path (`submit`: the remote one).
+        self._submit = getattr(drafter, "submit", None)
+
+    @property
+    def hears_steps(self) -> bool:
+        """Whether `submit` tells the drafter anything (else the caller may skip it)."""
+        return self._submit is not None
 
     def prepare(
         self, rows: Sequence[Row], ask_drafter: bool, step_no: int, device_busy: bool = False
@@ -79,11 +86,10 @@ class DraftIntake:
         """Drafting off the critical path: a drafter with `submit` (the remote one) hears what
         a step committed right away and drafts while the executor finishes the step; the
         next step's `prepare_draft_tokens` collects. Fails open like drafting itself."""
-        submit = getattr(self.drafter, "submit", None)
-        if submit is None:
+        if self._submit is None:
             return
         try:
-            submit([r for r in decode if not r.finished])
+            self._submit([r for r in decode if not r.finished])
         except Exception:
             log.exception("drafter submit failed at step %d", step_no)
             self.errors += 1

@@ -18,14 +18,12 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from specwire.target_service.request import Request, RequestState
+from specwire.target_service.request import PENDING, Request, RequestState
 from specwire.target_service.runner.model_runner import StepLogits
 from specwire.target_service.scheduler import Row, ScheduledBatch
 from specwire.target_service.verifier import Verified
 
 log = logging.getLogger(__name__)
-
-PENDING = -1  # an output token whose step is in flight (overlapped steps)
 
 
 @dataclass
@@ -161,7 +159,7 @@ class OverlappedSteps:
         self.metrics.tokens.inc(len(rendered))
         done.generated = len(rendered)
         self._generated += len(rendered)
-        if self.scheduler.policy.mode == "spec":
+        if self.drafts.hears_steps and self.scheduler.policy.mode == "spec":
             # A plain step inside the speculative mode (the policy chose k = 0 for it): a
             # drafter that drafts off the critical path (remote) hears it too, so the next
             # speculative step finds a proposal made from the current tokens, not from before the

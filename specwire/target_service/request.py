@@ -17,6 +17,7 @@ class RequestState(enum.Enum):
 
 MIN_TEMPERATURE = 1e-5  # below this a temperature means greedy decoding
 MAX_TEMPERATURE = 100.0
+PENDING = -1  # an output token whose overlapped step is in flight (`overlap.py`)
 
 
 @dataclass(frozen=True)
@@ -176,9 +177,9 @@ class Request:
     @property
     def num_settled_tokens(self) -> int:
         """`num_tokens` less an output token whose overlapped step is still in flight (its
-        placeholder, a negative id, ends `output_ids` until the step is read)."""
+        placeholder, `PENDING`, ends `output_ids` until the step is read)."""
         n = self.num_tokens
-        return n - 1 if self.output_ids and self.output_ids[-1] < 0 else n
+        return n - 1 if self.output_ids and self.output_ids[-1] == PENDING else n
 
     @property
     def useful_drafts(self) -> int:
