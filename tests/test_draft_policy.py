@@ -364,3 +364,40 @@ def test_one_stream_whose_drafts_never_pay_decodes_plainly():
     spec = _one_stream(p, ["poor"] * 40)
     assert spec["poor"] <= 0.1 * 40 * 96
     assert p.mode == "plain"
+
+
+def test_a_plain_step_is_priced_as_overlapped_not_synchronous():
+    """fp32 at 64 rows on the H200 (round 13, run C): an overlapped plain step took ~7.6 ms, a
+    synchronous verify step 2.8 ms of host plus the device time of its tokens. Pricing k = 0
+    like a synchronous step (host + device) chose drafts that lost (0.95x of no drafter); priced
+    as what it is, plain wins there, while at one row, where the device time barely grows with
+    tokens, drafting still wins."""
+    p = _policy({1: 1.1e-3, 8: 1.15e-3, 64: 7.4e-3, 128: 9.0e-3, 256: 12.0e-3, 512: 20.0e-3})
+    reqs = [_req(f"r{i}") for i in range(64)]
+    for r in reqs:  # n-gram-like: a draft on 2 steps of 3, about half of the drafts accepted
+        r.step_draft_cap = 4
+        for _ in range(30):
+            p.observe(r, 4, 1)
+            p.observe(r, 0, 0)
+            p.observe(r, 4, 2)
+    for _ in range(20):
+        p.observe_sync(rows=64, tokens=256, seconds=14.8e-3, device_wait=12.0e-3)
+        p.observe_plain(rows=64, tokens=64, seconds=7.6e-3)
+    assert abs(p.plain_cost(64, 64) - 7.6e-3) < 1e-5
+    assert p.sync_cost(64, 64) > p.plain_cost(64, 64) + 2e-3  # the old price of k = 0
+    assert p.step_draft_len(reqs) == 0
+    one = [reqs[0]]
+    for _ in range(20):
+        p.observe_sync(rows=1, tokens=4, seconds=1.45e-3, device_wait=1.15e-3)
+        p.observe_plain(rows=1, tokens=1, seconds=1.15e-3)
+    assert p.step_draft_len(one) == 4
+
+
+def test_exposed_host_of_plain_steps_raises_their_price():
+    """Where the host outlasts the device even with the overlap (small batches in bf16), a plain
+    step costs its period, not its device time."""
+    p = _policy({8: 1.2e-3, 64: 1.3e-3})
+    for _ in range(40):
+        p.observe_plain(rows=8, tokens=8, seconds=1.5e-3)
+    assert abs(p.plain_cost(8, 8) - 1.5e-3) < 1e-5
+    assert abs(p.plain_cost(64, 64) - 1.3e-3) < 1e-9  # unmeasured load: device time alone

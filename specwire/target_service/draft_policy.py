@@ -31,7 +31,9 @@ of the throughput. It starts speculating.
 **The draft length inside the speculative mode — modelled per step.** It picks the k that
 maximises expected committed tokens per second:
 
-    goodput(k) = sum_i E_i(min(k, cap_i)) / (host(rows) + gpu(tokens(k)))
+    goodput(k) = sum_i E_i(min(k, cap_i)) / cost(k)
+    cost(k > 0) = host(rows) + gpu(tokens(k))        (synchronous: drafting needs every token)
+    cost(0) = gpu(tokens(0)) + exposed(rows)         (overlapped: the host hides behind the GPU)
 
 - E_i(k) = 1 + p_i * (a_i + a_i^2 + ... + a_i^k): the bonus/next token plus the expected
   accepted prefix, with a_i the request's per-draft acceptance (an EMA over its verified steps)
@@ -41,9 +43,15 @@ maximises expected committed tokens per second:
   not padded per row);
 - host(rows), gpu(tokens): EMAs per row bucket / token bucket of real synchronous steps (host =
   the step's time not spent waiting for the device, gpu = that wait); gpu is seeded at warm-up
-  from graph replays, an unmeasured host bucket scales from the nearest measured one.
+  from graph replays, an unmeasured host bucket scales from the nearest measured one;
+- exposed(rows): an EMA per row bucket of what an overlapped plain step's period (launch to
+  launch) took beyond gpu(its tokens): the host work the overlap did not hide (0 until measured).
 
-k = 0 there means a plain step. A request whose drafts are almost never accepted
+k = 0 there means a plain step, and the executor overlaps it: pricing it like a synchronous
+step (host + gpu) made drafting look better than it is wherever the host is a large share of a
+step. On the H200 in fp32 at 32-64 rows that chose verify steps of 12.6-18.2 ms against
+overlapped plain steps of 7.9 ms, and the n-gram drafter ran at 0.95x of no drafter
+(bench/RESULTS.md, round 13, run C). A request whose drafts are almost never accepted
 (a < `min_accept`) stops drafting and is re-tried now and then (`explore_every`). With a static
 policy (`adaptive=False`, e.g. on the CPU where no cost table exists) k is always the maximum.
 """
@@ -51,6 +59,7 @@ policy (`adaptive=False`, e.g. on the CPU where no cost table exists) k is alway
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass, field
 
 from specwire.target_service.request import Request
@@ -62,17 +71,19 @@ class _Estimate:
     has_draft: float = 1.0  # probability the drafter proposes anything, p
     steps: int = 0
     drafted_steps: int = 0  # steps in which drafts were verified (what `accept` learnt from)
-    # per k = 0..K: (expected committed tokens, tokens fed); rebuilt when the estimate moves
-    table: list[tuple[float, int]] | None = None
+    # per k = 0..K: (expected committed tokens, expected tokens fed); rebuilt when the estimate
+    # moves. Tokens fed stay fractional: rounding each row's 1 + p*k (p = 0.6, k = 2: 2.2 -> 2)
+    # would misprice a step by up to half a token per row.
+    table: list[tuple[float, float]] | None = None
 
-    def per_k(self, max_k: int) -> list[tuple[float, int]]:
+    def per_k(self, max_k: int) -> list[tuple[float, float]]:
         if self.table is None:
             a, p = self.accept, self.has_draft
-            gain, term, out = 0.0, 1.0, [(1.0, 1)]
+            gain, term, out = 0.0, 1.0, [(1.0, 1.0)]
             for k in range(1, max_k + 1):
                 term *= a
                 gain += term
-                out.append((1.0 + p * gain, 1 + round(p * k)))
+                out.append((1.0 + p * gain, 1.0 + p * k))
             self.table = out
         return self.table
 
@@ -133,6 +144,8 @@ class DraftLengthPolicy:
     buckets: list[int] = field(default_factory=list)
     gpu: list[float] = field(default_factory=list)  # synchronous steps: device wait
     host: dict[int, float] = field(default_factory=dict)  # row bucket -> host seconds
+    # row bucket -> seconds an overlapped plain step took beyond its device time
+    exposed: dict[int, float] = field(default_factory=dict)
     _est: dict[str, _Estimate] = field(default_factory=dict)
     _population: _Estimate = field(default_factory=_Estimate)
     _window: list[float] = field(default_factory=lambda: [0.0, 0.0, 0, 0])  # tok, s, steps, rows
@@ -186,6 +199,20 @@ class DraftLengthPolicy:
 
     def sync_cost(self, rows: int, tokens: int) -> float:
         return self._host(rows) + self._gpu(tokens)
+
+    def plain_cost(self, rows: int, tokens: int) -> float:
+        """Seconds of an overlapped plain step of `rows` rows and `tokens` tokens: its device
+        time plus the host work the overlap left exposed at that load (0 until measured)."""
+        return self._gpu(tokens) + self.exposed.get(_row_bucket(rows), 0.0)
+
+    def observe_plain(self, rows: int, tokens: int, seconds: float) -> None:
+        """An overlapped plain step of `rows` rows and `tokens` tokens took `seconds` from its
+        launch to the next one's."""
+        if not self.buckets or rows <= 0:
+            return
+        b = _row_bucket(rows)
+        over = max(0.0, seconds - self._gpu(tokens))
+        self.exposed[b] = _ema(self.exposed.get(b), over, self.ema)
 
     def observe_sync(self, rows: int, tokens: int, seconds: float, device_wait: float) -> None:
         """A synchronous step of `rows` rows and `tokens` tokens took `seconds`, of which it
@@ -375,13 +402,15 @@ class DraftLengthPolicy:
             tables.append((e.per_k(K) if e is not None else prior, min(r.useful_drafts, K)))
         best_k, best = 0, -1.0
         for k in range(K + 1):
-            tokens = prefill_tokens
+            fed = float(prefill_tokens)
             committed = 0.0
             for table, cap in tables:
                 c, t = table[k if k < cap else cap]
                 committed += c
-                tokens += t
-            goodput = committed / max(self.sync_cost(rows, tokens), 1e-9)
+                fed += t
+            tokens = math.ceil(fed - 1e-9)
+            cost = self.sync_cost(rows, tokens) if k else self.plain_cost(rows, tokens)
+            goodput = committed / max(cost, 1e-9)
             if goodput > best * 1.0001:  # ties go to the shorter draft
                 best_k, best = k, goodput
         return best_k

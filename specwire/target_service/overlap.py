@@ -36,6 +36,7 @@ class InFlight:
     pending: list[tuple[Request, int, int]]
     t_launch: float
     rows: int  # rows in the step (the policy's rates are per batch size)
+    tokens: int  # tokens it fed (the policy prices plain steps by them)
     generated: int = 0  # output tokens it committed (known once read)
     src: dict[str, int] = field(default_factory=dict)  # request id -> its logit row
 
@@ -84,7 +85,8 @@ class OverlappedSteps:
         if logits.graph is None:
             self.metrics.eager_steps.inc()
         self.metrics.overlapped_steps.inc()
-        launched = InFlight(self.step_no, logits, [], t0, rows=len(batch.rows))
+        tokens = sum(row.num_committed for row in batch.rows)
+        launched = InFlight(self.step_no, logits, [], t0, rows=len(batch.rows), tokens=tokens)
         for row in batch.rows:
             req = row.request
             req.num_computed += row.num_committed
@@ -102,7 +104,7 @@ class OverlappedSteps:
         if prev is not None:
             self._gpu_wait = 0.0
             self._complete(prev)
-            self._observed_plain(prev, t0 - prev.t_launch)
+            self._observed_plain(prev, t0 - prev.t_launch, steady=True)
 
     def _finish_inflight(self, observe: bool = True) -> None:
         """Read the step in flight, if any. `observe`: time it as a plain step (launch to
@@ -118,8 +120,14 @@ class OverlappedSteps:
         self._complete(prev)
         self._observed_plain(prev, time.perf_counter() - prev.t_launch)
 
-    def _observed_plain(self, done: InFlight, period: float) -> None:
-        self.scheduler.policy.observe_rate(done.generated, period, done.rows)
+    def _observed_plain(self, done: InFlight, period: float, steady: bool = False) -> None:
+        """`steady`: `period` runs from `done`'s launch to the next overlapped launch (what a
+        plain step costs while plain steps follow each other), so the policy may price plain
+        steps by it; a drain (launch to read) is not such a period."""
+        policy = self.scheduler.policy
+        policy.observe_rate(done.generated, period, done.rows)
+        if steady:
+            policy.observe_plain(done.rows, done.tokens, period)
         self._count_step(period)
 
     def _complete(self, done: InFlight) -> None:
