@@ -137,6 +137,10 @@ class DraftLengthPolicy:
     # averages enough requests (the n-gram drafter kept speculating on 77-89 % of the steps
     # at c=8 there); the weight, and so the policy under load, is as it was.
     full_weight_rows: int = 8
+    # False: the seeded device times are the whole cost model (no host or exposed terms are
+    # learnt). For a GPU policy driven on the CPU, where a step's forward runs inside its host
+    # time, so measured host times would price synchronous steps by the CPU's forward.
+    measure_costs: bool = True
     mode: str = "spec"  # "spec" | "plain"
     # (mode, batch-size bucket) -> generated tokens per second per row (EMA over windows)
     rates: dict[tuple[str, int], float] = field(default_factory=dict)
@@ -208,7 +212,7 @@ class DraftLengthPolicy:
     def observe_plain(self, rows: int, tokens: int, seconds: float) -> None:
         """An overlapped plain step of `rows` rows and `tokens` tokens took `seconds` from its
         launch to the next one's."""
-        if not self.buckets or rows <= 0:
+        if not self.buckets or rows <= 0 or not self.measure_costs:
             return
         b = _row_bucket(rows)
         over = max(0.0, seconds - self._gpu(tokens))
@@ -217,7 +221,7 @@ class DraftLengthPolicy:
     def observe_sync(self, rows: int, tokens: int, seconds: float, device_wait: float) -> None:
         """A synchronous step of `rows` rows and `tokens` tokens took `seconds`, of which it
         waited `device_wait` for the device."""
-        if not self.buckets or rows <= 0:
+        if not self.buckets or rows <= 0 or not self.measure_costs:
             return
         b = _row_bucket(rows)
         self.host[b] = _ema(self.host.get(b), max(0.0, seconds - device_wait), self.ema)
