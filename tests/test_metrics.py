@@ -264,3 +264,27 @@ def test_observing_a_step_of_latencies_at_once_equals_one_at_a_time() -> None:
 
     assert samples(many) == samples(one)
     assert samples(one)[("lat_bucket", (("le", "0.002"),))] == 4.0
+
+
+def test_batched_step_metrics_are_exported_by_the_next_scrape() -> None:
+    """The executor's per-step updates are buffered (`TargetMetrics.batched`): a scrape adds
+    whatever is buffered before reading, so it sees every update made before it, once."""
+    from specwire.target_service.metrics import TargetMetrics
+
+    m = TargetMetrics("m")
+    labels = {"model": "m"}
+
+    def value(name: str) -> float:
+        return m.registry.get_sample_value(name, labels) or 0.0
+
+    m.on_step(0.0012, 0.0003)
+    m.on_generated(5)
+    m.observe_itl([0.001, 0.002])
+    assert value("specwire_steps_total") == 1
+    assert value("specwire_generated_tokens_total") == 5
+    assert value("specwire_step_seconds_sum") == pytest.approx(0.0012)
+    assert value("specwire_inter_token_latency_seconds_count") == 2
+    assert value("specwire_steps_total") == 1  # a second scrape adds nothing twice
+    for _ in range(m.batched.FLUSH_EVERY):
+        m.on_generated(1)
+    assert value("specwire_generated_tokens_total") == 5 + m.batched.FLUSH_EVERY

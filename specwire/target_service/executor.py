@@ -301,7 +301,7 @@ class Executor(OverlappedSteps, TwoBatchSteps):
         policy.observe_sync(len(batch.rows), tokens, elapsed, self._gpu_wait)
         policy.observe_rate(self._generated - generated, now - t_start, len(batch.rows))
         self._count_step(elapsed)
-        self.metrics.sync_step_seconds.observe(now - t_start)
+        self.metrics.batched.add(self.metrics.sync_step_seconds, now - t_start)
 
     def _observe_gpu(self, logits) -> None:
         """The step's device time into its histogram. A metric never fails a step."""
@@ -311,13 +311,10 @@ class Executor(OverlappedSteps, TwoBatchSteps):
             log.debug("step %d: no device time", self.step_no, exc_info=True)
             return
         if seconds is not None:
-            self.metrics.step_gpu_seconds.observe(seconds)
+            self.metrics.batched.add(self.metrics.step_gpu_seconds, seconds)
 
     def _count_step(self, elapsed: float) -> None:
-        m = self.metrics
-        m.steps.inc()
-        m.step_seconds.observe(elapsed)
-        m.step_host_seconds.observe(max(0.0, elapsed - self._gpu_wait))
+        self.metrics.on_step(elapsed, max(0.0, elapsed - self._gpu_wait))
 
     @staticmethod
     def _needs_host(req: Request) -> bool:
@@ -352,10 +349,10 @@ class Executor(OverlappedSteps, TwoBatchSteps):
         t0 = time.perf_counter()
         if self.drafts.prepare(decode, ask_drafter=draft, step_no=self.step_no):
             # the drafter's exposed time: asking, waiting, checking
-            self.metrics.draft_seconds.observe(time.perf_counter() - t0)
+            self.metrics.batched.add(self.metrics.draft_seconds, time.perf_counter() - t0)
         logits = self.runner.forward(batch.rows, [self.kv.block_table(r) for r in batch.requests])
         if logits.graph is None:
-            self.metrics.eager_steps.inc()
+            self.metrics.batched.add(self.metrics.eager_steps, 1)
         # Waiting for the GPU is the step's only sync (verify would sync here anyway); timing
         # it separates the GPU's share of a step from the host's.
         t0 = time.perf_counter()
@@ -418,11 +415,11 @@ class Executor(OverlappedSteps, TwoBatchSteps):
             rendered.append((stream, kept, reason, drafted, acc, self.step_no, lps))
             if reason is not None:
                 self._release(req)
-        # Per step, not per row: each metric update takes a lock.
+        # Per step, not per row (and batched: `TargetMetrics.batched`).
         self.stats.record_many(verified)
         self.metrics.on_verified(verified)
         self.metrics.observe_itl(itls)
-        self.metrics.tokens.inc(generated)
+        self.metrics.on_generated(generated)
         self._generated += generated
         return rendered
 

@@ -13,6 +13,9 @@ The executor and each request's OutputStream report lifecycle events through the
     on_verified   Executor.emit, once a step    (executor)    drafted/accepted, per position
     on_committed  OutputStream.append           (executor)    TTFT, inter-token latency
                   (a step's tokens are counted once, by the executor, on its hot paths)
+
+The executor's per-step updates (steps, step times, tokens, drafts, inter-token latencies) go
+through `TargetMetrics.batched`: buffered, added in batches and before every scrape.
     on_cancelled  the client cancelled          (executor)    request log: cancelled
     on_finished   OutputStream.finish / fail    (any thread)  e2e latency, finish reason, log
 
@@ -90,10 +93,70 @@ def observe_many(histogram: Histogram, values: Sequence[float]) -> None:
             bucket.inc(n)
 
 
+class _Batched(Collector):
+    """Counter increments and histogram values from the executor's hot path, kept as plain
+    numbers and added to their families in batches: a synchronous step makes about ten
+    updates, each taking a lock (two for a histogram) and a few Python calls; batched, a
+    value costs an append, and a flush one lock per counter and per bucket touched. Flushed
+    every FLUSH_EVERY values (executor thread) and before every scrape (registered first, so
+    the families collected after it are current)."""
+
+    FLUSH_EVERY = 256
+
+    def __init__(self) -> None:
+        self._buffers: dict[object, list[float]] = {}  # family -> values not added yet
+        self._count = 0  # values buffered since the executor's last flush
+        self._lock = threading.Lock()  # one flusher at a time (appends take none)
+
+    def add(self, family: Counter | Histogram, value: float) -> None:
+        """`family.inc(value)` (a counter) or `family.observe(value)` (a histogram), later."""
+        buf = self._buffers.get(family)
+        if buf is None:
+            buf = self._buffers[family] = []
+        buf.append(value)
+        self._count += 1
+        if self._count >= self.FLUSH_EVERY:
+            self.flush()
+
+    def add_many(self, family: Histogram, values: Sequence[float]) -> None:
+        if values:
+            buf = self._buffers.get(family)
+            if buf is None:
+                buf = self._buffers[family] = []
+            buf += values
+            self._count += len(values)
+            if self._count >= self.FLUSH_EVERY:
+                self.flush()
+
+    def flush(self) -> None:
+        """Add what is buffered to the families (any thread). The executor appends without
+        a lock while this runs: each buffer's values are copied, then exactly that many are
+        deleted from its front (both atomic under the GIL), so a value appended meanwhile
+        stays for the next flush."""
+        with self._lock:
+            self._count = 0
+            for family, buf in list(self._buffers.items()):
+                values = buf[:]
+                if not values:
+                    continue
+                del buf[: len(values)]
+                if isinstance(family, Histogram):
+                    observe_many(family, values)
+                else:
+                    family.inc(sum(values))
+
+    def collect(self):
+        self.flush()
+        return []
+
+
 class TargetMetrics:
     def __init__(self, model: str = "") -> None:
         self.model = model
         self.registry = CollectorRegistry()
+        # Registered first: a scrape flushes the hot path's batched values before reading.
+        self.batched = _Batched()
+        self.registry.register(self.batched)
 
         def family(kind, name: str, doc: str, **kw):
             return kind(name, doc, ["model"], registry=self.registry, **kw).labels(model)
@@ -259,9 +322,11 @@ class TargetMetrics:
     def on_verified(self, rows: Sequence[tuple[int, int]]) -> None:
         """A step's rows verified: per row, (`drafted` real drafts, the first `accepted` of
         them accepted). Once a step, not per row: each counter update takes a lock."""
-        self.drafted.inc(sum(d for d, _ in rows))
-        self.accepted.inc(sum(a for _, a in rows))
-        self._scrape.record(rows)
+        drafted = sum(d for d, _ in rows)
+        if drafted:  # else nothing was accepted either
+            self.batched.add(self.drafted, drafted)
+            self.batched.add(self.accepted, sum(a for _, a in rows))
+            self._scrape.record(rows)
 
     def on_committed(self, req: Request, num_tokens: int, previous: float | None, now: float):
         """`num_tokens` (>= 1) tokens committed at `now`; `previous` is when the request's
@@ -277,8 +342,20 @@ class TargetMetrics:
             self.itl.observe((now - previous) / num_tokens)
 
     def observe_itl(self, values: Sequence[float]) -> None:
-        """Inter-token latencies of a whole step at once (the overlapped steps' hot path)."""
-        observe_many(self.itl, values)
+        """Inter-token latencies of a whole step at once (batched: `_Batched`)."""
+        self.batched.add_many(self.itl, values)
+
+    def on_step(self, seconds: float, host_seconds: float) -> None:
+        """A step ran: its wall time and the part of it the host spent (batched)."""
+        add = self.batched.add
+        add(self.steps, 1)
+        add(self.step_seconds, seconds)
+        add(self.step_host_seconds, host_seconds)
+
+    def on_generated(self, tokens: int) -> None:
+        """A step's committed tokens (batched)."""
+        if tokens:
+            self.batched.add(self.tokens, tokens)
 
     def on_cancelled(self, req: Request) -> None:
         request_log.cancelled(req)

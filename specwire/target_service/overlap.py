@@ -83,8 +83,8 @@ class OverlappedSteps:
             self._run_isolated(rows, draft=False)
             return
         if logits.graph is None:
-            self.metrics.eager_steps.inc()
-        self.metrics.overlapped_steps.inc()
+            self.metrics.batched.add(self.metrics.eager_steps, 1)
+        self.metrics.batched.add(self.metrics.overlapped_steps, 1)
         tokens = sum(row.num_committed for row in batch.rows)
         launched = InFlight(self.step_no, logits, [], t0, rows=len(batch.rows), tokens=tokens)
         for row in batch.rows:
@@ -114,7 +114,7 @@ class OverlappedSteps:
             return
         if not observe:
             self._complete(prev)
-            self.metrics.steps.inc()
+            self.metrics.batched.add(self.metrics.steps, 1)
             return
         self._gpu_wait = 0.0
         self._complete(prev)
@@ -161,10 +161,10 @@ class OverlappedSteps:
             rendered.append((stream, kept, reason, 0, 0, done.step_no, None))
             if reason is not None:
                 self._release(req)
-        # Per step, not per row: each metric update takes a lock, each queued item another.
+        # Per step, not per row (metrics batched: `TargetMetrics.batched`).
         self.stats.record_plain(len(rendered))
         self.metrics.observe_itl(itls)
-        self.metrics.tokens.inc(len(rendered))
+        self.metrics.on_generated(len(rendered))
         done.generated = len(rendered)
         self._generated += len(rendered)
         if self.drafts.hears_steps and self.scheduler.policy.mode == "spec":
@@ -217,7 +217,7 @@ class TwoBatchSteps:
             if self.drafts.prepare(
                 decode, ask_drafter=True, step_no=self.step_no, device_busy=busy
             ):
-                self.metrics.draft_seconds.observe(time.perf_counter() - t1)
+                self.metrics.batched.add(self.metrics.draft_seconds, time.perf_counter() - t1)
             logits = self.runner.forward(
                 batch.rows, [self.kv.block_table(r) for r in batch.requests]
             )
@@ -234,8 +234,8 @@ class TwoBatchSteps:
             self._count_step(now - t0)
             return
         if logits.graph is None:
-            self.metrics.eager_steps.inc()
-        self.metrics.two_batch_steps.inc()
+            self.metrics.batched.add(self.metrics.eager_steps, 1)
+        self.metrics.batched.add(self.metrics.two_batch_steps, 1)
         ids = frozenset(r.request.request_id for r in batch.rows)
         rows_total = max(total, len(batch.rows) + in_flight)
         self._inflight_spec = InFlightSpec(self.step_no, batch.rows, logits, t0, ids, rows_total)

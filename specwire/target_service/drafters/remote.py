@@ -66,6 +66,7 @@ from specwire.target_service.drafters.remote_patience import Patience
 from specwire.target_service.drafters.remote_sessions import (
     BRANCH_POSITIONS,
     RemoteSessions,
+    Reply,
     Sent,
     branches_per_position,
 )
@@ -379,9 +380,7 @@ class RemoteDrafter(Drafter):
         )
         return msg, sent
 
-    def _exchange_stream(
-        self, msg: drafter_pb2.DraftStreamRequest
-    ) -> drafter_pb2.DraftStreamResponse | None:
+    def _exchange_stream(self, msg: drafter_pb2.DraftStreamRequest) -> Reply | None:
         end = time.monotonic() + self.config.deadline_ms / 1000
         with self._cv:
             stream = self.connection.send(msg)

@@ -34,6 +34,7 @@ from specwire.target_service.drafters.remote_channel import (
     RemoteDrafterConfig,
     handshake,
 )
+from specwire.target_service.drafters.remote_sessions import Reply, read_reply
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ class RemoteConnection:
         self._stream: DraftStreamCall | None = None
         self._inflight: int | None = None  # stream: step sent and not yet answered
         self._inflight_since = 0.0
-        self._reply: drafter_pb2.DraftStreamResponse | None = None
+        self._reply: Reply | None = None  # read out of its protobuf by the reader
         self._reply_at = 0.0  # when `_reply` arrived (reader thread)
         self._lost_sync = False  # set on failure: every sequence restarts from base_len 0
         self._reconnecting = False
@@ -124,7 +125,7 @@ class RemoteConnection:
         stream.send(msg)
         return stream
 
-    def reply(self, step: int) -> drafter_pb2.DraftStreamResponse | None:
+    def reply(self, step: int) -> Reply | None:
         """The stream's reply for `step`, once the reader has handed it over."""
         reply = self._reply
         return reply if reply is not None and reply.step == step else None
@@ -204,7 +205,8 @@ class RemoteConnection:
     def _read_stream(self, stream: DraftStreamCall, call: grpc.Call) -> None:
         """The reader thread: hand the reply to the step in flight to the waiting step."""
         try:
-            for reply in call:
+            for message in call:
+                reply = read_reply(message)  # here, not on the executor's critical path
                 with self.cv:
                     if stream is not self._stream:
                         return

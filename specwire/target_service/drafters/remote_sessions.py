@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from specwire.target_service.request import Request
 from specwire.target_service.resources.base import ResourceManager
@@ -25,6 +25,41 @@ AUTO_BRANCHES = 4
 AUTO_BRANCH_ROWS = 8
 
 Sent = dict[str, tuple[int, int]]  # request -> (tokens the drafter was sent, drafts asked)
+
+
+class Proposed(NamedTuple):
+    """A reply's answer for one sequence (drafter.proto `SequenceDraft`) as Python values."""
+
+    request_id: str
+    base_len: int
+    resync: bool
+    tokens: list[int]
+    probs: list[tuple[list[int], list[float]]] | None  # None unless one per token
+    branches: Sequence[Any]  # drafter.proto `Branch`es, as they came (read only when used)
+
+
+class Reply(NamedTuple):
+    """A DraftResponse or DraftStreamResponse as Python values (`read_reply`)."""
+
+    step: int
+    drafts: list[Proposed]
+
+
+def read_reply(reply: Any) -> Reply:
+    """Read a reply out of its protobuf once, where it arrives: the stream's reader thread
+    does it while the executor waits for the device, so the step that keeps the proposals
+    (`RemoteSessions.apply`, on the critical path of a drafting step) touches no protobuf
+    fields (each read builds a Python object: most of what keeping a proposal cost)."""
+    if isinstance(reply, Reply):
+        return reply
+    drafts = []
+    for d in reply.drafts:
+        tokens = list(d.tokens)
+        probs = None
+        if d.probs and len(d.probs) == len(tokens):
+            probs = [(list(p.ids), list(p.probs)) for p in d.probs]
+        drafts.append(Proposed(d.request_id, d.base_len, d.resync, tokens, probs, d.branches or ()))
+    return Reply(reply.step, drafts)
 
 
 def branches_per_position(setting: int, rows: int) -> int:
@@ -197,13 +232,13 @@ class RemoteSessions(ResourceManager):
 
     def apply(self, reply: Any, sent: Sent) -> list[str]:
         """Keep each proposal of `reply` (a DraftResponse or DraftStreamResponse answering the
-        updates `sent` describes) as its request's run, with its branches. Returns the
-        counters to bump for what it refused: unknown_request, stale (a second draft for a
-        sequence, or one for another length), resynced (the drafter asks for the whole
-        prefix next time)."""
+        updates `sent` describes, or its `read_reply`) as its request's run, with its
+        branches. Returns the counters to bump for what it refused: unknown_request, stale (a
+        second draft for a sequence, or one for another length), resynced (the drafter asks
+        for the whole prefix next time)."""
         refused: list[str] = []
         seen: set[str] = set()
-        for d in reply.drafts:
+        for d in read_reply(reply).drafts:
             rid = d.request_id
             if rid not in sent:
                 refused.append("unknown_request")
@@ -215,11 +250,8 @@ class RemoteSessions(ResourceManager):
             elif d.base_len != sent[rid][0]:
                 refused.append("stale")
             else:
-                tokens = list(d.tokens)
-                probs = None
-                if d.probs and len(d.probs) == len(tokens):
-                    probs = [(list(p.ids), list(p.probs)) for p in d.probs]
-                self.keep(rid, sent[rid][0], tokens, probs, asked=sent[rid][1], branches=d.branches)
+                n, asked = sent[rid]
+                self.keep(rid, n, d.tokens, d.probs, asked=asked, branches=d.branches)
             seen.add(rid)
         return refused
 
