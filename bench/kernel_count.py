@@ -2,9 +2,11 @@
 
 One eager decode step (B rows, q tokens each, random weights of the real shape) is profiled
 with the PyTorch ops and the SDPA attention (the reference, and what the target ran before the
-Triton path), and with our Triton attention beside our Triton ops unfused and fused
-(`triton_fused.py`: steps of up to 16 tokens) -- or, with --exact, the exact ops. Eager runs
-launch exactly the kernels a CUDA graph of the same step replays.
+Triton path), and with our Triton attention beside our Triton ops: the default, the default
+without its bit-exact fusions ("nofuse": `TritonOps(fuse_small=False)`, the kernel sequence
+before them) and fused (`triton_fused.py`: steps of up to 16 tokens) -- or, with --exact, the
+exact ops with and without the bit-exact fusions. Eager runs launch exactly the kernels a CUDA
+graph of the same step replays.
 
 `--compile default,max-autotune` adds the PyTorch ops under torch.compile
 (`compiled_ops.py`: the math between two attention calls compiled, "max-autotune" = mode
@@ -103,13 +105,16 @@ def main() -> int:
     kv = model.allocate_kv_cache(blocks)
     args_ = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, BS)
     paths = [("pytorch ops + SDPA", TorchPagedAttention(*args_), TorchOps())]
+    variants = {  # label: TritonOps arguments
+        "default": {},
+        "nofuse": dict(fuse_small=False),
+        "fused": dict(fused=True),
+    }
     if args.exact:
-        exact = TritonOps(exact=True)
-        paths.append(("triton exact ops + triton attention", TritonPagedAttention(*args_), exact))
-    else:
-        for label, fused in (("unfused", False), ("fused", True)):
-            attn = TritonPagedAttention(*args_)
-            paths.append((f"triton ops ({label}) + triton attention", attn, TritonOps(fused=fused)))
+        variants = {"exact": dict(exact=True), "exact, nofuse": dict(exact=True, fuse_small=False)}
+    for label, kwargs in variants.items():
+        attn, ops = TritonPagedAttention(*args_), TritonOps(**kwargs)
+        paths.append((f"triton ops ({label}) + triton attention", attn, ops))
     rows = []
     for name, attn, ops in paths:
         model.set_attention(attn)

@@ -14,6 +14,11 @@ For each shape, batch B and draft length K, B decode rows each feed q = 1 + K to
 `--fused on,off` measures the fused Triton ops (`triton_fused.py`) and the unfused ones on the
 same model and cache, one after the other; the table puts them side by side (column "ops").
 
+`--fuse-small on,off` measures the default Triton ops with and without their bit-exact fusions
+(SiLU·up in the gate_up GEMM of steps of at most 16 tokens, RoPE in the KV store;
+`TritonOps(fuse_small=False)` is the kernel sequence before them, ops column "...-nofuse"), side
+by side on the same model and cache. Both give the same logits bit for bit.
+
 `--small-gemms triton,cublas` measures the GEMMs of steps of at most 16 tokens on our Triton GEMM
 with tuned tiles (the default, `triton_ops._TUNED`) and on cuBLAS (`small_gemms="cublas"`),
 side by side (ops column "triton" / "triton-cublas"; the exact mode always runs our GEMM).
@@ -291,16 +296,19 @@ def bench_shape(
     model.set_attention(make_backend(args.attention, model, device))
     results: list[dict] = []
     measured: set[str] = set()
-    variants: list[tuple[bool, str, str]] = []  # (fused, small GEMMs, compile mode) in turn
+    # (fused, small GEMMs, bit-exact fusions, compile mode) in turn
+    variants: list[tuple[bool, str, bool, str]] = []
     for mode in args.compile:
         if mode != "off":
-            variants.append((False, "triton", mode))
+            variants.append((False, "triton", True, mode))
             continue
-        variants += [(f, g, mode) for f in args.fused for g in args.small_gemms]
-    for fused, small_gemms, mode in variants:  # the same model and cache, each in turn
+        variants += [
+            (f, g, s, mode) for f in args.fused for g in args.small_gemms for s in args.fuse_small
+        ]
+    for fused, small_gemms, fuse_small, mode in variants:  # the same model and cache, in turn
         compiled = None
         if mode == "off":
-            ops = make_ops(model.attention, args.exact, fused, small_gemms)
+            ops = make_ops(model.attention, args.exact, fused, small_gemms, fuse_small)
             model.set_ops(ops)
         else:
             compiled = CompiledOps(model, mode)
@@ -404,6 +412,14 @@ def main() -> int:
         help="comma list of triton | cublas: who runs the tuned GEMMs of steps of at most 16 "
         "tokens (bf16), side by side; triton (the default) is what the target runs",
     )
+    ap.add_argument(
+        "--fuse-small",
+        default="on",
+        choices=("on", "off", "on,off", "off,on"),
+        help="the Triton ops' bit-exact fusions (SiLU·up in the gate_up GEMM, RoPE in the KV "
+        "store): on (the default, what the target runs) | off (the kernels before them) | on,off "
+        "(both, side by side)",
+    )
     ap.add_argument("--tag", default="", help="suffix of the output file names")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     ap.add_argument("--out", required=True)
@@ -413,6 +429,7 @@ def main() -> int:
     args.batches = [int(x) for x in args.batches.split(",")]
     args.ks = [int(x) for x in args.ks.split(",")]
     args.fused = [{"on": True, "off": False}[x] for x in args.fused.split(",")]
+    args.fuse_small = [{"on": True, "off": False}[x] for x in args.fuse_small.split(",")]
     args.compile = [x.strip() for x in args.compile.split(",") if x.strip()]
     args.small_gemms = [x.strip() for x in args.small_gemms.split(",") if x.strip()]
     if not args.small_gemms or set(args.small_gemms) - {"triton", "cublas"}:

@@ -23,7 +23,7 @@ if not (torch.cuda.is_available() or INTERPRET):
 from specwire.common.model import triton_fused as fused  # noqa: E402
 from specwire.common.model import triton_ops  # noqa: E402
 from specwire.common.model.attention import AttentionMetadata  # noqa: E402
-from specwire.common.model.config import TINY_RANDOM  # noqa: E402
+from specwire.common.model.config import SMOLLM2_135M, TINY_RANDOM  # noqa: E402
 from specwire.common.model.llama import LlamaModel  # noqa: E402
 from specwire.common.model.ops import TritonOps  # noqa: E402
 from specwire.common.model.triton_attention import store_kv  # noqa: E402
@@ -131,7 +131,8 @@ def test_wide_steps_and_exact_mode_keep_the_unfused_path():
     out, _ = TritonOps(fused=True).add_norm_linear(x, res, nw, EPS, w)
     assert torch.equal(out, _unfused().add_norm_linear(x, res, nw, EPS, w)[0])
     exact = TritonOps(exact=True, fused=True)
-    assert not exact.fuse_rope and exact.name == "triton-exact"
+    assert exact.name == "triton-exact"
+    assert exact.fuse_rope  # RoPE + store is bitwise the same as rope then store_kv
     for m in (1, wide):  # exact mode: the batch-invariant GEMM after the norm kernel, always
         out, _ = exact.add_norm_linear(x[:m], res[:m], nw, EPS, w)
         h = triton_ops.add_rms_norm(x[:m], res[:m], nw, EPS)[0]
@@ -171,25 +172,25 @@ def test_rope_store_kv_matches_rope_then_store(dtype, heads, kv_heads, d, cache_
     store_kv(qk[:, heads:], v, ref_cache, slots)
     qk, v = split(qkv)
     fused.rope_store_kv(qk, v, cos, sin, cache, slots, heads)
-    if dtype == torch.bfloat16:  # the same per-element formula: the same bits
-        assert torch.equal(qkv, ref_qkv) and torch.equal(cache, ref_cache)
-    else:  # fp32: FMA contraction is the compiler's call in either kernel
-        torch.testing.assert_close(qkv, ref_qkv, rtol=2e-7, atol=1e-7)
-        torch.testing.assert_close(cache, ref_cache, rtol=2e-7, atol=1e-7)
+    # The same per-element formula (`triton_ops._rotate`): the same bits, fp32 included (for
+    # sm_90 both kernels contract x * cos + r * sin into the same FMAs; their PTX has the same
+    # float instructions in the same order). TritonOps relies on it (`fuse_rope`).
+    assert torch.equal(qkv, ref_qkv) and torch.equal(cache, ref_cache)
 
 
 # --- a whole model step ----------------------------------------------------------------------
 
 
-def _tiny_model(dtype) -> LlamaModel:
-    """TINY_RANDOM's shapes with a qkv bias (so the fused bias path runs), seeded weights."""
-    cfg = dataclasses.replace(TINY_RANDOM, attention_bias=True)
+def _tiny_model(dtype, cfg=TINY_RANDOM) -> LlamaModel:
+    """`cfg`'s shapes with a qkv bias (so the fused bias path runs), seeded weights."""
+    cfg = dataclasses.replace(cfg, attention_bias=True)
     model = LlamaModel(cfg, block_size=4, max_positions=64)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=g)
-            p.copy_(1.0 + 0.1 * noise if name.endswith("norm.weight") else noise * 64**-0.5)
+            scale = cfg.hidden_size**-0.5
+            p.copy_(1.0 + 0.1 * noise if name.endswith("norm.weight") else noise * scale)
     model = model.to(device=DEVICE, dtype=dtype).eval()
     model.set_attention(TritonPagedAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, 4))
     return model
@@ -243,6 +244,65 @@ def test_model_step_fused_matches_unfused(dtype, rows, pad):
     tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=5e-2, atol=5e-2)
     torch.testing.assert_close(out, ref, **tol)
     torch.testing.assert_close(out_cache, ref_cache, **tol)
+
+
+# SmolLM2's layer widths (its tuned GEMMs: the default ops run them on our GEMM in 16-bit), one
+# layer, a small vocabulary.
+SMOLLM2_LAYER = dataclasses.replace(
+    SMOLLM2_135M, num_layers=1, vocab_size=256, max_position_embeddings=64
+)
+BIT_EXACT_CASES = [
+    (cfg, dtype, exact)
+    for cfg in (TINY_RANDOM, SMOLLM2_LAYER)
+    for dtype in MODEL_DTYPES
+    for exact in (False, True)
+    if dtype == torch.bfloat16 or exact  # fp32 without exact: cuBLAS, no SiLU to fuse
+]
+
+
+@pytest.mark.parametrize(
+    "cfg,dtype,exact",
+    BIT_EXACT_CASES,
+    ids=[
+        f"{'smollm2' if c is SMOLLM2_LAYER else 'tiny'}-{str(d)[6:]}-{'exact' if e else 'plain'}"
+        for c, d, e in BIT_EXACT_CASES
+    ],
+)
+@pytest.mark.parametrize(
+    "rows,pad", [([(3, 1), (9, 5), (14, 2)], 1), ([(3, 6), (9, 7), (14, 5)], 0)]
+)
+def test_model_step_bit_exact_fusions_keep_every_bit(monkeypatch, cfg, dtype, exact, rows, pad):
+    """The default ops' fusions (SiLU·up in the gate_up GEMM, RoPE in the KV store) against the
+    kernels they replace (`fuse_small=False`): the same logits and cache, bit for bit, and each
+    fusion taken where it applies (T = 9: both; T = 18: RoPE + store only)."""
+    calls = {"gate_up_silu": 0, "rope_store_kv": 0}
+    for module, name in ((triton_ops, "gate_up_silu"), (fused, "rope_store_kv")):
+        real = getattr(module, name)
+
+        def spy(*a, real=real, name=name, **kw):
+            calls[name] += 1
+            return real(*a, **kw)
+
+        monkeypatch.setattr(module, name, spy)
+    model = _tiny_model(dtype, cfg)
+    positions, meta = _step(rows, pad, model.block_size, width=5)
+    kv = model.allocate_kv_cache(1 + meta.block_tables.numel())
+    kv.copy_(_randn(*kv.shape, dtype=dtype, seed=11))  # the rows' earlier context
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, model.cfg.vocab_size, positions.shape, generator=g).to(DEVICE)
+    results = []
+    for fuse_small in (False, True):
+        model.set_ops(TritonOps(exact=exact, fuse_small=fuse_small))
+        cache = kv.clone()
+        results.append((model.compute_logits(model(ids, positions, cache, meta)), cache))
+    (ref, ref_cache), (out, out_cache) = results
+    assert torch.equal(out, ref) and torch.equal(out_cache, ref_cache)
+    small = positions.shape[0] <= triton_ops.BLOCK_M
+    silu_fused = small and (exact or (dtype == torch.bfloat16 and cfg is SMOLLM2_LAYER))
+    assert calls == {
+        "gate_up_silu": cfg.num_layers * silu_fused,
+        "rope_store_kv": cfg.num_layers,
+    }
 
 
 # --- GPU shapes (H200) -----------------------------------------------------------------------

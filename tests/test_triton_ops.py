@@ -180,6 +180,72 @@ def test_small_steps_of_tuned_shapes_take_our_gemm():
         TritonOps(small_gemms="cutlass")
 
 
+# --- gate_up GEMM with SiLU·up in its epilogue ----------------------------------------------------
+
+
+@pytest.mark.parametrize("m", [1, 5, ops.BLOCK_M])
+@pytest.mark.parametrize(
+    "n,k,dtype",
+    [(3072, 576, torch.bfloat16), (144, 200, torch.bfloat16), (144, 200, torch.float32)],
+    ids=["smollm2-gate_up", "masked-bf16", "masked-fp32"],  # I = 72, K = 200: masked edges
+)
+def test_gate_up_silu_is_silu_mul_of_linear_bitwise(m, n, k, dtype):
+    x = _randn(m, k, dtype=dtype, seed=4)
+    w = _randn(n, k, dtype=dtype, seed=5, scale=k**-0.5)
+    out = ops.gate_up_silu(x, w)
+    assert out.shape == (m, n // 2) and out.dtype == dtype
+    assert torch.equal(out, ops.silu_mul(ops.linear(x, w)))
+
+
+def test_gate_up_silu_refuses_a_k_split():
+    # The split partials are summed (and rounded) by a second kernel: no epilogue to ride in.
+    x, w = _randn(3, 2112), _randn(80, 2112, seed=5)
+    assert ops.linear_config(80, 2112).split_k > 1
+    with pytest.raises(ValueError, match="split"):
+        ops.gate_up_silu(x, w)
+    assert ops.gate_up_silu(x[:0, :576], w[:, :576]).shape == (0, 40)  # no K split: empty
+
+
+def test_mlp_rides_silu_in_the_gate_up_gemm_where_it_keeps_the_bits(monkeypatch):
+    """`TritonOps.mlp` takes `gate_up_silu` exactly where `linear` would run the gate_up GEMM
+    on our GEMM without a K split (tuned 16-bit shapes in steps of at most BLOCK_M tokens;
+    exact mode's BLOCK_M-row tiles, any shape), and gives the bits of the composition it
+    replaces (`fuse_small=False`)."""
+    from specwire.common.model.ops import TritonOps
+
+    calls = []
+    real = ops.gate_up_silu
+    monkeypatch.setattr(ops, "gate_up_silu", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+
+    def check(ops_new, ops_old, m, dtype, picked, hidden=576, inter=1536, first=False):
+        # default: SmolLM2's gate_up and down, both tuned
+        gu = _randn(2 * inter, hidden, dtype=dtype, seed=5, scale=hidden**-0.5)
+        down = _randn(hidden, inter, dtype=dtype, seed=6, scale=inter**-0.5)
+        nw = (1.0 + 0.1 * _randn(hidden, dtype=torch.float32, seed=7)).to(dtype)
+        x, res = _randn(m, hidden, dtype=dtype, seed=8), _randn(m, hidden, dtype=dtype, seed=9)
+        for r in (res, None) if first else (res,):  # None: the first layer, no residual add
+            calls.clear()
+            out, new_res = ops_new.mlp(x, r, nw, EPS, gu, down)
+            assert len(calls) == int(picked), (ops_new.name, m, dtype)
+            ref, ref_res = ops_old.mlp(x, r, nw, EPS, gu, down)
+            assert torch.equal(out, ref) and torch.equal(new_res, ref_res)
+
+    default, previous = TritonOps(), TritonOps(fuse_small=False)
+    assert previous.name == "triton-nofuse" and not previous.fuse_rope and default.fuse_rope
+    check(default, previous, 1, torch.bfloat16, picked=True, first=True)
+    check(default, previous, ops.BLOCK_M, torch.bfloat16, picked=True)
+    check(default, previous, ops.BLOCK_M + 1, torch.bfloat16, picked=False)  # wide: cuBLAS
+    check(default, previous, 5, torch.float32, picked=False)  # fp32: cuBLAS
+    cublas = TritonOps(small_gemms="cublas")
+    check(cublas, TritonOps(small_gemms="cublas", fuse_small=False), 5, torch.bfloat16, False)
+    check(default, previous, 5, torch.bfloat16, picked=False, hidden=200, inter=72)  # untuned
+    exact, exact_previous = TritonOps(exact=True), TritonOps(exact=True, fuse_small=False)
+    assert exact.fuse_rope and exact_previous.name == "triton-exact-nofuse"
+    for dtype in (torch.bfloat16, torch.float32):  # exact mode: our GEMM, any shape and dtype
+        check(exact, exact_previous, 5, dtype, picked=True, hidden=200, inter=72, first=True)
+        check(exact, exact_previous, 17, dtype, picked=False, hidden=200, inter=72)
+
+
 def test_linear_handles_empty_batch():
     x, w = _randn(0, 64), _randn(32, 64)
     assert ops.linear(x, w).shape == (0, 32)

@@ -109,10 +109,15 @@ class DecoderLayer(nn.Module):
             x, residual, self.input_layernorm.weight, eps, self.qkv_proj.weight, self.qkv_proj.bias
         )
         x = ops.linear(self._attention(qkv, rope, kv_cache, meta), self.o_proj.weight)
-        gate_up, residual = ops.add_norm_linear(
-            x, residual, self.post_attention_layernorm.weight, eps, self.gate_up_proj.weight
+        # Norm, gate_up GEMM, SiLU·up, down GEMM: SiLU·up in the gate_up GEMM with TritonOps.
+        return ops.mlp(
+            x,
+            residual,
+            self.post_attention_layernorm.weight,
+            eps,
+            self.gate_up_proj.weight,
+            self.down_proj.weight,
         )
-        return ops.silu_linear(gate_up, self.down_proj.weight), residual
 
     def _attention(
         self,

@@ -3,7 +3,7 @@
 - `TorchOps`: plain PyTorch (the CPU and the reference).
 - `TritonOps`: our Triton kernels (`triton_ops.py`) for the small ops a layer is made of —
   RMSNorm with the residual add fused in, RoPE in place on the fused q/k buffer, SiLU·up — so a
-  layer is ~10 kernels instead of ~25. GEMMs stay on cuBLAS, except in steps of at most 16
+  layer is ~11 kernels instead of ~25. GEMMs stay on cuBLAS, except in steps of at most 16
   tokens (16-bit) for weight shapes with measured tiles (`triton_ops._TUNED`: the SmolLM2 and
   Llama-3-8B projections), where our GEMM is level with cuBLAS or faster
   (`small_gemms="cublas"` turns that off, for comparison)...
@@ -12,16 +12,24 @@
   Triton attention (numerics a function of the row only) and per-row norms, a position's logits
   are the same whether it is decoded alone or verified in a 1+K row in any batch: greedy bf16
   with speculation equals greedy bf16 without it.
+- Bit-exact fusions (`fuse_small=True`, the default; `False` gives the previous kernel sequence,
+  for benchmarks): where the gate_up GEMM runs on our GEMM without a K split (steps of at most
+  16 tokens, see above; exact mode too), SiLU·up rides in its epilogue
+  (`triton_ops.gate_up_silu`), and the attention backend rotates q/k while it stores k/v
+  (`triton_fused.rope_store_kv`, every step). Each computes exactly the arithmetic of the
+  kernels it replaces, so not a bit changes, in exact mode neither: a small step's layer is 9
+  kernels instead of 11 (norm, qkv, RoPE + store, attention, its combine, o_proj, norm,
+  gate_up + SiLU·up, down).
 - Fused (`fused=True`, opt-in with `specwire target --fused`, never with `exact`; measured SLOWER on
   the H200 for now — the fused GEMMs run too few programs, see bench/RESULTS.md): steps of at most
   `triton_fused.MAX_TOKENS` tokens fold the norm into the qkv and gate_up GEMMs and SiLU·up
   into the down GEMM (`triton_fused.py`), and let the Triton attention rotate q/k while it
-  stores k/v: ~7 kernels a layer instead of ~11, for launch-bound decode and verify steps.
+  stores k/v: ~7 kernels a layer. These GEMMs accumulate in their own K order: close to the
+  unfused path, not bitwise.
 
-The layer calls composite ops (`add_norm_linear`, `silu_linear`); `TorchOps` composes them from
-its single ops, so a subclass can fuse them (the fused GEMMs accumulate in their own K order).
-Every single op keeps the rounding order of the PyTorch
-formula it replaces.
+The layer calls composite ops (`add_norm_linear` for the attention's input, `mlp` for the rest);
+`TorchOps` composes them from its single ops, so a subclass can fuse them. Every single op keeps
+the rounding order of the PyTorch formula it replaces.
 """
 
 from __future__ import annotations
@@ -64,25 +72,39 @@ class TorchOps:
         out = F.linear(x, weight, bias)
         return out if out_dtype is None else out.to(out_dtype)
 
-    def add_norm_linear(self, x, residual, norm_weight, eps, weight, bias=None):
-        """(linear(rms_norm(x + residual), weight, bias), x + residual); without a residual
-        (the first layer), (linear(rms_norm(x), weight, bias), x). x, residual: [T, K]."""
+    def add_norm(self, x, residual, weight, eps):
+        """(rms_norm(x + residual), x + residual); without a residual (the first layer),
+        (rms_norm(x), x). x, residual: [T, K]."""
         if residual is None:
-            h, residual = self.rms_norm(x, norm_weight, eps), x
-        else:
-            h, residual = self.add_rms_norm(x, residual, norm_weight, eps)
+            return self.rms_norm(x, weight, eps), x
+        return self.add_rms_norm(x, residual, weight, eps)
+
+    def add_norm_linear(self, x, residual, norm_weight, eps, weight, bias=None):
+        """(linear(rms_norm(x + residual), weight, bias), x + residual), as `add_norm`."""
+        h, residual = self.add_norm(x, residual, norm_weight, eps)
         return self.linear(h, weight, bias), residual
 
     def silu_linear(self, gate_up, weight):
         """linear(silu(gate) * up, weight) for gate_up [T, 2I] -> [T, N]."""
         return self.linear(self.silu_mul(gate_up), weight)
 
+    def mlp(self, x, residual, norm_weight, eps, gate_up_weight, down_weight):
+        """The layer's second half: (linear(silu(gate) * up, down_weight), x + residual) where
+        gate, up = linear(rms_norm(x + residual), gate_up_weight).chunk(2, -1).
+        x, residual: [T, hidden]; gate_up_weight [2I, hidden]; down_weight [hidden, I]."""
+        gate_up, residual = self.add_norm_linear(x, residual, norm_weight, eps, gate_up_weight)
+        return self.silu_linear(gate_up, down_weight), residual
+
 
 class TritonOps(TorchOps):
     name = "triton"
 
     def __init__(
-        self, exact: bool = False, fused: bool = False, small_gemms: str = "triton"
+        self,
+        exact: bool = False,
+        fused: bool = False,
+        small_gemms: str = "triton",
+        fuse_small: bool = True,
     ) -> None:
         # imports triton: GPU machines only
         from specwire.common.model import triton_fused, triton_ops
@@ -91,7 +113,9 @@ class TritonOps(TorchOps):
         self.exact = exact
         # Exact mode keeps the unfused path: its rows must come from the batch-invariant GEMM.
         self._fused = triton_fused if fused and not exact else None
-        self.fuse_rope = self._fused is not None
+        # The bit-exact fusions (module docstring); False: the kernels they replace, to compare.
+        self._fuse_small = fuse_small
+        self.fuse_rope = self._fused is not None or fuse_small
         if small_gemms not in ("triton", "cublas"):
             raise ValueError(f"small_gemms must be triton or cublas, not {small_gemms!r}")
         # Steps of at most BLOCK_M tokens run the projections with measured tiles on our GEMM,
@@ -103,6 +127,8 @@ class TritonOps(TorchOps):
             self.name = "triton-fused"
         if not exact and small_gemms == "cublas":
             self.name += "-cublas"
+        if self._fused is None and not fuse_small:
+            self.name += "-nofuse"
 
     def rms_norm(self, x, weight, eps):
         return self._k.rms_norm(x, weight, eps)
@@ -123,14 +149,29 @@ class TritonOps(TorchOps):
             # less for wide steps (H200: 1.5-1.7x faster at M >= 40).
             block_m = 16 if x.shape[0] <= 16 else 64
             return self._k.linear(x, weight, bias, out_dtype=out_dtype, block_m=block_m)
-        if (  # a function of the shapes only: the same choice at capture and at every replay
+        if self._small_gemm(x, weight):
+            return self._k.linear(x, weight, bias, out_dtype=out_dtype)
+        return super().linear(x, weight, bias, out_dtype)
+
+    def _small_gemm(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
+        """Whether the (non-exact) `linear` runs on our GEMM with measured tiles. A function of
+        the shapes only: the same choice at graph capture and at every replay."""
+        return (
             self._small_on_triton
             and x.dtype != torch.float32  # the tiles were measured in bf16
             and x.shape[0] <= self._k.BLOCK_M
             and self._k.tuned(*weight.shape)
-        ):
-            return self._k.linear(x, weight, bias, out_dtype=out_dtype)
-        return super().linear(x, weight, bias, out_dtype)
+        )
+
+    def _silu_in_gate_up(self, h: torch.Tensor, weight: torch.Tensor) -> bool:
+        """Whether SiLU·up may ride in the gate_up GEMM's epilogue bit for bit
+        (`triton_ops.gate_up_silu`): where `linear(h, weight)` is our GEMM with BLOCK_M-row
+        tiles (exact mode's tiles for at most 16 rows) and no K split. Shapes only, as above."""
+        if not self._fuse_small or h.shape[0] > self._k.BLOCK_M:
+            return False
+        if not (self.exact or self._small_gemm(h, weight)):
+            return False
+        return self._k.linear_config(*weight.shape).split_k == 1
 
     def _fuses(self, x: torch.Tensor) -> bool:
         # A function of the shape only: the same choice at graph capture and at every replay.
@@ -145,3 +186,10 @@ class TritonOps(TorchOps):
         if not self._fuses(gate_up):
             return super().silu_linear(gate_up, weight)
         return self._fused.silu_linear(gate_up, weight)
+
+    def mlp(self, x, residual, norm_weight, eps, gate_up_weight, down_weight):
+        # Fused steps (`--fused`) fold the norm and SiLU·up into GEMMs of their own K order.
+        if self._fuses(x) or not self._silu_in_gate_up(x, gate_up_weight):
+            return super().mlp(x, residual, norm_weight, eps, gate_up_weight, down_weight)
+        h, residual = self.add_norm(x, residual, norm_weight, eps)
+        return self.linear(self._k.gate_up_silu(h, gate_up_weight), down_weight), residual

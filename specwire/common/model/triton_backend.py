@@ -1,7 +1,8 @@
 """The GPU attention backend: our Triton kernels (`triton_attention.py`) behind the backend seam.
 
-One launch per layer stores the step's K/V by slot (slot -1 = padding, skipped; with fused
-ops the same launch applies RoPE to q and k, `forward_rope`) and one launch attends for every
+One launch per layer stores the step's K/V by slot (slot -1 = padding, skipped; with
+`TritonOps`, whose `rope` it reproduces bit for bit, the same launch applies RoPE to q and k:
+`forward_rope`) and one launch attends (a second merges its KV splits) for every
 row of the step — prefill chunks, decode rows and verify rows together —
 reading only each row's real context through its block table. The launch grid depends only on
 tensor shapes, so any step can be captured in a CUDA graph keyed by its padded token count,
@@ -84,18 +85,25 @@ def make_backend(kind: str, model, device: torch.device):
     raise UserError(f"unknown attention backend {kind!r} (use auto, triton or sdpa)")
 
 
-def make_ops(attention, exact: bool = False, fused: bool = False, small_gemms: str = "triton"):
+def make_ops(
+    attention,
+    exact: bool = False,
+    fused: bool = False,
+    small_gemms: str = "triton",
+    fuse_small: bool = True,
+):
     """The model's ops to go with its attention backend: our fused Triton kernels beside the
     Triton attention (batch-invariant GEMMs too when `exact`), plain PyTorch otherwise.
 
     `fused` (`--fused`, experimental): fold norms and SiLU·up into the GEMMs of small steps
     (`triton_fused.py`; never in exact mode). Off by default: on the H200 the fused SiLU GEMM
-    is far slower than cuBLAS (bench/RESULTS.md)."""
+    is far slower than cuBLAS (bench/RESULTS.md). `fuse_small=False` turns the bit-exact
+    fusions off (`TritonOps`), for benchmarks."""
     from specwire.common.errors import UserError
     from specwire.common.model.ops import TorchOps, TritonOps
 
     if attention.name == "triton":
-        return TritonOps(exact=exact, fused=fused, small_gemms=small_gemms)
+        return TritonOps(exact=exact, fused=fused, small_gemms=small_gemms, fuse_small=fuse_small)
     if exact or fused:
         flag = "--exact" if exact else "--fused"
         raise UserError(f"{flag} needs the Triton kernels (--device cuda --attention triton)")

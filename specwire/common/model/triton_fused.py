@@ -1,7 +1,8 @@
-"""Fused Triton kernels for small steps: a decoder layer in 7 launches instead of 11.
+"""Fused Triton kernels for small steps: a decoder layer in 7 launches instead of 9 (11 before
+the default ops' bit-exact fusions).
 
 At the token counts of decode and verify steps (a few rows of 1 + K tokens) a layer's time is
-launch latency, not work: SmolLM2-135M's ~11 kernels of 1-8 µs each. Three fusions cut them:
+launch latency, not work: SmolLM2-135M's ~9 kernels of 1-8 µs each. Three fusions cut them:
 
 - `add_norm_linear`: `linear(rms_norm(x + residual) * w_norm, W)` and the new residual
   `x + residual` in one kernel (the qkv and gate_up projections). Every program recomputes its
@@ -10,16 +11,18 @@ launch latency, not work: SmolLM2-135M's ~11 kernels of 1-8 µs each. Three fusi
   of each row tile writes the new residual.
 - `silu_linear`: `linear(silu(gate) * up, W)` reading gate_up [M, 2I] directly (down_proj).
 - `rope_store_kv`: RoPE on q and k in place and the store of k and v into the paged cache (what
-  `triton_ops.rope` then `triton_attention.store_kv` do), in one launch.
+  `triton_ops.rope` then `triton_attention.store_kv` do), in one launch. Bit-exact, so the
+  default `TritonOps` use it too (every step, exact mode included).
 
 Rounding mirrors the unfused path: fp32 opmath, and every activation rounded to the tensor dtype
 where the eager op would round it (the normalised row, `w_norm * normed`, silu, silu * up), so
 the dot consumes the same operand bits as `add_rms_norm` + `linear` does. The products are
 accumulated in fp32 in this kernel's K order, not cuBLAS's, so outputs agree with the unfused
 path to an ulp or so, not bitwise (the mean square's fp32 sum order differs from the norm
-kernel's too). RoPE + store is elementwise: bitwise the same as the two kernels it replaces
-in bf16 (in fp32 the compiler may contract a product and a sum into an FMA differently in
-either kernel).
+kernel's too). RoPE + store is elementwise and calls the rope kernel's own `_rotate`: bitwise
+the same as the two kernels it replaces, fp32 included (there the compiler contracts
+x * cos + r * sin into FMAs, and for sm_90 it contracts the same products in both kernels:
+their PTX has the same float instructions in the same order).
 
 The GEMM kernels do not specialise on M: every M runs one binary per weight shape. They use
 `triton_ops.linear_config`'s tiles (BLOCK_M 16, N tiles of 32 or 64, a K split for long K with
@@ -37,10 +40,10 @@ import triton.language as tl
 
 from specwire.common.model.triton_attention import _check_cache
 from specwire.common.model.triton_ops import (
-    _INTERPRET,
     BLOCK_M,
     LinearConfig,
     _cast,
+    _dot,
     _exp,
     _f32,
     _rotate,
@@ -56,16 +59,6 @@ MAX_TOKENS = BLOCK_M
 # Columns per pass-1 chunk. Pass 1's loop is software-pipelined (`tl.range(num_stages=3)`:
 # cp.async, the next chunks in flight), not unrolled: unrolled, K = 4096 spilled on sm_90.
 _NORM_BLOCK = 256
-
-
-@triton.jit
-def _dot(a, b, acc, FP32_IEEE: tl.constexpr):
-    if _INTERPRET:  # its dot multiplies bf16's raw bits: give it fp32 (exact)
-        return tl.dot(_f32(a), _f32(b), acc, input_precision="ieee")
-    elif FP32_IEEE:  # fp32 like cuBLAS without TF32
-        return tl.dot(a, b, acc, input_precision="ieee")
-    else:
-        return tl.dot(a, b, acc)
 
 
 @triton.jit

@@ -2,11 +2,15 @@
 
 Inference only (no autograd) and graph-capturable: no host syncs, grids from shapes only.
 
+`gate_up_silu` is the GEMM with `silu_mul` in its epilogue: bitwise `silu_mul(linear(...))`
+(the same accumulators, rounded as `linear` stores them, then the same arithmetic) in one
+launch instead of two, where `linear` has no K split.
+
 **Exact mode.** Every kernel here computes each output row with the same instructions in the
 same order whatever the number of rows `M`/`T` and wherever the row sits in the batch, so a row's
 bits never depend on its batch:
 - norms: one row per program; the reduction's block and warp count depend on `N` only;
-- elementwise ops (silu_mul, rope) are per element;
+- elementwise ops (silu_mul, rope, and gate_up_silu's epilogue) are per element;
 - `linear`: one fixed tile config per weight shape `(N, K)` (never per `M`): BLOCK_M = 16, the
   whole K range of a split in one program, accumulated in a fixed order into fp32 with chained
   `tl.dot(a, b, acc)`; the K split count depends on `(N, K)` only, and the split partials are
@@ -341,6 +345,18 @@ def _linear_kernel(
 
 
 @triton.jit
+def _dot(a, b, acc, FP32_IEEE: tl.constexpr):
+    """`acc + a @ b`, chained: `_linear_kernel`'s product, for the kernels that must give its
+    bits."""
+    if _INTERPRET:  # its dot multiplies bf16's raw bits: give it fp32 (exact)
+        return tl.dot(_f32(a), _f32(b), acc, input_precision="ieee")
+    elif FP32_IEEE:  # fp32 like cuBLAS without TF32
+        return tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)
+
+
+@triton.jit
 def _split_sum_kernel(
     part_ptr, b_ptr, out_ptr, total, N, split_stride,
     SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
@@ -410,4 +426,86 @@ def linear(
             target, bias if has_bias else target, out, total, n, m * n,
             SPLIT=cfg.split_k, HAS_BIAS=has_bias, BLOCK=block,
         )  # fmt: skip
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The gate_up GEMM with SiLU·up in its epilogue
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit(do_not_specialize=["M"])
+def _gate_up_silu_kernel(
+    x_ptr, w_ptr, out_ptr,
+    M, INTER, K,
+    x_stride, w_stride, out_stride,
+    FP32_IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    # `_linear_kernel` without a K split over the weight rows gate 0, up 0, gate 1, up 1, ...:
+    # tile column 2j + h is weight row h * INTER + (the program's first output column + j).
+    # The same K loop and chained dots on a tile of the same shape give each accumulator
+    # element the products in the same order as the plain GEMM (which weight row feeds a tile
+    # column does not change the order along K), and the same warp layout.
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rm = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cn = tl.arange(0, BLOCK_N)
+    col = pid_n.to(tl.int64) * (BLOCK_N // 2) + cn // 2  # output column of each tile column
+    rw = col + (cn % 2) * INTER  # its weight row
+    rk = tl.arange(0, BLOCK_K)
+    a_ptrs = x_ptr + rm[:, None] * x_stride + rk[None, :]
+    b_ptrs = w_ptr + rw[None, :] * w_stride + rk[:, None]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        kmask = (k + rk) < K
+        a = tl.load(a_ptrs, mask=(rm[:, None] < M) & kmask[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=(col[None, :] < INTER) & kmask[:, None], other=0.0)
+        acc = _dot(a, b, acc, FP32_IEEE)
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+    dt = out_ptr.dtype.element_ty
+    # `linear` stores gate_up rounded to the dtype; then `_silu_mul_kernel`'s arithmetic on it.
+    gate, up = tl.split(tl.reshape(_cast(acc, dt), (BLOCK_M, BLOCK_N // 2, 2)))
+    g = _f32(gate)
+    silu = _cast(tl.div_rn(g, 1.0 + _exp(-g)), dt)
+    y = _cast(_f32(silu) * _f32(up), dt)
+    rn = pid_n.to(tl.int64) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+    omask = (rm[:, None] < M) & (rn[None, :] < INTER)
+    tl.store(out_ptr + rm[:, None] * out_stride + rn[None, :], y, mask=omask)
+
+
+def gate_up_silu(
+    x: torch.Tensor, weight: torch.Tensor, config: LinearConfig | None = None
+) -> torch.Tensor:
+    """`silu_mul(linear(x, weight))` in one launch, bit for bit: x [M, K], weight [2I, K] (the
+    gate rows, then the up rows) -> [M, I]. Saves the [M, 2I] round trip and the `silu_mul`
+    launch: a kernel a layer in launch-bound decode and verify steps.
+
+    Bitwise equal to `linear(x, weight, config=config)` (BLOCK_M rows a tile) then `silu_mul`
+    for configs without a K split (which would sum fp32 partials in a second kernel): each
+    program is a plain GEMM program of the config's tile (`block_n` weight rows: `block_n / 2`
+    output columns' gate and up rows), so the accumulators, the program count and the warp
+    layout are `_linear_kernel`'s; they are rounded as it stores them."""
+    m, k = x.shape
+    n = weight.shape[0]
+    if weight.shape[1] != k or weight.dtype != x.dtype or x.stride(-1) != 1 or n % 2:
+        raise ValueError(f"gate_up_silu: x {tuple(x.shape)} and weight {tuple(weight.shape)}")
+    if weight.stride(-1) != 1:
+        raise ValueError("gate_up_silu wants weight [2I, K] with unit last stride")
+    cfg = config or linear_config(n, k)
+    if cfg.split_k != 1:
+        raise ValueError("gate_up_silu: no K split (the split sum would round elsewhere)")
+    inter = n // 2
+    out = torch.empty((m, inter), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    _gate_up_silu_kernel[(triton.cdiv(m, BLOCK_M), triton.cdiv(inter, cfg.block_n // 2))](
+        x, weight, out,
+        m, inter, k,
+        x.stride(0), weight.stride(0), out.stride(0),
+        FP32_IEEE=x.dtype == torch.float32,
+        BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
     return out
