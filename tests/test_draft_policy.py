@@ -401,3 +401,50 @@ def test_exposed_host_of_plain_steps_raises_their_price():
         p.observe_plain(rows=8, tokens=8, seconds=1.5e-3)
     assert abs(p.plain_cost(8, 8) - 1.5e-3) < 1e-5
     assert abs(p.plain_cost(64, 64) - 1.3e-3) < 1e-9  # unmeasured load: device time alone
+
+
+def _learnt(p: DraftLengthPolicy, reqs: list[Request]) -> None:
+    for r in reqs:
+        r.step_draft_cap = 4
+        for _ in range(20):
+            p.observe(r, 4, 3)
+
+
+def test_a_prefill_step_does_not_price_decode_steps():
+    """A synchronous step that prefills 32 prompts spends far more host time than a decode step
+    of 32 rows; taught by it, the policy would never draft at 32 rows (and never re-measure)."""
+    p = _policy({32: 1.0e-3, 64: 1.05e-3, 256: 1.2e-3, 4096: 9e-3})
+    reqs = [_req(f"r{i}") for i in range(32)]
+    _learnt(p, reqs)
+    p.observe_sync(rows=32, tokens=4000, seconds=20e-3, device_wait=8e-3)  # prefill
+    assert p.sync_cost(32, 160) < 2e-3
+    assert p.step_draft_len(reqs) == 4
+    p.observe_sync(rows=32, tokens=160, seconds=2.4e-3, device_wait=1.2e-3)  # decode
+    assert abs(p.sync_cost(32, 160) - 2.4e-3) < 1e-4
+
+
+def test_a_host_time_that_vetoes_drafting_is_re_measured_now_and_then():
+    """Plain decoding wins only because a synchronous step's host time was measured high: the
+    policy drafts once every `host_refresh_every` such decisions, so the estimate can come down
+    (a drafting step is the only thing that measures it)."""
+    p = _policy({8: 1.0e-3, 64: 1.05e-3})
+    reqs = [_req(f"r{i}") for i in range(8)]
+    _learnt(p, reqs)
+    for _ in range(10):
+        p.observe_sync(rows=8, tokens=40, seconds=5e-3, device_wait=1e-3)  # a stale high reading
+    ks = [p.step_draft_len(reqs) for _ in range(2 * p.host_refresh_every)]
+    assert ks.count(0) == len(ks) - 2 and ks[p.host_refresh_every - 1] == 4
+    for _ in range(10):
+        p.observe_sync(rows=8, tokens=40, seconds=1.3e-3, device_wait=1e-3)  # re-measured
+    assert p.step_draft_len(reqs) == 4
+
+
+def test_drafting_that_loses_on_the_device_alone_is_never_forced():
+    """The refresh drafts only where the device time alone would let drafting pay."""
+    p = _policy({64: 7.4e-3, 128: 9.0e-3, 256: 12.0e-3, 512: 20.0e-3})
+    reqs = [_req(f"r{i}") for i in range(64)]
+    for r in reqs:
+        r.step_draft_cap = 4
+        for _ in range(20):
+            p.observe(r, 4, 0)
+    assert [p.step_draft_len(reqs) for _ in range(3 * p.host_refresh_every)] == [0] * 192

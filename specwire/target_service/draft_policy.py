@@ -137,6 +137,10 @@ class DraftLengthPolicy:
     # averages enough requests (the n-gram drafter kept speculating on 77-89 % of the steps
     # at c=8 there); the weight, and so the policy under load, is as it was.
     full_weight_rows: int = 8
+    # Steps on which plain decoding won only by a synchronous step's host time (drafting would
+    # pay without it) between two drafting steps that re-measure that host time.
+    host_refresh_every: int = 64
+    _host_vetoes: int = 0
     # False: the seeded device times are the whole cost model (no host or exposed terms are
     # learnt). For a GPU policy driven on the CPU, where a step's forward runs inside its host
     # time, so measured host times would price synchronous steps by the CPU's forward.
@@ -220,11 +224,14 @@ class DraftLengthPolicy:
 
     def observe_sync(self, rows: int, tokens: int, seconds: float, device_wait: float) -> None:
         """A synchronous step of `rows` rows and `tokens` tokens took `seconds`, of which it
-        waited `device_wait` for the device."""
+        waited `device_wait` for the device. Only a decode step (at most 1 + K tokens a row)
+        teaches the host time of its row bucket: a step that prefills prompts spends far more
+        host time per row, and the host time prices decode steps."""
         if not self.buckets or rows <= 0 or not self.measure_costs:
             return
         b = _row_bucket(rows)
-        self.host[b] = _ema(self.host.get(b), max(0.0, seconds - device_wait), self.ema)
+        if tokens <= rows * (1 + self.max_draft_len):
+            self.host[b] = _ema(self.host.get(b), max(0.0, seconds - device_wait), self.ema)
         i = self._bucket_index(tokens)
         if i is not None:
             self.gpu[i] = _ema(self.gpu[i], device_wait, self.ema)
@@ -404,7 +411,8 @@ class DraftLengthPolicy:
         for r in decode:
             e = est.get(r.request_id)
             tables.append((e.per_k(K) if e is not None else prior, min(r.useful_drafts, K)))
-        best_k, best = 0, -1.0
+        host = self._host(rows)
+        best_k, best, free_k, free = 0, -1.0, 0, -1.0
         for k in range(K + 1):
             fed = float(prefill_tokens)
             committed = 0.0
@@ -413,10 +421,24 @@ class DraftLengthPolicy:
                 committed += c
                 fed += t
             tokens = math.ceil(fed - 1e-9)
-            cost = self.sync_cost(rows, tokens) if k else self.plain_cost(rows, tokens)
-            goodput = committed / max(cost, 1e-9)
+            if k == 0:
+                goodput = committed / max(self.plain_cost(rows, tokens), 1e-9)
+                best, free = goodput, goodput
+                continue
+            gpu = self._gpu(tokens)
+            goodput = committed / max(host + gpu, 1e-9)
             if goodput > best * 1.0001:  # ties go to the shorter draft
                 best_k, best = k, goodput
+            if committed / max(gpu, 1e-9) > free * 1.0001:
+                free_k, free = k, committed / max(gpu, 1e-9)
+        if best_k == 0 and free_k > 0:
+            # Plain wins only by the host time of a synchronous step at this load. That estimate
+            # is refreshed only by such steps, so one stale high reading would keep drafting off
+            # for good: every `host_refresh_every` such decisions, draft once to re-measure it.
+            self._host_vetoes += 1
+            if self._host_vetoes >= self.host_refresh_every:
+                self._host_vetoes = 0
+                return free_k
         return best_k
 
     def request_cap(self, req: Request, step_k: int) -> int:
