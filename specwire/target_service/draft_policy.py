@@ -41,9 +41,12 @@ maximises expected committed tokens per second:
   starts from the population's estimate (an EMA over every request's steps);
 - tokens(k) = the step's prefill tokens + sum_i (1 + p_i * min(k, cap_i)) (varlen steps are
   not padded per row);
-- host(rows), gpu(tokens): EMAs per row bucket / token bucket of real synchronous steps (host =
-  the step's time not spent waiting for the device, gpu = that wait); gpu is seeded at warm-up
-  from graph replays, an unmeasured host bucket scales from the nearest measured one;
+- host(rows): per row bucket, the least of the last 4 host times (a step's time not spent
+  waiting for the device) of real synchronous decode steps; an unmeasured bucket scales from the
+  nearest measured one (0 before any: optimistic, so drafting gets tried). Where plain decoding
+  wins only by this host time, one drafting step in 64 re-measures it;
+- gpu(tokens): an EMA per token bucket of those steps' device wait, seeded at warm-up from graph
+  replays;
 - exposed(rows): an EMA per row bucket of what an overlapped plain step's period (launch to
   launch) took beyond gpu(its tokens): the host work the overlap did not hide (0 until measured).
 
@@ -60,6 +63,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 from specwire.target_service.request import Request
@@ -140,7 +144,9 @@ class DraftLengthPolicy:
     # Steps on which plain decoding won only by a synchronous step's host time (drafting would
     # pay without it) between two drafting steps that re-measure that host time.
     host_refresh_every: int = 64
+    host_window: int = 4  # a row bucket's host time: the least of its last this many readings
     _host_vetoes: int = 0
+    _host_recent: dict[int, deque] = field(default_factory=dict)
     # False: the seeded device times are the whole cost model (no host or exposed terms are
     # learnt). For a GPU policy driven on the CPU, where a step's forward runs inside its host
     # time, so measured host times would price synchronous steps by the CPU's forward.
@@ -231,7 +237,14 @@ class DraftLengthPolicy:
             return
         b = _row_bucket(rows)
         if tokens <= rows * (1 + self.max_draft_len):
-            self.host[b] = _ema(self.host.get(b), max(0.0, seconds - device_wait), self.ema)
+            # The least of the last `host_window` readings, not an EMA: a few slow steps (a
+            # remote drafter's first round trips, a burst on the machine) priced drafting out,
+            # and with no drafting step to re-measure it the reading stayed for hundreds of steps
+            # (fp32 at one stream: 5-17 drafting steps of 1,360 with the remote drafter, 1.00x
+            # of no drafter, against 1.13x before plain steps were priced as overlapped).
+            recent = self._host_recent.setdefault(b, deque(maxlen=self.host_window))
+            recent.append(max(0.0, seconds - device_wait))
+            self.host[b] = min(recent)
         i = self._bucket_index(tokens)
         if i is not None:
             self.gpu[i] = _ema(self.gpu[i], device_wait, self.ema)
