@@ -15,9 +15,10 @@ For each shape, batch B and draft length K, B decode rows each feed q = 1 + K to
 same model and cache, one after the other; the table puts them side by side (column "ops").
 
 `--fuse-small on,off` measures the default Triton ops with and without their bit-exact fusions
-(SiLU·up in the gate_up GEMM of steps of at most 16 tokens, RoPE in the KV store;
-`TritonOps(fuse_small=False)` is the kernel sequence before them, ops column "...-nofuse"), side
-by side on the same model and cache. Both give the same logits bit for bit.
+(steps of at most 16 tokens: SiLU·up in the gate_up GEMM, RoPE + K/V store in the qkv GEMM;
+otherwise RoPE in the K/V store. `TritonOps(fuse_small=False)` is the kernel sequence before
+them, ops column "...-nofuse"), side by side on the same model and cache. Both give the same
+logits bit for bit.
 
 `--small-gemms triton,cublas` measures the GEMMs of steps of at most 16 tokens on our Triton GEMM
 with tuned tiles (the default, `triton_ops._TUNED`) and on cuBLAS (`small_gemms="cublas"`),
@@ -416,9 +417,9 @@ def main() -> int:
         "--fuse-small",
         default="on",
         choices=("on", "off", "on,off", "off,on"),
-        help="the Triton ops' bit-exact fusions (SiLU·up in the gate_up GEMM, RoPE in the KV "
-        "store): on (the default, what the target runs) | off (the kernels before them) | on,off "
-        "(both, side by side)",
+        help="the Triton ops' bit-exact fusions (SiLU·up in the gate_up GEMM, RoPE and the KV "
+        "store in the qkv GEMM or in one kernel): on (the default, what the target runs) | off "
+        "(the kernels before them) | on,off (both, side by side)",
     )
     ap.add_argument("--tag", default="", help="suffix of the output file names")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")

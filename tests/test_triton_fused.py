@@ -178,6 +178,47 @@ def test_rope_store_kv_matches_rope_then_store(dtype, heads, kv_heads, d, cache_
     assert torch.equal(qkv, ref_qkv) and torch.equal(cache, ref_cache)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [1, 5, 16])
+@pytest.mark.parametrize(
+    "heads,kv_heads,d,k,bias",
+    [(9, 3, 64, 576, False), (4, 2, 16, 200, True)],  # SmolLM2's qkv; 2 heads a tile, a bias
+    ids=["smollm2", "small-bias"],
+)
+@pytest.mark.parametrize("cache_dtype", [None, torch.float32], ids=["same", "fp32-cache"])
+def test_qkv_rope_store_is_linear_then_rope_store_kv(dtype, m, heads, kv_heads, d, k, bias,
+                                                      cache_dtype):  # fmt: skip
+    n, block_size, num_blocks = (heads + 2 * kv_heads) * d, 4, 9
+    x = _randn(m, k, dtype=dtype, seed=2)
+    w = _randn(n, k, dtype=dtype, seed=4, scale=k**-0.5)
+    b = _randn(n, dtype=dtype, seed=5) if bias else None
+    cos, sin = _rotary(m, d, dtype)
+    slots = torch.randperm(num_blocks * block_size, generator=torch.Generator().manual_seed(m))
+    slots = slots[:m].to(DEVICE)
+    slots[m // 2] = -1  # a padding token: rotated, never stored
+    cache = _randn(2, num_blocks, block_size, kv_heads, d, dtype=cache_dtype or dtype, seed=10)
+    ref_cache = cache.clone()
+    ref = triton_ops.linear(x, w, b)
+    qk = ref[:, : (heads + kv_heads) * d].view(m, heads + kv_heads, d)
+    v = ref[:, (heads + kv_heads) * d :].view(m, kv_heads, d)
+    fused.rope_store_kv(qk, v, cos, sin, ref_cache, slots, heads)
+    out = fused.qkv_rope_store(x, w, b, cos, sin, cache, slots, heads)
+    assert torch.equal(out, ref) and torch.equal(cache, ref_cache)
+
+
+def test_qkv_rope_store_refuses_what_it_cannot_match():
+    heads, kv_heads, d = 1, 1, 16
+    cache = torch.zeros(2, 2, 4, kv_heads, d, device=DEVICE, dtype=torch.bfloat16)
+    cos, sin = _rotary(3, d, torch.bfloat16)
+    slots = torch.tensor([0, 1, 2], device=DEVICE)
+    x, w = _randn(3, 2112), _randn(48, 2112)  # K long enough to take a K split
+    assert triton_ops.linear_config(48, 2112).split_k > 1
+    with pytest.raises(ValueError, match="split"):
+        fused.qkv_rope_store(x, w, None, cos, sin, cache, slots, heads)
+    with pytest.raises(ValueError, match="heads"):  # 2 heads of q: 64 rows, not 48
+        fused.qkv_rope_store(x[:, :64], _randn(48, 64), None, cos, sin, cache, slots, 2)
+
+
 # --- a whole model step ----------------------------------------------------------------------
 
 
@@ -272,11 +313,13 @@ BIT_EXACT_CASES = [
     "rows,pad", [([(3, 1), (9, 5), (14, 2)], 1), ([(3, 6), (9, 7), (14, 5)], 0)]
 )
 def test_model_step_bit_exact_fusions_keep_every_bit(monkeypatch, cfg, dtype, exact, rows, pad):
-    """The default ops' fusions (SiLU·up in the gate_up GEMM, RoPE in the KV store) against the
-    kernels they replace (`fuse_small=False`): the same logits and cache, bit for bit, and each
-    fusion taken where it applies (T = 9: both; T = 18: RoPE + store only)."""
-    calls = {"gate_up_silu": 0, "rope_store_kv": 0}
-    for module, name in ((triton_ops, "gate_up_silu"), (fused, "rope_store_kv")):
+    """The default ops' fusions (SiLU·up in the gate_up GEMM; RoPE and the KV store in the qkv
+    GEMM, or in one kernel) against the kernels they replace (`fuse_small=False`): the same
+    logits and cache, bit for bit, and each fusion taken where it applies (T = 9 on our GEMM:
+    both GEMM epilogues; otherwise RoPE + store in one kernel)."""
+    names = [(triton_ops, "gate_up_silu"), (fused, "qkv_rope_store"), (fused, "rope_store_kv")]
+    calls = {name: 0 for _, name in names}
+    for module, name in names:
         real = getattr(module, name)
 
         def spy(*a, real=real, name=name, **kw):
@@ -298,10 +341,11 @@ def test_model_step_bit_exact_fusions_keep_every_bit(monkeypatch, cfg, dtype, ex
     (ref, ref_cache), (out, out_cache) = results
     assert torch.equal(out, ref) and torch.equal(out_cache, ref_cache)
     small = positions.shape[0] <= triton_ops.BLOCK_M
-    silu_fused = small and (exact or (dtype == torch.bfloat16 and cfg is SMOLLM2_LAYER))
+    epilogues = small and (exact or (dtype == torch.bfloat16 and cfg is SMOLLM2_LAYER))
     assert calls == {
-        "gate_up_silu": cfg.num_layers * silu_fused,
-        "rope_store_kv": cfg.num_layers,
+        "gate_up_silu": cfg.num_layers * epilogues,
+        "qkv_rope_store": cfg.num_layers * epilogues,
+        "rope_store_kv": cfg.num_layers * (not epilogues),
     }
 
 

@@ -78,7 +78,9 @@ class AttentionShape:
     `forward_rope(qk, v, cos, sin, kv_cache, meta)`, qk [T, H + KVH, D] the q heads then the k
     heads, cos/sin [T, 1, D]: it rotates q and k in place (as the ops' `rope` does), stores the
     rotated k and v, attends with q = qk[:, :H] and returns [T, H, D], like `ops.rope` followed
-    by `forward`. The layer takes it only when its ops allow (`TorchOps.fuse_rope`)."""
+    by `forward`. The layer takes it only when its ops allow (`TorchOps.fuse_rope`). Such a
+    backend also offers `attend(q, kv_cache, meta)`: `forward` without the store, for a step
+    whose rotated k and v the ops' qkv GEMM already wrote (`TorchOps.rope_in_qkv`)."""
 
     fused_rope = False
 

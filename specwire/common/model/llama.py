@@ -103,42 +103,51 @@ class DecoderLayer(nn.Module):
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # (output delta, residual stream) [T, hidden] each
-        ops, eps = self.ops, self.cfg.rms_norm_eps
-        # Norm (the residual add inside) then a GEMM: one kernel each with fused TritonOps.
-        qkv, residual = ops.add_norm_linear(
-            x, residual, self.input_layernorm.weight, eps, self.qkv_proj.weight, self.qkv_proj.bias
-        )
-        x = ops.linear(self._attention(qkv, rope, kv_cache, meta), self.o_proj.weight)
+        attn, residual = self._attention(x, residual, rope, kv_cache, meta)
+        x = self.ops.linear(attn, self.o_proj.weight)
         # Norm, gate_up GEMM, SiLU·up, down GEMM: SiLU·up in the gate_up GEMM with TritonOps.
-        return ops.mlp(
+        return self.ops.mlp(
             x,
             residual,
             self.post_attention_layernorm.weight,
-            eps,
+            self.cfg.rms_norm_eps,
             self.gate_up_proj.weight,
             self.down_proj.weight,
         )
 
     def _attention(
         self,
-        qkv: torch.Tensor,  # [T, q_size + 2 * kv_size]
+        x: torch.Tensor,  # [T, hidden]
+        residual: torch.Tensor | None,  # [T, hidden]
         rope: tuple[torch.Tensor, torch.Tensor],  # cos, sin [T, 1, D]
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
-    ) -> torch.Tensor:  # [T, q_size]
-        """RoPE on q and k, this step's k and v into the cache, then attention."""
-        t = qkv.shape[0]
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # ([T, q_size], the residual stream [T, hidden])
+        """(Add +) norm and the qkv GEMM, RoPE on q and k, this step's k and v into the cache,
+        then attention: as few launches as the ops and the backend allow, the same bits."""
+        ops, eps, t = self.ops, self.cfg.rms_norm_eps, x.shape[0]
         heads, kv_heads, d = self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim
+        args = (x, residual, self.input_layernorm.weight, eps, self.qkv_proj.weight)
+        fused_rope = ops.fuse_rope and self.attn.fused_rope
+        if fused_rope and ops.rope_in_qkv(x, self.qkv_proj.weight):
+            # The qkv GEMM rotates q and k and stores k and v itself (one launch for three).
+            qkv, residual = ops.add_norm_qkv_rope_store(
+                *args, self.qkv_proj.bias, *rope, kv_cache, meta.slot_mapping, heads
+            )
+            out = self.attn.attend(qkv[:, : self.q_size].view(t, heads, d), kv_cache, meta)
+            return out.reshape(t, self.q_size), residual
+        # Norm (the residual add inside) then a GEMM: one kernel each with fused TritonOps.
+        qkv, residual = ops.add_norm_linear(*args, self.qkv_proj.bias)
         # q and k sit side by side: rotated in one go (in place with TritonOps).
         qk = qkv[:, : self.q_size + self.kv_size].view(t, heads + kv_heads, d)
         v = qkv[:, self.q_size + self.kv_size :].view(t, kv_heads, d)
-        if self.ops.fuse_rope and self.attn.fused_rope:
+        if fused_rope:
             # The backend rotates q and k as it stores k and v (one launch less).
             out = self.attn.forward_rope(qk, v, *rope, kv_cache, meta)
         else:
-            qk = self.ops.rope(qk, *rope)
+            qk = ops.rope(qk, *rope)
             out = self.attn.forward(qk[:, :heads], qk[:, heads:], v, kv_cache, meta)
-        return out.reshape(t, self.q_size)
+        return out.reshape(t, self.q_size), residual
 
 
 class LlamaModel(nn.Module):

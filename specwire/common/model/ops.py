@@ -13,12 +13,13 @@
   are the same whether it is decoded alone or verified in a 1+K row in any batch: greedy bf16
   with speculation equals greedy bf16 without it.
 - Bit-exact fusions (`fuse_small=True`, the default; `False` gives the previous kernel sequence,
-  for benchmarks): where the gate_up GEMM runs on our GEMM without a K split (steps of at most
-  16 tokens, see above; exact mode too), SiLU·up rides in its epilogue
-  (`triton_ops.gate_up_silu`), and the attention backend rotates q/k while it stores k/v
-  (`triton_fused.rope_store_kv`, every step). Each computes exactly the arithmetic of the
-  kernels it replaces, so not a bit changes, in exact mode neither: a small step's layer is 9
-  kernels instead of 11 (norm, qkv, RoPE + store, attention, its combine, o_proj, norm,
+  for benchmarks): where a GEMM runs on our GEMM without a K split (steps of at most 16 tokens,
+  see above; exact mode too), SiLU·up rides in the gate_up GEMM's epilogue
+  (`triton_ops.gate_up_silu`) and RoPE with the KV-cache store in the qkv GEMM's
+  (`triton_fused.qkv_rope_store`); in other steps the attention backend rotates q/k while it
+  stores k/v (`triton_fused.rope_store_kv`). Each computes exactly the arithmetic of the kernels
+  it replaces, so not a bit changes, in exact mode neither: a small step's layer is 8 kernels
+  instead of 11 (norm, qkv + RoPE + store, attention, its combine, o_proj, norm,
   gate_up + SiLU·up, down).
 - Fused (`fused=True`, opt-in with `specwire target --fused`, never with `exact`; measured SLOWER on
   the H200 for now — the fused GEMMs run too few programs, see bench/RESULTS.md): steps of at most
@@ -27,9 +28,11 @@
   stores k/v: ~7 kernels a layer. These GEMMs accumulate in their own K order: close to the
   unfused path, not bitwise.
 
-The layer calls composite ops (`add_norm_linear` for the attention's input, `mlp` for the rest);
-`TorchOps` composes them from its single ops, so a subclass can fuse them. Every single op keeps
-the rounding order of the PyTorch formula it replaces.
+The layer calls composite ops (`add_norm_linear`, `mlp`); `TorchOps` composes them from its
+single ops, so a subclass can fuse them. Where `rope_in_qkv` says so (never for `TorchOps`),
+the layer calls `add_norm_qkv_rope_store` instead of `add_norm_linear`, and its attention
+backend only attends. Every single op keeps the rounding order of the PyTorch formula it
+replaces.
 """
 
 from __future__ import annotations
@@ -88,6 +91,21 @@ class TorchOps:
         """linear(silu(gate) * up, weight) for gate_up [T, 2I] -> [T, N]."""
         return self.linear(self.silu_mul(gate_up), weight)
 
+    def rope_in_qkv(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
+        """Whether `add_norm_qkv_rope_store` takes a step of x [T, hidden] with this qkv weight
+        (a function of shapes only: the same choice at graph capture and replay). Never here:
+        the plain ops leave RoPE and the KV store to the layer and its attention backend."""
+        return False
+
+    def add_norm_qkv_rope_store(
+        self, x, residual, norm_weight, eps, weight, bias, cos, sin, kv_cache, slot_mapping, heads
+    ):
+        """(qkv, x + residual) as `add_norm_linear`, with q and k rotated (`rope`), and k and v
+        written to their slots of the paged `kv_cache` [2, NB, BS, KVH, D] (slot -1: nowhere)
+        as an attention backend's store would: all the layer needs before `attend`. Only for
+        ops whose `rope_in_qkv` says so."""
+        raise NotImplementedError(f"{self.name} ops leave RoPE and the KV store to the backend")
+
     def mlp(self, x, residual, norm_weight, eps, gate_up_weight, down_weight):
         """The layer's second half: (linear(silu(gate) * up, down_weight), x + residual) where
         gate, up = linear(rms_norm(x + residual), gate_up_weight).chunk(2, -1).
@@ -110,6 +128,7 @@ class TritonOps(TorchOps):
         from specwire.common.model import triton_fused, triton_ops
 
         self._k = triton_ops
+        self._kf = triton_fused  # its bit-exact `qkv_rope_store`, in every mode
         self.exact = exact
         # Exact mode keeps the unfused path: its rows must come from the batch-invariant GEMM.
         self._fused = triton_fused if fused and not exact else None
@@ -163,11 +182,12 @@ class TritonOps(TorchOps):
             and self._k.tuned(*weight.shape)
         )
 
-    def _silu_in_gate_up(self, h: torch.Tensor, weight: torch.Tensor) -> bool:
-        """Whether SiLU·up may ride in the gate_up GEMM's epilogue bit for bit
-        (`triton_ops.gate_up_silu`): where `linear(h, weight)` is our GEMM with BLOCK_M-row
-        tiles (exact mode's tiles for at most 16 rows) and no K split. Shapes only, as above."""
-        if not self._fuse_small or h.shape[0] > self._k.BLOCK_M:
+    def _epilogue_ok(self, h: torch.Tensor, weight: torch.Tensor) -> bool:
+        """Whether an elementwise epilogue may ride in the GEMM `linear(h, weight)` bit for bit
+        (`triton_ops.gate_up_silu`, `triton_fused.qkv_rope_store`): where it is our GEMM with
+        BLOCK_M-row tiles (exact mode's tiles for at most 16 rows) and no K split, and the
+        `--fused` kernels do not take the step. Shapes only, as above."""
+        if not self._fuse_small or self._fuses(h) or h.shape[0] > self._k.BLOCK_M:
             return False
         if not (self.exact or self._small_gemm(h, weight)):
             return False
@@ -189,7 +209,17 @@ class TritonOps(TorchOps):
 
     def mlp(self, x, residual, norm_weight, eps, gate_up_weight, down_weight):
         # Fused steps (`--fused`) fold the norm and SiLU·up into GEMMs of their own K order.
-        if self._fuses(x) or not self._silu_in_gate_up(x, gate_up_weight):
+        if not self._epilogue_ok(x, gate_up_weight):
             return super().mlp(x, residual, norm_weight, eps, gate_up_weight, down_weight)
         h, residual = self.add_norm(x, residual, norm_weight, eps)
         return self.linear(self._k.gate_up_silu(h, gate_up_weight), down_weight), residual
+
+    def rope_in_qkv(self, x, weight):
+        return self._epilogue_ok(x, weight)
+
+    def add_norm_qkv_rope_store(
+        self, x, residual, norm_weight, eps, weight, bias, cos, sin, kv_cache, slot_mapping, heads
+    ):
+        h, residual = self.add_norm(x, residual, norm_weight, eps)
+        qkv = self._kf.qkv_rope_store(h, weight, bias, cos, sin, kv_cache, slot_mapping, heads)
+        return qkv, residual

@@ -42,7 +42,7 @@ class TritonPagedAttention(AttentionShape):
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [T, H, D]
         self._ops.store_kv(k, v, kv_cache, meta.slot_mapping)
-        return self._attend(q, kv_cache, meta)
+        return self.attend(q, kv_cache, meta)
 
     def forward_rope(
         self,
@@ -55,9 +55,15 @@ class TritonPagedAttention(AttentionShape):
     ) -> torch.Tensor:  # [T, H, D]
         """`forward` after `TritonOps.rope`, with the rotation and the K/V store in one launch."""
         self._fused.rope_store_kv(qk, v, cos, sin, kv_cache, meta.slot_mapping, self.num_heads)
-        return self._attend(qk[:, : self.num_heads], kv_cache, meta)
+        return self.attend(qk[:, : self.num_heads], kv_cache, meta)
 
-    def _attend(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata):
+    def attend(
+        self,
+        q: torch.Tensor,  # [T, H, D]
+        kv_cache: torch.Tensor,  # [2, NB, BS, KVH, D], this step's K/V already stored
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [T, H, D]
+        """`forward` without the store: the ops' qkv GEMM stored K/V (`qkv_rope_store`)."""
         assert meta.cu_seqlens_q is not None, "the Triton backend needs varlen metadata"
         return self._ops.paged_attention(
             q, kv_cache, meta.block_tables, meta.cu_seqlens_q, meta.context_lens, self.scale

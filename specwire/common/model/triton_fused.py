@@ -1,18 +1,23 @@
-"""Fused Triton kernels for small steps: a decoder layer in 7 launches instead of 9 (11 before
-the default ops' bit-exact fusions).
+"""Fused Triton kernels for small steps.
 
 At the token counts of decode and verify steps (a few rows of 1 + K tokens) a layer's time is
-launch latency, not work: SmolLM2-135M's ~9 kernels of 1-8 µs each. Three fusions cut them:
+launch latency, not work: SmolLM2-135M's ~11 kernels of 1-8 µs each. Two kinds of fusions cut
+them. Bit-exact ones, which the default `TritonOps` use (8 launches a layer):
+
+- `rope_store_kv`: RoPE on q and k in place and the store of k and v into the paged cache (what
+  `triton_ops.rope` then `triton_attention.store_kv` do), in one launch, for any step.
+- `qkv_rope_store`: the qkv GEMM with `rope_store_kv`'s work in its epilogue, where the GEMM is
+  `triton_ops.linear` without a K split (steps of at most 16 tokens): one launch for three.
+
+And, for `--fused` only (7 launches a layer, not bitwise):
 
 - `add_norm_linear`: `linear(rms_norm(x + residual) * w_norm, W)` and the new residual
   `x + residual` in one kernel (the qkv and gate_up projections). Every program recomputes its
   rows' mean square over all of K (pass 1) before its dot loop re-reads the rows (pass 2): K is
   the hidden size (576 to 4096), so the second read hits L2. The program at (N tile 0, split 0)
   of each row tile writes the new residual.
-- `silu_linear`: `linear(silu(gate) * up, W)` reading gate_up [M, 2I] directly (down_proj).
-- `rope_store_kv`: RoPE on q and k in place and the store of k and v into the paged cache (what
-  `triton_ops.rope` then `triton_attention.store_kv` do), in one launch. Bit-exact, so the
-  default `TritonOps` use it too (every step, exact mode included).
+- `silu_linear`: `linear(silu(gate) * up, W)` reading gate_up [M, 2I] directly (down_proj),
+  with `rope_store_kv` beside them.
 
 Rounding mirrors the unfused path: fp32 opmath, and every activation rounded to the tensor dtype
 where the eager op would round it (the normalised row, `w_norm * normed`, silu, silu * up), so
@@ -20,16 +25,17 @@ the dot consumes the same operand bits as `add_rms_norm` + `linear` does. The pr
 accumulated in fp32 in this kernel's K order, not cuBLAS's, so outputs agree with the unfused
 path to an ulp or so, not bitwise (the mean square's fp32 sum order differs from the norm
 kernel's too). RoPE + store is elementwise and calls the rope kernel's own `_rotate`: bitwise
-the same as the two kernels it replaces, fp32 included (there the compiler contracts
-x * cos + r * sin into FMAs, and for sm_90 it contracts the same products in both kernels:
-their PTX has the same float instructions in the same order).
+the same as the two kernels it replaces (the compiler contracts x * cos + r * sin into FMAs,
+in bf16 and fp32, and for sm_90 it contracts the same products in all three kernels: their
+PTX has the same float instructions in the same order). `qkv_rope_store`'s GEMM is `linear`'s
+own loop on a tile of the same shape (only which weight rows feed a tile column differs).
 
-The GEMM kernels do not specialise on M: every M runs one binary per weight shape. They use
-`triton_ops.linear_config`'s tiles (BLOCK_M 16, N tiles of 32 or 64, a K split for long K with
-few N tiles, whose fp32 partials `triton_ops`' split-sum kernel adds in order). `TritonOps`
-routes steps of at most `MAX_TOKENS` tokens here; wider steps, and the exact mode, keep the
-unfused path (cuBLAS, or the batch-invariant GEMM). Graph-capturable: grids and buffers from
-shapes only, no host syncs.
+The GEMM kernels do not specialise on M: every M runs one binary per weight shape. The
+`--fused` ones use `triton_ops.linear_config`'s tiles (BLOCK_M 16, N tiles of 32 or 64, a K
+split for long K with few N tiles, whose fp32 partials `triton_ops`' split-sum kernel adds in
+order). `TritonOps(fused=True)` routes steps of at most `MAX_TOKENS` tokens to them; wider
+steps, and the exact mode, keep the unfused path (cuBLAS, or the batch-invariant GEMM).
+Graph-capturable: grids and buffers from shapes only, no host syncs.
 """
 
 from __future__ import annotations
@@ -361,3 +367,117 @@ def rope_store_kv(
         BLOCK_KVH=triton.next_power_of_2(kvh), BLOCK_HALF=triton.next_power_of_2(d // 2),
         BLOCK_D=triton.next_power_of_2(d),
     )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# The qkv GEMM with RoPE and the KV-cache store in its epilogue
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit(do_not_specialize=["M"])
+def _qkv_rope_store_kernel(
+    x_ptr, w_ptr, b_ptr, out_ptr, cos_ptr, sin_ptr, cache_ptr, slot_ptr,
+    M, N, K,
+    x_stride, w_stride, out_stride, cos_stride, sin_stride,
+    stride_ckv, stride_cb, stride_cs, stride_ch,
+    block_size, num_heads, num_kv_heads,
+    HALF: tl.constexpr, HAS_BIAS: tl.constexpr, FP32_IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    # `triton_ops._linear_kernel` without a K split over the weight rows of RoPE pairs: tile
+    # column 2i + h is the h-th half (column j or HALF + j of its head) of the program's i-th
+    # (head, j) pair. The same K loop and chained dots on a tile of the same shape give each
+    # accumulator element `linear`'s products in `linear`'s order, and its warp layout.
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rm = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cn = tl.arange(0, BLOCK_N)
+    pair = pid_n.to(tl.int64) * (BLOCK_N // 2) + cn // 2
+    col = (pair // HALF) * (2 * HALF) + pair % HALF + (cn % 2) * HALF  # its qkv column
+    rk = tl.arange(0, BLOCK_K)
+    a_ptrs = x_ptr + rm[:, None] * x_stride + rk[None, :]
+    b_ptrs = w_ptr + col[None, :] * w_stride + rk[:, None]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        kmask = (k + rk) < K
+        a = tl.load(a_ptrs, mask=(rm[:, None] < M) & kmask[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=(col[None, :] < N) & kmask[:, None], other=0.0)
+        acc = _dot(a, b, acc, FP32_IEEE)
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + col, mask=col < N, other=0.0).to(tl.float32)[None, :]
+    dt = out_ptr.dtype.element_ty
+    # What `linear` stores, then `rope_store_kv`'s arithmetic on it (its `_rotate`).
+    x1, x2 = tl.split(tl.reshape(_cast(acc, dt), (BLOCK_M, BLOCK_N // 2, 2)))
+    p = pid_n.to(tl.int64) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+    head = (p // HALF)[None, :]
+    d = (p % HALF)[None, :]
+    row = tl.minimum(rm, M - 1)[:, None]  # rows past M: some row's cos/sin, never stored
+    o1, o2 = _rotate(x1, x2, cos_ptr + row * cos_stride, sin_ptr + row * sin_stride, d, HALF)
+    rotated = head < num_heads + num_kv_heads  # q and k heads; v heads pass as they are
+    o1 = tl.where(rotated, o1, x1)
+    o2 = tl.where(rotated, o2, x2)
+    row_ok = (rm < M)[:, None]
+    out = out_ptr + rm[:, None] * out_stride + head * (2 * HALF) + d
+    omask = row_ok & (head < num_heads + 2 * num_kv_heads)
+    tl.store(out, o1, mask=omask)
+    tl.store(out + HALF, o2, mask=omask)
+    # k heads (num_heads..) into cache[0], v heads into cache[1]; slot -1 (padding): nowhere.
+    slot = tl.load(slot_ptr + rm, mask=rm < M, other=-1).to(tl.int64)[:, None]
+    kv = head - num_heads
+    is_v = kv >= num_kv_heads
+    dst = (
+        cache_ptr + is_v * stride_ckv + (slot // block_size) * stride_cb
+        + (slot % block_size) * stride_cs + tl.where(is_v, kv - num_kv_heads, kv) * stride_ch + d
+    )  # fmt: skip
+    smask = omask & (slot >= 0) & (kv >= 0)
+    cache_dt = cache_ptr.dtype.element_ty
+    tl.store(dst, o1.to(cache_dt), mask=smask)
+    tl.store(dst + HALF, o2.to(cache_dt), mask=smask)
+
+
+def qkv_rope_store(
+    x: torch.Tensor,  # [T, K]
+    weight: torch.Tensor,  # [(H + 2 KVH) * D, K]: the q, k and v rows
+    bias: torch.Tensor | None,  # [(H + 2 KVH) * D]
+    cos: torch.Tensor,  # [T, D] or [T, 1, D], x.dtype
+    sin: torch.Tensor,  # [T, D] or [T, 1, D], x.dtype
+    kv_cache: torch.Tensor,  # [2, NB, BS, KVH, D]
+    slot_mapping: torch.Tensor,  # [T] flat slot block * BS + offset; -1 = skip (padding)
+    num_heads: int,
+    config: LinearConfig | None = None,  # default linear_config(N, K)
+) -> torch.Tensor:  # [T, (H + 2 KVH) * D]: q and k rotated, v
+    """`triton_ops.linear(x, weight, bias)` then `rope_store_kv` on its q/k and v, in one launch
+    and bit for bit, for configs without a K split: each program is a plain GEMM program of the
+    config's tile over the weight rows of `block_n / 2` RoPE pairs (columns j and D/2 + j of a
+    head), so it holds both halves of each pair and rotates and stores them itself."""
+    t, k = x.shape
+    n = weight.shape[0]
+    kvh, d = kv_cache.shape[3], kv_cache.shape[4]
+    _check_gemm(x, weight, k, "qkv_rope_store")
+    _check_cache(kv_cache, kvh, d)
+    if d % 2 or n != (num_heads + 2 * kvh) * d:
+        raise ValueError(f"qkv_rope_store: weight {tuple(weight.shape)} is not q, k, v heads")
+    cos, sin = cos.reshape(cos.shape[0], -1), sin.reshape(sin.shape[0], -1)
+    if cos.shape != (t, d) or sin.shape != (t, d) or cos.dtype != x.dtype or sin.dtype != x.dtype:
+        raise ValueError("cos/sin must be [T, D] in x.dtype")
+    if cos.stride(-1) != 1 or sin.stride(-1) != 1 or slot_mapping.shape != (t,):
+        raise ValueError("cos/sin want a unit last stride, slot_mapping [T]")
+    cfg = config or linear_config(n, k)
+    if cfg.split_k != 1:
+        raise ValueError("qkv_rope_store: no K split (the split sum would round elsewhere)")
+    out = torch.empty((t, n), dtype=x.dtype, device=x.device)
+    if t == 0:
+        return out
+    _qkv_rope_store_kernel[(triton.cdiv(t, BLOCK_M), triton.cdiv(n, cfg.block_n))](
+        x, weight, bias if bias is not None else x, out, cos, sin, kv_cache, slot_mapping,
+        t, n, k,
+        x.stride(0), weight.stride(0), out.stride(0), cos.stride(0), sin.stride(0),
+        *kv_cache.stride()[:4],
+        kv_cache.shape[2], num_heads, kvh,
+        HALF=d // 2, HAS_BIAS=bias is not None, FP32_IEEE=x.dtype == torch.float32,
+        BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    return out
