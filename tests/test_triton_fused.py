@@ -380,6 +380,37 @@ def test_gpu_model_shapes_match_unfused(name, hidden, qkv, gate_up, inter, m):
     _assert_matches(out, ref, triton_ops.silu_mul(gu), w)
 
 
+# (name, hidden, heads, KV heads, head dim, intermediate): the bit-exact epilogues' real shapes
+EPILOGUE_SHAPES = [("smollm2", 576, 9, 3, 64, 1536), ("llama3-8b", 4096, 32, 8, 128, 14336)]
+
+
+@pytest.mark.gpu
+@on_gpu
+@pytest.mark.parametrize(
+    "name,hidden,heads,kv_heads,d,inter", EPILOGUE_SHAPES, ids=[s[0] for s in EPILOGUE_SHAPES]
+)
+@pytest.mark.parametrize("m", [1, 5, 16])
+def test_gpu_bit_exact_epilogues_model_shapes(name, hidden, heads, kv_heads, d, inter, m):
+    """The default ops' GEMM epilogues on the compiled kernels (the interpreter cannot show
+    the compiler's FMA contraction or mma order): bitwise the kernels they replace."""
+    x = _randn(m, hidden, seed=2)
+    gu = _randn(2 * inter, hidden, seed=4, scale=hidden**-0.5)
+    assert torch.equal(
+        triton_ops.gate_up_silu(x, gu), triton_ops.silu_mul(triton_ops.linear(x, gu))
+    )
+    w = _randn((heads + 2 * kv_heads) * d, hidden, seed=5, scale=hidden**-0.5)
+    cos, sin = _rotary(m, d, torch.bfloat16)
+    slots = torch.arange(m, device=DEVICE) * 3 + 1
+    slots[m // 2] = -1
+    cache = _randn(2, 4, 16, kv_heads, d, seed=10)
+    ref_cache, ref = cache.clone(), triton_ops.linear(x, w)
+    qk = ref[:, : (heads + kv_heads) * d].view(m, heads + kv_heads, d)
+    v = ref[:, (heads + kv_heads) * d :].view(m, kv_heads, d)
+    fused.rope_store_kv(qk, v, cos, sin, ref_cache, slots, heads)
+    out = fused.qkv_rope_store(x, w, None, cos, sin, cache, slots, heads)
+    assert torch.equal(out, ref) and torch.equal(cache, ref_cache)
+
+
 @pytest.mark.gpu
 @on_gpu
 def test_gpu_fused_ops_replay_in_a_cuda_graph():
@@ -390,6 +421,8 @@ def test_gpu_fused_ops_replay_in_a_cuda_graph():
     gate_up = _randn(5, 2 * inter, seed=6)
     cos, sin = _rotary(5, d, torch.bfloat16)
     cache = torch.zeros(2, 4, 16, kv_heads, d, dtype=torch.bfloat16, device=DEVICE)
+    cache2 = cache.clone()
+    w_gate_up = _randn(2 * inter, hidden, seed=6, scale=hidden**-0.5)
     slots = torch.tensor([17, 18, 19, 20, -1], device=DEVICE)
 
     def step():
@@ -397,7 +430,11 @@ def test_gpu_fused_ops_replay_in_a_cuda_graph():
         qk = qkv[:, : (heads + kv_heads) * d].view(5, heads + kv_heads, d)
         v = qkv[:, (heads + kv_heads) * d :].view(5, kv_heads, d)
         fused.rope_store_kv(qk, v, cos, sin, cache, slots, heads)
-        return qkv, new_res, fused.silu_linear(gate_up, w_down), cache.clone()
+        h = triton_ops.rms_norm(x, nw, EPS)  # the default ops' bit-exact epilogues
+        stored = fused.qkv_rope_store(h, w_qkv, None, cos, sin, cache2, slots, heads)
+        silu = triton_ops.gate_up_silu(h, w_gate_up)
+        outs = (qkv, new_res, fused.silu_linear(gate_up, w_down), cache.clone())
+        return (*outs, stored, cache2.clone(), silu)
 
     eager = step()
     stream = torch.cuda.Stream()
