@@ -298,18 +298,22 @@ def bench_shape(
     results: list[dict] = []
     measured: set[str] = set()
     # (fused, small GEMMs, bit-exact fusions, compile mode) in turn
-    variants: list[tuple[bool, str, bool, str]] = []
+    variants: list[tuple[bool, str, bool, bool, str]] = []
     for mode in args.compile:
         if mode != "off":
-            variants.append((False, "triton", True, mode))
+            variants.append((False, "triton", True, True, mode))
             continue
         variants += [
-            (f, g, s, mode) for f in args.fused for g in args.small_gemms for s in args.fuse_small
+            (f, g, s, p, mode)
+            for f in args.fused
+            for g in args.small_gemms
+            for s in args.fuse_small
+            for p in args.pdl
         ]
-    for fused, small_gemms, fuse_small, mode in variants:  # the same model and cache, in turn
+    for fused, small_gemms, fuse_small, pdl, mode in variants:  # the same model and cache
         compiled = None
         if mode == "off":
-            ops = make_ops(model.attention, args.exact, fused, small_gemms, fuse_small)
+            ops = make_ops(model.attention, args.exact, fused, small_gemms, fuse_small, pdl)
             model.set_ops(ops)
         else:
             compiled = CompiledOps(model, mode)
@@ -421,6 +425,13 @@ def main() -> int:
         "store in the qkv GEMM or in one kernel): on (the default, what the target runs) | off "
         "(the kernels before them) | on,off (both, side by side)",
     )
+    ap.add_argument(
+        "--pdl",
+        default="on",
+        choices=("on", "off", "on,off", "off,on"),
+        help="programmatic dependent launch of the Triton kernels (sm_90+): on (the default, "
+        "what the target runs) | off | on,off (side by side; ops column '...-nopdl')",
+    )
     ap.add_argument("--tag", default="", help="suffix of the output file names")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     ap.add_argument("--out", required=True)
@@ -431,6 +442,7 @@ def main() -> int:
     args.ks = [int(x) for x in args.ks.split(",")]
     args.fused = [{"on": True, "off": False}[x] for x in args.fused.split(",")]
     args.fuse_small = [{"on": True, "off": False}[x] for x in args.fuse_small.split(",")]
+    args.pdl = [{"on": True, "off": False}[x] for x in args.pdl.split(",")]
     args.compile = [x.strip() for x in args.compile.split(",") if x.strip()]
     args.small_gemms = [x.strip() for x in args.small_gemms.split(",") if x.strip()]
     if not args.small_gemms or set(args.small_gemms) - {"triton", "cublas"}:

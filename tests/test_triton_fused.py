@@ -449,3 +449,53 @@ def test_gpu_fused_ops_replay_in_a_cuda_graph():
     torch.cuda.synchronize()
     for a, b in zip(eager, captured, strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+@on_gpu
+@pytest.mark.parametrize("exact", [False, True], ids=["plain", "exact"])
+@torch.no_grad()
+def test_gpu_pdl_keeps_every_bit_eager_and_in_a_graph(exact):
+    """Programmatic dependent launch (the default on sm_90+) against plain launches: a
+    SmolLM2-wide model step (norms, GEMMs with their epilogues, attention and its combine),
+    eagerly and replayed from a CUDA graph twice, gives the same logits and cache bit for bit.
+    A kernel that read before its `_grid_sync` wait would race its producer and differ."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("PDL needs sm_90+")
+    cfg = dataclasses.replace(SMOLLM2_LAYER, num_layers=4)
+    model = _tiny_model(torch.bfloat16, cfg)
+    positions, meta = _step([(3, 1), (9, 5)], 1, model.block_size, width=5)
+    kv = model.allocate_kv_cache(1 + meta.block_tables.numel())
+    kv.copy_(_randn(*kv.shape, dtype=torch.bfloat16, seed=11))
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, cfg.vocab_size, positions.shape, generator=g).to(DEVICE)
+    results = {}
+    try:
+        for pdl in (False, True):
+            model.set_ops(TritonOps(exact=exact, pdl=pdl))
+            assert triton_ops.pdl_enabled() == pdl
+            cache = kv.clone()
+            eager = model.compute_logits(model(ids, positions, cache, meta))
+            graph_cache = kv.clone()
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                model(ids, positions, graph_cache.clone(), meta)  # compile outside the capture
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                captured = model.compute_logits(model(ids, positions, graph_cache, meta))
+            replays = []
+            for _ in range(2):
+                graph_cache.copy_(kv)
+                graph.replay()
+                replays.append((captured.clone(), graph_cache.clone()))
+            torch.cuda.synchronize()
+            results[pdl] = (eager, cache, replays)
+    finally:
+        triton_ops.set_pdl(True)
+    (ref, ref_cache, ref_replays), (out, out_cache, replays) = results[False], results[True]
+    assert torch.equal(out, ref) and torch.equal(out_cache, ref_cache)
+    for (a, ac), (b, bc) in zip(replays, ref_replays, strict=True):
+        assert torch.equal(a, ref) and torch.equal(ac, ref_cache)
+        assert torch.equal(a, b) and torch.equal(ac, bc)

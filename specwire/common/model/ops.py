@@ -21,6 +21,10 @@
   it replaces, so not a bit changes, in exact mode neither: a small step's layer is 8 kernels
   instead of 11 (norm, qkv + RoPE + store, attention, its combine, o_proj, norm,
   gate_up + SiLU·up, down).
+- Programmatic dependent launch (`pdl=True`, the default; sm_90+): each of our kernels is
+  launched while the one before it still runs, and waits for it at its first instruction
+  (`triton_ops._grid_sync`), so the gaps between a graph's ~250 small launches are hidden.
+  Not a bit changes.
 - Fused (`fused=True`, opt-in with `specwire target --fused`, never with `exact`; measured SLOWER on
   the H200 for now — the fused GEMMs run too few programs, see bench/RESULTS.md): steps of at most
   `triton_fused.MAX_TOKENS` tokens fold the norm into the qkv and gate_up GEMMs and SiLU·up
@@ -123,6 +127,7 @@ class TritonOps(TorchOps):
         fused: bool = False,
         small_gemms: str = "triton",
         fuse_small: bool = True,
+        pdl: bool = True,
     ) -> None:
         # imports triton: GPU machines only
         from specwire.common.model import triton_fused, triton_ops
@@ -148,6 +153,11 @@ class TritonOps(TorchOps):
             self.name += "-cublas"
         if self._fused is None and not fuse_small:
             self.name += "-nofuse"
+        # Programmatic dependent launch for every kernel of ours (sm_90+; `triton_ops.set_pdl`):
+        # a process-wide launch option, captured into each graph. Bits do not depend on it.
+        triton_ops.set_pdl(pdl)
+        if not pdl:
+            self.name += "-nopdl"
 
     def rms_norm(self, x, weight, eps):
         return self._k.rms_norm(x, weight, eps)

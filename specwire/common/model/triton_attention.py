@@ -51,6 +51,8 @@ import torch
 import triton
 import triton.language as tl
 
+from specwire.common.model.triton_ops import _grid_sync, launch_opts
+
 # One fixed launch configuration: these shape the numerics (tile and segment edges, merge
 # order), so they are constants, never tuned per batch shape.
 # SEGMENT: keys per split. Small enough that a lone decode row spreads over many SMs (1024 keys
@@ -106,6 +108,7 @@ def _store_kv_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
+    _grid_sync()
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     if slot < 0:
@@ -149,6 +152,7 @@ def store_kv(
         d,
         BLOCK_H=triton.next_power_of_2(kvh),
         BLOCK_D=triton.next_power_of_2(d),
+        **launch_opts(),
     )
 
 
@@ -188,6 +192,7 @@ def _paged_attention_kernel(
     FANOUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
+    _grid_sync()
     pid = tl.program_id(0)
     seg = tl.program_id(1)
     kvh = tl.program_id(2)
@@ -373,6 +378,7 @@ def _combine_kernel(
 ):
     """Per (token, KV head): merge segments 0, 1, 2, ... up to the query's last, in that order,
     and normalise. Segments 0..7 are loaded beside the token's segment count."""
+    _grid_sync()
     t = tl.program_id(0)
     kvh = tl.program_id(1)
     hg = tl.arange(0, GROUP_P)
@@ -480,6 +486,7 @@ def paged_attention(
         num_warps=warps,
         num_stages=NUM_STAGES,
         enable_fp_fusion=FP_FUSION,
+        **launch_opts(),
     )
     _combine_kernel[(t, kvh)](
         part_acc,
@@ -498,6 +505,7 @@ def paged_attention(
         BLOCK_D=block_d,
         num_warps=COMBINE_WARPS,
         enable_fp_fusion=FP_FUSION,
+        **launch_opts(),
     )
     return out
 

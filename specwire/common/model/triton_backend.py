@@ -97,6 +97,7 @@ def make_ops(
     fused: bool = False,
     small_gemms: str = "triton",
     fuse_small: bool = True,
+    pdl: bool = True,
 ):
     """The model's ops to go with its attention backend: our fused Triton kernels beside the
     Triton attention (batch-invariant GEMMs too when `exact`), plain PyTorch otherwise.
@@ -104,12 +105,14 @@ def make_ops(
     `fused` (`--fused`, experimental): fold norms and SiLU·up into the GEMMs of small steps
     (`triton_fused.py`; never in exact mode). Off by default: on the H200 the fused SiLU GEMM
     is far slower than cuBLAS (bench/RESULTS.md). `fuse_small=False` turns the bit-exact
-    fusions off (`TritonOps`), for benchmarks."""
+    fusions off (`TritonOps`), `pdl=False` programmatic dependent launch, for benchmarks."""
     from specwire.common.errors import UserError
     from specwire.common.model.ops import TorchOps, TritonOps
 
     if attention.name == "triton":
-        return TritonOps(exact=exact, fused=fused, small_gemms=small_gemms, fuse_small=fuse_small)
+        return TritonOps(
+            exact=exact, fused=fused, small_gemms=small_gemms, fuse_small=fuse_small, pdl=pdl
+        )
     if exact or fused:
         flag = "--exact" if exact else "--fused"
         raise UserError(f"{flag} needs the Triton kernels (--device cuda --attention triton)")

@@ -52,9 +52,13 @@ from specwire.common.model.triton_ops import (
     _dot,
     _exp,
     _f32,
+    _gemm_tile,
+    _grid_sync,
+    _grid_wait,
     _rotate,
     _rsqrt,
     _split_sum_kernel,
+    launch_opts,
     linear_config,
 )
 
@@ -109,6 +113,7 @@ def _add_norm_linear_kernel(
     FP32_IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr,
 ):  # fmt: skip
+    _grid_sync()
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -164,6 +169,7 @@ def _silu_linear_kernel(
     FP32_IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):  # fmt: skip
+    _grid_sync()
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -219,6 +225,7 @@ def _sum_splits(target: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | No
     _split_sum_kernel[(triton.cdiv(total, block),)](
         target, bias if bias is not None else target, out, total, n, m * n,
         SPLIT=split, HAS_BIAS=bias is not None, BLOCK=block,
+        **launch_opts(),
     )  # fmt: skip
 
 
@@ -258,6 +265,7 @@ def add_norm_linear(
         FP32_IEEE=x.dtype == torch.float32, BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, NORM_BLOCK=min(_NORM_BLOCK, triton.next_power_of_2(k)),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **launch_opts(),
     )  # fmt: skip
     _sum_splits(target, out, bias)
     return out, new_res
@@ -285,6 +293,7 @@ def silu_linear(
         cfg.k_per_split,
         FP32_IEEE=gate_up.dtype == torch.float32, BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **launch_opts(),
     )  # fmt: skip
     _sum_splits(target, out, None)
     return out
@@ -304,6 +313,7 @@ def _rope_store_kv_kernel(
     HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_KVH: tl.constexpr,
     BLOCK_HALF: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
+    _grid_sync()
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     # Slot -1: a padding token, rotated but not stored (no KV head of it is).
@@ -366,6 +376,7 @@ def rope_store_kv(
         HALF=d // 2, BLOCK_H=triton.next_power_of_2(heads),
         BLOCK_KVH=triton.next_power_of_2(kvh), BLOCK_HALF=triton.next_power_of_2(d // 2),
         BLOCK_D=triton.next_power_of_2(d),
+        **launch_opts(),
     )  # fmt: skip
 
 
@@ -384,6 +395,7 @@ def _qkv_rope_store_kernel(
     HALF: tl.constexpr, HAS_BIAS: tl.constexpr, FP32_IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
+    _grid_wait()  # `_gemm_tile` releases after its K loop
     # `triton_ops._linear_kernel` without a K split over the weight rows of RoPE pairs: tile
     # column 2i + h is the h-th half (column j or HALF + j of its head) of the program's i-th
     # (head, j) pair. The same K loop and chained dots on a tile of the same shape give each
@@ -394,17 +406,10 @@ def _qkv_rope_store_kernel(
     cn = tl.arange(0, BLOCK_N)
     pair = pid_n.to(tl.int64) * (BLOCK_N // 2) + cn // 2
     col = (pair // HALF) * (2 * HALF) + pair % HALF + (cn % 2) * HALF  # its qkv column
-    rk = tl.arange(0, BLOCK_K)
-    a_ptrs = x_ptr + rm[:, None] * x_stride + rk[None, :]
-    b_ptrs = w_ptr + col[None, :] * w_stride + rk[:, None]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, K, BLOCK_K):
-        kmask = (k + rk) < K
-        a = tl.load(a_ptrs, mask=(rm[:, None] < M) & kmask[None, :], other=0.0)
-        b = tl.load(b_ptrs, mask=(col[None, :] < N) & kmask[:, None], other=0.0)
-        acc = _dot(a, b, acc, FP32_IEEE)
-        a_ptrs += BLOCK_K
-        b_ptrs += BLOCK_K
+    acc = _gemm_tile(
+        x_ptr, w_ptr, rm, col, col < N, M, K, K, x_stride, w_stride,
+        FP32_IEEE, BLOCK_M, BLOCK_N, BLOCK_K,
+    )  # fmt: skip
     if HAS_BIAS:
         acc += tl.load(b_ptr + col, mask=col < N, other=0.0).to(tl.float32)[None, :]
     dt = out_ptr.dtype.element_ty
@@ -479,5 +484,6 @@ def qkv_rope_store(
         HALF=d // 2, HAS_BIAS=bias is not None, FP32_IEEE=x.dtype == torch.float32,
         BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **launch_opts(),
     )  # fmt: skip
     return out

@@ -30,10 +30,71 @@ import torch
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 # CUDA's expf/rsqrtf (what PyTorch's kernels call) are libdevice's; Triton's own tl.exp/tl.rsqrt
 # are faster approximations that would round differently. The interpreter has no libdevice.
 _INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
+
+
+def _gdc_supported() -> bool:
+    """Whether kernels may carry Hopper's grid dependency control (`griddepcontrol`, sm_90+)."""
+    if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
+        return False
+    return torch.cuda.get_device_capability() >= (9, 0)
+
+
+# Programmatic dependent launch (PDL). Every kernel of ours starts with `_grid_sync`: it waits
+# until the kernel before it in the stream has finished and its writes are visible, then lets
+# the kernel after it launch. Launched with PDL (`launch_opts`), a kernel's programs are placed
+# on the SMs while the previous kernel still runs and only wait at that point, so in a
+# graph of ~250 small kernels the launch latency between kernels is hidden. A kernel's bits do
+# not depend on it: the same instructions run after the wait. `set_pdl(False)` launches without
+# it (for side-by-side benchmarks); the wait is then a no-op.
+_GDC = tl.constexpr(_gdc_supported())
+_LAUNCH: dict[str, bool] = {"launch_pdl": True} if _GDC else {}
+
+
+def set_pdl(on: bool) -> None:
+    """Launch our kernels with PDL (the default on sm_90+) or without. Graphs keep the choice
+    made when they were captured."""
+    _LAUNCH.clear()
+    if on and _GDC:
+        _LAUNCH["launch_pdl"] = True
+
+
+def pdl_enabled() -> bool:
+    return bool(_LAUNCH)
+
+
+def launch_opts() -> dict[str, bool]:
+    """Keyword arguments for every launch of a kernel that begins with `_grid_sync`."""
+    return _LAUNCH
+
+
+@triton.jit
+def _grid_wait():
+    """PDL: wait until the previous kernel in the stream has finished and its writes are
+    visible. Must run before a kernel reads or writes memory another kernel touches."""
+    if _GDC:
+        gdc_wait()
+
+
+@triton.jit
+def _grid_release():
+    """PDL: let the next kernel's programs be placed once every program of this one has got
+    here (or exited). GEMMs call it after their K loop, not at their start: placed early, the
+    next kernel's programs pile onto the SMs that free first and stream their weights unevenly
+    (H200, Llama-3-8B B=1: 5.22 ms a step against 4.85 without PDL)."""
+    if _GDC:
+        gdc_launch_dependents()
+
+
+@triton.jit
+def _grid_sync():
+    """`_grid_wait`, then `_grid_release`: the start of a kernel that is one small wave."""
+    _grid_wait()
+    _grid_release()
 
 
 @triton.jit
@@ -75,6 +136,7 @@ def _rms_norm_kernel(
     N, eps,
     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
+    _grid_sync()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
@@ -109,6 +171,7 @@ def _norm_launch(x, residual, weight, eps):
         n, eps,
         HAS_RESIDUAL=residual is not None, BLOCK=block,
         num_warps=min(16, max(1, block // 256)),  # from N only: fixed reduction tree per N
+        **launch_opts(),
     )  # fmt: skip
     return out, new_res
 
@@ -134,6 +197,7 @@ def add_rms_norm(
 
 @triton.jit
 def _silu_mul_kernel(in_ptr, out_ptr, in_stride, out_stride, inter, BLOCK: tl.constexpr):
+    _grid_sync()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inter
@@ -157,7 +221,9 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
         return out
     block = min(1024, triton.next_power_of_2(inter))
     grid = (t, triton.cdiv(inter, block))
-    _silu_mul_kernel[grid](gate_up, out, gate_up.stride(0), out.stride(0), inter, BLOCK=block)
+    _silu_mul_kernel[grid](
+        gate_up, out, gate_up.stride(0), out.stride(0), inter, BLOCK=block, **launch_opts()
+    )
     return out
 
 
@@ -190,6 +256,7 @@ def _rope_kernel(
     heads,
     HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
 ):  # fmt: skip
+    _grid_sync()
     t = tl.program_id(0).to(tl.int64)
     h = tl.arange(0, BLOCK_H)[:, None]
     d = tl.arange(0, BLOCK_HALF)[None, :]
@@ -224,6 +291,7 @@ def rope(
         heads,
         HALF=d // 2, BLOCK_H=triton.next_power_of_2(heads),
         BLOCK_HALF=triton.next_power_of_2(d // 2),
+        **launch_opts(),
     )  # fmt: skip
     return out
 
@@ -302,48 +370,6 @@ def linear_config(n: int, k: int) -> LinearConfig:
     return _config(k, block_n, block_k, split)
 
 
-@triton.jit(do_not_specialize=["M"])
-def _linear_kernel(
-    x_ptr, w_ptr, b_ptr, out_ptr,
-    M, N, K,
-    x_stride, w_stride, out_stride, out_split_stride,
-    K_PER_SPLIT,
-    HAS_BIAS: tl.constexpr, FP32_IEEE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
-    # Grid: (M tiles, N tiles, K splits). M tiles vary fastest, so the programs that read one
-    # weight tile run together and share it through L2.
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    pid_k = tl.program_id(2)
-    rm = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
-    k_start = pid_k * K_PER_SPLIT
-    k_end = tl.minimum(k_start + K_PER_SPLIT, K)
-    a_ptrs = x_ptr + rm[:, None] * x_stride + (k_start + rk)[None, :]
-    b_ptrs = w_ptr + rn[None, :] * w_stride + (k_start + rk)[:, None]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(k_start, k_end, BLOCK_K):
-        kmask = (k + rk) < k_end
-        a = tl.load(a_ptrs, mask=(rm[:, None] < M) & kmask[None, :], other=0.0)
-        b = tl.load(b_ptrs, mask=(rn[None, :] < N) & kmask[:, None], other=0.0)
-        # Chained accumulation: the K order is fixed by (K, BLOCK_K, split), never by M.
-        if _INTERPRET:  # its dot multiplies bf16's raw bits: give it fp32 (exact)
-            acc = tl.dot(_f32(a), _f32(b), acc, input_precision="ieee")
-        elif FP32_IEEE:
-            acc = tl.dot(a, b, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, b, acc)
-        a_ptrs += BLOCK_K
-        b_ptrs += BLOCK_K
-    out_ptrs = out_ptr + pid_k * out_split_stride + rm[:, None] * out_stride + rn[None, :]
-    omask = (rm[:, None] < M) & (rn[None, :] < N)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptrs, _cast(acc, out_ptr.dtype.element_ty), mask=omask)
-
-
 @triton.jit
 def _dot(a, b, acc, FP32_IEEE: tl.constexpr):
     """`acc + a @ b`, chained: `_linear_kernel`'s product, for the kernels that must give its
@@ -357,10 +383,77 @@ def _dot(a, b, acc, FP32_IEEE: tl.constexpr):
 
 
 @triton.jit
+def _index(x):
+    """A loop bound. The interpreter hands a nested call's int arguments over as 1-element
+    arrays, which `range` refuses; compiled, this is the identity."""
+    if _INTERPRET:
+        return int(x.handle.data.reshape(-1)[0])  # plain Python: interpreted only
+    else:
+        return x
+
+
+@triton.jit
+def _gemm_tile(
+    x_ptr, w_ptr, rm, rw, w_ok, M, K, K_PER_SPLIT, x_stride, w_stride,
+    FP32_IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """The fp32 tile x[rm, ks] @ W[rw, ks].T over the K range ks of this program's split (grid
+    axis 2; K_PER_SPLIT = K: no split): tile column j reads weight row rw[j] (masked by
+    w_ok[j]), so a kernel may gather the rows its epilogue wants side by side. Every GEMM here
+    runs this loop: BLOCK_K steps in order, chained `_dot`s into one fp32 accumulator, so a
+    tile element's bits depend only on (K, BLOCK_K, the split), never on M or on which weight
+    row feeds its column."""
+    k_start = tl.program_id(2) * K_PER_SPLIT
+    k_end = tl.minimum(k_start + K_PER_SPLIT, K)
+    rk = tl.arange(0, BLOCK_K)
+    a_ptrs = x_ptr + rm[:, None] * x_stride + (k_start + rk)[None, :]
+    b_ptrs = w_ptr + rw[None, :] * w_stride + (k_start + rk)[:, None]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(_index(k_start), _index(k_end), BLOCK_K):
+        kmask = (k + rk) < k_end
+        a = tl.load(a_ptrs, mask=(rm[:, None] < M) & kmask[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=w_ok[None, :] & kmask[:, None], other=0.0)
+        acc = _dot(a, b, acc, FP32_IEEE)
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+    _grid_release()
+    return acc
+
+
+@triton.jit(do_not_specialize=["M"])
+def _linear_kernel(
+    x_ptr, w_ptr, b_ptr, out_ptr,
+    M, N, K,
+    x_stride, w_stride, out_stride, out_split_stride,
+    K_PER_SPLIT,
+    HAS_BIAS: tl.constexpr, FP32_IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    _grid_wait()  # `_gemm_tile` releases after its K loop
+    # Grid: (M tiles, N tiles, K splits). M tiles vary fastest, so the programs that read one
+    # weight tile run together and share it through L2.
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    rm = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = _gemm_tile(
+        x_ptr, w_ptr, rm, rn, rn < N, M, K, K_PER_SPLIT, x_stride, w_stride,
+        FP32_IEEE, BLOCK_M, BLOCK_N, BLOCK_K,
+    )  # fmt: skip
+    out_ptrs = out_ptr + pid_k * out_split_stride + rm[:, None] * out_stride + rn[None, :]
+    omask = (rm[:, None] < M) & (rn[None, :] < N)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptrs, _cast(acc, out_ptr.dtype.element_ty), mask=omask)
+
+
+@triton.jit
 def _split_sum_kernel(
     part_ptr, b_ptr, out_ptr, total, N, split_stride,
     SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
+    _grid_sync()
     # part: [SPLIT, M, N] fp32 (contiguous); out: [M, N] contiguous. Fixed order: split 0, 1, ...
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < total
@@ -419,12 +512,14 @@ def linear(
         HAS_BIAS=has_bias and cfg.split_k == 1, FP32_IEEE=x.dtype == torch.float32,
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         num_warps=2 if block_m == 64 else cfg.num_warps, num_stages=cfg.num_stages,
+        **launch_opts(),
     )  # fmt: skip
     if cfg.split_k > 1:
         total, block = m * n, 1024
         _split_sum_kernel[(triton.cdiv(total, block),)](
             target, bias if has_bias else target, out, total, n, m * n,
             SPLIT=cfg.split_k, HAS_BIAS=has_bias, BLOCK=block,
+            **launch_opts(),
         )  # fmt: skip
     return out
 
@@ -442,6 +537,7 @@ def _gate_up_silu_kernel(
     FP32_IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
+    _grid_wait()  # `_gemm_tile` releases after its K loop
     # `_linear_kernel` without a K split over the weight rows gate 0, up 0, gate 1, up 1, ...:
     # tile column 2j + h is weight row h * INTER + (the program's first output column + j).
     # The same K loop and chained dots on a tile of the same shape give each accumulator
@@ -453,17 +549,10 @@ def _gate_up_silu_kernel(
     cn = tl.arange(0, BLOCK_N)
     col = pid_n.to(tl.int64) * (BLOCK_N // 2) + cn // 2  # output column of each tile column
     rw = col + (cn % 2) * INTER  # its weight row
-    rk = tl.arange(0, BLOCK_K)
-    a_ptrs = x_ptr + rm[:, None] * x_stride + rk[None, :]
-    b_ptrs = w_ptr + rw[None, :] * w_stride + rk[:, None]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, K, BLOCK_K):
-        kmask = (k + rk) < K
-        a = tl.load(a_ptrs, mask=(rm[:, None] < M) & kmask[None, :], other=0.0)
-        b = tl.load(b_ptrs, mask=(col[None, :] < INTER) & kmask[:, None], other=0.0)
-        acc = _dot(a, b, acc, FP32_IEEE)
-        a_ptrs += BLOCK_K
-        b_ptrs += BLOCK_K
+    acc = _gemm_tile(
+        x_ptr, w_ptr, rm, rw, col < INTER, M, K, K, x_stride, w_stride,
+        FP32_IEEE, BLOCK_M, BLOCK_N, BLOCK_K,
+    )  # fmt: skip
     dt = out_ptr.dtype.element_ty
     # `linear` stores gate_up rounded to the dtype; then `_silu_mul_kernel`'s arithmetic on it.
     gate, up = tl.split(tl.reshape(_cast(acc, dt), (BLOCK_M, BLOCK_N // 2, 2)))
@@ -507,5 +596,6 @@ def gate_up_silu(
         FP32_IEEE=x.dtype == torch.float32,
         BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **launch_opts(),
     )  # fmt: skip
     return out
