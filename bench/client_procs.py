@@ -32,7 +32,9 @@ def shares(n_items: int, concurrency: int, procs: int) -> list[tuple[list[int], 
     return out
 
 
-def _child(address, prompts, indices, concurrency, config, name, args, ready, start, results):
+def _child(
+    address, prompts, indices, concurrency, config, name, speculate, args, ready, start, results
+):
     import serving  # the bench's module: the same `send` as a single-process pass
 
     from specwire.common.protogen import generation_pb2_grpc as pb_grpc
@@ -48,7 +50,8 @@ def _child(address, prompts, indices, concurrency, config, name, args, ready, st
 
             async def worker() -> None:
                 for i, prompt in todo:
-                    records.append(await serving.send(stub, prompt, f"{config}/{name}/{i}", args))
+                    rid = f"{config}/{name}/{i}"
+                    records.append(await serving.send(stub, prompt, rid, args, speculate))
 
             await asyncio.gather(*(worker() for _ in range(concurrency)))
             results.put((time.perf_counter(), records))
@@ -65,7 +68,19 @@ def run_pass_procs(address: str, plan, config: str, args: argparse.Namespace, pr
         prompts = [plan.prompts[i] for i in indices]
         child = ctx.Process(
             target=_child,
-            args=(address, prompts, indices, c, config, plan.name, args, ready, start, results),
+            args=(
+                address,
+                prompts,
+                indices,
+                c,
+                config,
+                plan.name,
+                plan.speculate,
+                args,
+                ready,
+                start,
+                results,
+            ),
             daemon=True,
         )
         child.start()

@@ -10,6 +10,12 @@ timed prompt is ever sent twice, except in the explicit replay pass:
 3. replay: the prompts of the largest-c pass again at that c, reported apart, with the ratio
    first-sight / replay.
 
+With --paired, step 2 becomes pairs of passes on the same server: at each c, --pairs times one
+fresh batch split in two halves with the same mix of prompt kinds, one half sent with
+speculation on and the other with `speculation.disable` set on every request, back to back,
+the first of each pair alternating; no replay. Each pair gives a ratio on / off that the
+server-to-server spread does not touch (serving_stats.paired_ratios).
+
 Every configuration gets the same prompt sets (each is a fresh server, so each sees them first),
 so configurations compare side by side. A ledger of the prompts sent to each server refuses to
 run a pass that would time a repeated prompt. Concurrency c keeps c requests in flight (c
@@ -47,6 +53,7 @@ from servers import CONFIGS, add_target_flags, running_config, scrape_metrics  #
 from serving_stats import (  # noqa: E402
     RequestRecord,
     config_markdown,
+    paired_markdown,
     repeat_markdown,
     steady_state,
     summarise,
@@ -94,10 +101,16 @@ class Ledger:
 
 @dataclass(frozen=True)
 class PassPlan:
-    name: str  # "warm-up", "c=8", "replay"
+    name: str  # "warm-up", "c=8", "replay"; paired: "warm-up on", "c=8 off #1"
     concurrency: int
     prompts: tuple[Prompt, ...]
     replay: bool = False
+    speculate: bool = True  # False: every request sets `speculation.disable`
+    pair: int | None = None  # --paired: the pair's number at its concurrency
+
+    @property
+    def timed(self) -> bool:
+        return not self.name.startswith("warm-up")
 
 
 def plan_passes(
@@ -132,7 +145,64 @@ def plan_passes(
     return plans
 
 
-async def send(stub, prompt: Prompt, rid: str, args: argparse.Namespace) -> RequestRecord:
+def split_by_kind(prompts: tuple[Prompt, ...]) -> tuple[tuple[Prompt, ...], tuple[Prompt, ...]]:
+    """Two halves of a batch with the same mix of kinds: each kind's prompts alternate between
+    them (in pool order), so the sizes differ by at most one and each kind's counts by at most
+    one. (The pool cycles through the kinds, so a plain even/odd split would give one half
+    'edit' and 'tests' and the other 'complete' and 'explain'.)"""
+    order = sorted(range(len(prompts)), key=lambda i: ALL_KINDS.index(prompts[i].kind))
+    return (
+        tuple(prompts[i] for i in sorted(order[0::2])),
+        tuple(prompts[i] for i in sorted(order[1::2])),
+    )
+
+
+def plan_paired(
+    pool: list[Prompt],
+    levels: list[int],
+    per_pass: int | None,
+    warmup: int,
+    least: int = 16,
+    factor: int = 2,
+    pairs: int = 2,
+    rnd: int = 0,
+) -> list[PassPlan]:
+    """--paired: warm-up (half with speculation on, half off), then at each level `pairs`
+    pairs, each from a fresh slice of 2 x the pass size (the same size as plan_passes' pass)
+    split by `split_by_kind`. Pair p of the i-th level in round `rnd` goes "on" first when
+    p + i + rnd is even: the two orders alternate (on/off, off/on: drift cancels over an even
+    number of pairs), and round to round; the "on" half is the first half in even pairs."""
+    sizes = [per_pass or max(factor * c, least) for c in levels]
+    need = warmup + 2 * pairs * sum(sizes)
+    if need > len(pool):
+        raise SystemExit(
+            f"--paired needs {need} unique prompts per server, the pool has {len(pool)}: lower "
+            "--pairs / --prompts-per-pass / --pass-factor / --min-prompts or add --kinds all"
+        )
+    top = max(levels)
+    warm_on, warm_off = split_by_kind(tuple(pool[:warmup]))
+    plans = [
+        PassPlan(f"warm-up {name}", min(top, max(1, len(half))), half, speculate=on)
+        for name, half, on in (("on", warm_on, True), ("off", warm_off, False))
+        if half
+    ]
+    start = warmup
+    for i, (c, n) in enumerate(zip(levels, sizes, strict=True)):
+        for p in range(pairs):
+            first, second = split_by_kind(tuple(pool[start : start + 2 * n]))
+            start += 2 * n
+            on, off = (first, second) if p % 2 == 0 else (second, first)
+            both = [
+                PassPlan(f"c={c} on #{p}", c, on, pair=p),
+                PassPlan(f"c={c} off #{p}", c, off, speculate=False, pair=p),
+            ]
+            plans += both if (p + i + rnd) % 2 == 0 else both[::-1]
+    return plans
+
+
+async def send(
+    stub, prompt: Prompt, rid: str, args: argparse.Namespace, speculate: bool = True
+) -> RequestRecord:
     rec = RequestRecord(prompt.id, prompt.kind)
     text = dict(chat=[{"role": "user", "content": prompt.text}]) if args.chat else {}
     req = build_request(
@@ -142,6 +212,7 @@ async def send(stub, prompt: Prompt, rid: str, args: argparse.Namespace) -> Requ
         temperature=0.0,
         ignore_eos=args.ignore_eos,
         request_id=rid,
+        speculate=speculate,  # False: `speculation.disable` on this request
     )
     rec.sent = time.perf_counter()
     try:
@@ -171,7 +242,8 @@ async def run_pass(stub, plan: PassPlan, config: str, args) -> tuple[float, list
 
     async def worker() -> None:
         for i, prompt in todo:  # shared iterator: each worker takes the next prompt
-            records.append(await send(stub, prompt, f"{config}/{plan.name}/{i}", args))
+            rid = f"{config}/{plan.name}/{i}"
+            records.append(await send(stub, prompt, rid, args, plan.speculate))
 
     t0 = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(plan.concurrency)))
@@ -218,11 +290,12 @@ async def run_server(server, plans: list[PassPlan], args) -> dict:
             else:
                 wall, records = await run_pass(stub, plan, server.config, args)
             after = await asyncio.to_thread(scrape_metrics, server.metrics_url)
-            timed = plan.name != "warm-up"
+            timed = plan.timed
             rec = dict(
                 name=plan.name,
                 concurrency=plan.concurrency,
                 timed=timed,
+                **({} if plan.pair is None else dict(pair=plan.pair, speculate=plan.speculate)),
                 summary=summarise(records, wall),
                 **steady_state(records, plan.concurrency),
                 per_kind={
@@ -382,6 +455,13 @@ def main() -> int:
         default=1,
         help="load-generator processes per pass (one client process caps what it can receive)",
     )
+    ap.add_argument(
+        "--paired",
+        action="store_true",
+        help="on each server, pairs of passes with speculation on and off per request "
+        "(speculation.disable), back to back on halves of one fresh batch: ratio on / off",
+    )
+    ap.add_argument("--pairs", type=int, default=2, help="--paired: pairs per concurrency")
     ap.add_argument("--json", default=None, metavar="PATH", help="write everything here")
     args = ap.parse_args()
     configs = [c for c in args.configs.split(",") if c]
@@ -389,15 +469,18 @@ def main() -> int:
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown or not levels or min(levels) < 1:
         ap.error(f"bad --configs {unknown} or --concurrency {levels}")
-    if args.pass_factor < 1 or args.repeat < 1 or args.client_procs < 1:
-        ap.error("--pass-factor, --repeat and --client-procs must be at least 1")
+    if min(args.pass_factor, args.repeat, args.client_procs, args.pairs) < 1:
+        ap.error("--pass-factor, --repeat, --client-procs and --pairs must be at least 1")
 
     env = environment(args)
     kinds = ALL_KINDS if args.kinds == "all" else tuple(k for k in args.kinds.split(",") if k)
     pool, source = build_pool(args.chat, kinds, args.seed)
-    plans = plan_passes(
-        pool, levels, args.prompts_per_pass, args.warmup_prompts, args.min_prompts, args.pass_factor
-    )
+    sizes = (args.prompts_per_pass, args.warmup_prompts, args.min_prompts, args.pass_factor)
+    if args.paired:  # the order of each pair's passes changes round to round
+        rounds = [plan_paired(pool, levels, *sizes, args.pairs, r) for r in range(args.repeat)]
+    else:
+        rounds = [plan_passes(pool, levels, *sizes)] * args.repeat
+    plans = rounds[0]
     log(
         f"{len(pool)} unique {source} prompts; passes: "
         + ", ".join(f"{p.name} ({len(p.prompts)} at c={p.concurrency})" for p in plans)
@@ -411,6 +494,7 @@ def main() -> int:
             dict(name=p.name, concurrency=p.concurrency, prompts=[q.id for q in p.prompts])
             for p in plans
         ],
+        **({"plan_order_by_round": [[p.name for p in r] for r in rounds]} if args.paired else {}),
         results=[],
         failures=[],
     )
@@ -421,7 +505,7 @@ def main() -> int:
     order = [(r, n) for r in range(args.repeat) for n in round_order(configs, r, args.fixed_order)]
     for rnd, name in order:
         try:
-            rec = run_config(name, plans, args)
+            rec = run_config(name, rounds[rnd], args)
             rec["round"] = rnd
             report["results"].append(rec)
             print("\n" + config_markdown(rec), flush=True)
@@ -433,7 +517,9 @@ def main() -> int:
     if report["results"]:
         first_round = [r for r in report["results"] if r["round"] == 0]
         summary = summary_markdown(first_round or report["results"])
-        if args.repeat > 1:
+        if args.paired:  # rounds run their pairs in other orders: compare passes by name
+            summary += "\n" + paired_markdown(report["results"])
+        elif args.repeat > 1:
             summary += "\n" + repeat_markdown(report["results"])
         report["summary_markdown"] = summary
         print("\n## Side by side\n\n" + summary, flush=True)

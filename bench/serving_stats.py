@@ -33,6 +33,7 @@ fewer than STEADY_MIN_CHUNKS chunks, where one chunk more or less moves the figu
 
 from __future__ import annotations
 
+import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -414,3 +415,176 @@ def repeat_markdown(results: list[dict]) -> str:
     return f"Over {rounds} rounds (every configuration once per round, fresh servers):\n\n" + (
         "\n".join(lines) + "\n"
     )
+
+
+# -- --paired: speculation on and off on the same server -------------------------------------
+#
+# A pair is two passes on one server, back to back, on the two halves of one fresh batch: one
+# with speculation on, one with `speculation.disable` set on every request. Its ratio on / off
+# is free of the server-to-server spread (fresh servers' `none` varied 1.13x at c=64 on the
+# H200, round 14); what is left is the pass-to-pass spread within one server, and drift, which
+# alternating the order cancels over an even number of pairs. On a `none` server both halves
+# decode plainly: its on / off is an A/A test, the noise floor of a paired ratio.
+
+
+def _tok_s(p: dict, key: str) -> float | None:
+    return p["summary"]["tok_per_s"] if key == "tok_per_s" else p.get(key)
+
+
+def _spread(values: list[float]) -> dict:
+    """n, mean, min, max and the sample standard deviation (None for one value)."""
+    return dict(
+        n=len(values),
+        mean=statistics.fmean(values),
+        min=min(values),
+        max=max(values),
+        sd=statistics.stdev(values) if len(values) > 1 else None,
+    )
+
+
+def paired_ratios(passes: list[dict], key: str = "tok_per_s") -> dict[int, dict]:
+    """One server's paired passes (in the order they ran), per concurrency: each pair's ratio
+    on / off of `key` ("tok_per_s" or "steady_tok_s") and their spread (`_spread`), the mean
+    ratio of the pairs that ran "on" first and of those that ran "off" first (a gap between
+    the two is drift within a pair, or one half's passes changing the server for the other),
+    the ratio of the halves' mean tok/s, and what each half drafted: tokens from the requests'
+    own stats and, with --metrics, drafting steps (an "off" half must have none). A pair
+    missing a half or a figure is counted in `skipped`."""
+    pairs: dict[tuple[int, int], dict] = {}
+    for p in passes:
+        if p.get("pair") is None or not p.get("timed", True):
+            continue
+        slot = pairs.setdefault((p["concurrency"], p["pair"]), {})
+        side = "on" if p["speculate"] else "off"
+        slot.setdefault("first", side)
+        slot[side] = p
+    out: dict[int, dict] = {}
+    for (c, _pair), slot in sorted(pairs.items()):
+        cell = out.setdefault(c, dict(skipped=0, on_first=[], off_first=[], on=[], off=[]))
+        for side in ("on", "off"):
+            if side in slot:
+                cell[f"drafted_{side}"] = (
+                    cell.get(f"drafted_{side}", 0) + (slot[side]["summary"]["drafted"])
+                )
+                steps = slot[side].get("draft_steps")
+                if steps is not None:
+                    cell[f"draft_steps_{side}"] = cell.get(f"draft_steps_{side}", 0) + steps
+        on, off = (_tok_s(slot[s], key) if s in slot else None for s in ("on", "off"))
+        if on is None or not off:
+            cell["skipped"] += 1
+            continue
+        cell["on"].append(on)
+        cell["off"].append(off)
+        cell[f"{slot['first']}_first"].append(on / off)
+    for cell in out.values():
+        ratios = [a / b for a, b in zip(cell["on"], cell["off"], strict=True)]
+        cell["ratios"] = ratios
+        if ratios:
+            cell.update(_spread(ratios))
+            cell["ratio_of_means"] = statistics.fmean(cell["on"]) / statistics.fmean(cell["off"])
+        for order in ("on_first", "off_first"):
+            cell[f"{order}_mean"] = statistics.fmean(cell[order]) if cell[order] else None
+    return out
+
+
+def fresh_ratios(results: list[dict], key: str = "tok_per_s") -> dict[tuple[str, int], dict]:
+    """--paired, across servers: for each server (config, round) other than `none`, per
+    concurrency, its "on" passes' mean tok/s / `none`'s (the server of the same round) over the
+    same passes, matched by name (the same prompts), and the same for its "off" passes: the
+    fresh-server ratio config / none of the unpaired mode, and what a drafter server costs a
+    request that does not speculate."""
+    base = {r.get("round", 0): r for r in results if r["config"] == "none"}
+    out: dict[tuple[str, int], dict] = {}
+    for rec in results:
+        rnd = rec.get("round", 0)
+        if rec["config"] == "none" or rnd not in base:
+            continue
+        theirs = {p["name"]: p for p in base[rnd]["passes"]}
+        cells: dict[int, dict[str, list[tuple[float, float]]]] = {}
+        for p in rec["passes"]:
+            q = theirs.get(p["name"])
+            if p.get("pair") is None or q is None:
+                continue
+            mine, ref = _tok_s(p, key), _tok_s(q, key)
+            if mine is not None and ref:
+                side = "on" if p["speculate"] else "off"
+                cells.setdefault(p["concurrency"], {}).setdefault(side, []).append((mine, ref))
+        out[(rec["config"], rnd)] = {
+            c: {side: sum(m for m, _ in v) / sum(r for _, r in v) for side, v in sides.items()}
+            for c, sides in cells.items()
+        }
+    return out
+
+
+def _x(r: float | None) -> str:
+    return "n/a" if r is None else f"{r:.3f}×"
+
+
+def _range(cell: dict | None) -> str:
+    if not cell or not cell.get("n"):
+        return "n/a"
+    if cell["n"] == 1:
+        return f"{cell['mean']:.3f}×"
+    return f"{cell['mean']:.3f}× ({cell['min']:.3f}–{cell['max']:.3f})"
+
+
+def paired_markdown(results: list[dict]) -> str:
+    """The --paired tables: per server and concurrency, the paired ratio on / off (mean over
+    the pairs, their range; by which half ran first; steady), next to the fresh-server ratios
+    on / none and off / none; then, per configuration, every server's pairs pooled."""
+    fresh = fresh_ratios(results)
+    lines = [
+        "Paired, same server: speculation on ÷ off per request (`speculation.disable`), back "
+        "to back on halves of one fresh batch. On a `none` server both halves decode plainly "
+        "(an A/A test: the noise floor).",
+        "",
+        "| server | c | pairs | on tok/s | off tok/s | on ÷ off (range of pairs) | on first / "
+        "off first | on ÷ off, steady | on ÷ none (fresh servers) | off ÷ none | drafted "
+        "tokens on / off | drafting steps on / off |",
+        "|---" * 12 + "|",
+    ]
+    pooled: dict[str, dict[int, dict[str, list]]] = {}
+    for rec in results:
+        rnd = rec.get("round", 0)
+        overall = paired_ratios(rec["passes"])
+        steady = paired_ratios(rec["passes"], "steady_tok_s")
+        for c, cell in overall.items():
+            f = fresh.get((rec["config"], rnd), {}).get(c, {})
+            pool = pooled.setdefault(rec["config"], {}).setdefault(
+                c, dict(ratios=[], servers=[], fresh=[])
+            )
+            pool["ratios"] += cell["ratios"]
+            if cell["ratios"]:
+                pool["servers"].append(cell["mean"])
+            if "on" in f:
+                pool["fresh"].append(f["on"])
+            orders = " / ".join(_x(cell[o]) for o in ("on_first_mean", "off_first_mean"))
+            steps = " / ".join(_delta(cell.get(f"draft_steps_{s}")) for s in ("on", "off"))
+            lines.append(
+                f"| {rec['config']} r{rnd} | {c} | {len(cell['ratios'])} | "
+                f"{_f(statistics.fmean(cell['on']) if cell['on'] else None, '.1f')} | "
+                f"{_f(statistics.fmean(cell['off']) if cell['off'] else None, '.1f')} | "
+                f"{_range(cell)} | {orders} | {_range(steady.get(c))} | "
+                f"{_x(f.get('on'))} | {_x(f.get('off'))} | "
+                f"{cell.get('drafted_on', 0)} / {cell.get('drafted_off', 0)} | {steps} |"
+            )
+    lines += [
+        "",
+        "Pooled per configuration (every pair of every server; the servers' mean paired "
+        "ratios; the fresh-server ratio on ÷ none per round):",
+        "",
+        "| config | c | servers | pairs | on ÷ off (range of pairs) | sd | servers' means | "
+        "on ÷ none (range of rounds) |",
+        "|---" * 8 + "|",
+    ]
+    for config, levels in pooled.items():
+        for c, pool in levels.items():
+            pairs = _spread(pool["ratios"]) if pool["ratios"] else None
+            servers, rounds = pool["servers"], pool["fresh"]
+            lines.append(
+                f"| {config} | {c} | {len(servers)} | {len(pool['ratios'])} | {_range(pairs)} | "
+                f"{_f(pairs and pairs['sd'], '.3f')} | "
+                + (f"{min(servers):.3f}–{max(servers):.3f}" if servers else "n/a")
+                + f" | {_range(_spread(rounds) if rounds else None)} |"
+            )
+    return "\n".join(lines) + "\n"

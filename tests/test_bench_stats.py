@@ -124,3 +124,111 @@ def test_client_processes_share_every_prompt_once_and_the_concurrency() -> None:
     assert [c for _idx, c in out] == [3, 3, 2]
     assert shares(2, 1, 4) == [([0, 1], 1)]
     assert shares(1, 8, 4) == [([0], 2)]
+
+
+def _paired(c: int, pair: int, on: bool, tok_s: float | None, drafted: int = 0, **extra) -> dict:
+    name = f"c={c} {'on' if on else 'off'} #{pair}"
+    summary = {"tok_per_s": tok_s, "drafted": drafted}
+    return {"name": name, "concurrency": c, "timed": True, "pair": pair, "speculate": on,
+            "summary": summary, **extra}  # fmt: skip
+
+
+def test_paired_ratios_per_pair_with_their_spread_and_both_orders() -> None:
+    """--paired: each pair's on / off, their mean, range and sd, and the mean of the pairs
+    run on first apart from those run off first; the off halves' drafts are counted."""
+    from serving_stats import paired_ratios
+
+    passes = [
+        {"name": "warm-up on", "concurrency": 2, "timed": False, "summary": {"tok_per_s": 1.0}},
+        _paired(8, 0, True, 120.0, drafted=50, draft_steps=10.0),  # on first: 1.2
+        _paired(8, 0, False, 100.0, draft_steps=0.0),
+        _paired(8, 1, False, 100.0, draft_steps=0.0),  # off first: 0.9
+        _paired(8, 1, True, 90.0, drafted=30, draft_steps=7.0),
+        _paired(64, 0, True, 300.0),
+        _paired(64, 0, False, None),  # no figure: skipped
+    ]
+    got = paired_ratios(passes)
+    cell = got[8]
+    assert cell["ratios"] == [pytest.approx(1.2), pytest.approx(0.9)]
+    assert cell["n"] == 2 and cell["mean"] == pytest.approx(1.05)
+    assert (cell["min"], cell["max"]) == (pytest.approx(0.9), pytest.approx(1.2))
+    assert cell["sd"] == pytest.approx(0.3 / 2**0.5)
+    assert cell["on_first_mean"] == pytest.approx(1.2)
+    assert cell["off_first_mean"] == pytest.approx(0.9)
+    assert cell["ratio_of_means"] == pytest.approx(105.0 / 100.0)
+    assert (cell["drafted_on"], cell["drafted_off"]) == (80, 0)
+    assert (cell["draft_steps_on"], cell["draft_steps_off"]) == (17.0, 0.0)
+    assert got[64]["skipped"] == 1 and got[64]["ratios"] == [] and "mean" not in got[64]
+    steady = paired_ratios(
+        [
+            _paired(8, 0, True, 1.0, steady_tok_s=110.0),
+            _paired(8, 0, False, 1.0, steady_tok_s=88.0),
+        ],
+        "steady_tok_s",
+    )
+    assert steady[8]["mean"] == pytest.approx(1.25) and steady[8]["sd"] is None
+
+
+def test_fresh_server_ratios_match_passes_by_name_within_a_round() -> None:
+    """on / none and off / none: the drafter server's halves against the `none` server of the
+    same round on the same prompts (pass names), whatever order each server ran them in."""
+    from serving_stats import fresh_ratios, paired_markdown
+
+    def server(config: str, rnd: int, on: list[float], off: list[float]) -> dict:
+        passes = [_paired(8, p, True, t) for p, t in enumerate(on)]
+        passes += [_paired(8, p, False, t) for p, t in enumerate(off)]
+        return {"config": config, "round": rnd, "passes": passes[::-1] if rnd else passes}
+
+    results = [
+        server("none", 0, [100.0, 110.0], [105.0, 95.0]),
+        server("ngram", 0, [105.0, 126.0], [100.0, 100.0]),
+        server("none", 1, [200.0, 200.0], [200.0, 200.0]),
+        server("ngram", 1, [190.0, 190.0], [210.0, 210.0]),
+    ]
+    got = fresh_ratios(results)
+    assert set(got) == {("ngram", 0), ("ngram", 1)}
+    assert got[("ngram", 0)][8]["on"] == pytest.approx(231.0 / 210.0)
+    assert got[("ngram", 0)][8]["off"] == pytest.approx(200.0 / 200.0)
+    assert got[("ngram", 1)][8] == {"on": pytest.approx(0.95), "off": pytest.approx(1.05)}
+    table = paired_markdown(results)
+    # ngram round 0: pairs 1.05 and 1.26 (on first in both: listed first)
+    assert "| ngram r0 | 8 | 2 | 115.5 | 100.0 | 1.155× (1.050–1.260) |" in table
+    assert "| 1.100× | 1.000× | 0 / 0 |" in table
+    # pooled: four pairs (1.05, 1.26, 0.905, 0.905), servers' means 1.155 and 0.905, rounds
+    # on / none 1.1 and 0.95
+    assert "| ngram | 8 | 2 | 4 | 1.030× (0.905–1.260) |" in table
+    assert "| 0.905–1.155 | 1.025× (0.950–1.100) |" in table
+
+
+def test_paired_plan_splits_fresh_batches_evenly_and_alternates_the_order() -> None:
+    """Every pass of a server is on prompts it has not seen, the on and off halves of a pair
+    have the same size and mix of kinds (the pool cycles through the kinds, so an even/odd
+    split would not), the first of a pair alternates (on/off, off/on) and flips by round."""
+    from collections import Counter
+
+    from prompt_pool import KINDS, Prompt
+    from serving import Ledger, plan_paired, split_by_kind
+
+    pool = [Prompt(f"p{i}", KINDS[i % 4], f"text {i}") for i in range(120)]
+    a, b = split_by_kind(tuple(pool[:16]))
+    assert len(a) == len(b) == 8 and set(a).isdisjoint(b)
+    assert Counter(p.kind for p in a) == Counter(p.kind for p in b) == dict.fromkeys(KINDS, 2)
+    assert [int(p.id[1:]) for p in a] == sorted(int(p.id[1:]) for p in a)  # pool order kept
+
+    plans = plan_paired(pool, [1, 4], None, 4, least=6, factor=2, pairs=2, rnd=0)
+    assert [p.name for p in plans] == [
+        "warm-up on", "warm-up off",
+        "c=1 on #0", "c=1 off #0", "c=1 off #1", "c=1 on #1",
+        "c=4 off #0", "c=4 on #0", "c=4 on #1", "c=4 off #1",
+    ]  # fmt: skip
+    assert [p.speculate for p in plans[:2]] == [True, False] and not plans[0].timed
+    assert [len(p.prompts) for p in plans[2:]] == [6] * 4 + [8] * 4
+    ledger = Ledger()
+    for p in plans:
+        ledger.admit(p.prompts, p.replay)  # raises on a repeated prompt
+    assert len(ledger.sent) == 4 + 2 * 2 * (6 + 8)
+    again = plan_paired(pool, [1, 4], None, 4, least=6, factor=2, pairs=2, rnd=1)
+    assert [p.name for p in again][2:6] == ["c=1 off #0", "c=1 on #0", "c=1 on #1", "c=1 off #1"]
+    assert {p.name: p.prompts for p in again} == {p.name: p.prompts for p in plans}
+    with pytest.raises(SystemExit, match="needs 144 unique prompts"):
+        plan_paired(pool, [1, 4], None, 4, least=6, factor=2, pairs=5)

@@ -82,3 +82,28 @@ def test_host_only_drafts_through_a_remote_drafter_service():
     )  # fmt: skip
     assert re.search(r"host-only remote-ngram .* c=2: \d+ tokens .* errors 0", out), out
     assert re.search(r"drafter counters \{.*'failed': 0", out), out
+
+
+def test_serving_paired_mode_disables_speculation_per_request(tmp_path):
+    """--paired on one server: the "off" halves (`speculation.disable` on every request)
+    draft nothing, by the requests' own stats and the target's drafting-step counter, while
+    the "on" halves of the same server draft."""
+    import json
+
+    out = tmp_path / "paired.json"
+    _run(
+        "bench/serving.py", "--model", "tiny-random", "--configs", "ngram", "--paired",
+        "--pairs", "2", "--concurrency", "2", "--prompts-per-pass", "4", "--warmup-prompts", "4",
+        "--max-new-tokens", "16", "--metrics", "--json", str(out),
+    )  # fmt: skip
+    (server,) = json.loads(out.read_text())["results"]
+    paired = [p for p in server["passes"] if p.get("pair") is not None]
+    assert sorted((p["pair"], p["speculate"]) for p in paired) == [
+        (0, False), (0, True), (1, False), (1, True)
+    ]  # fmt: skip
+    for p in paired:
+        assert p["summary"]["errors"] == 0 and p["summary"]["completed"] == 4
+        if not p["speculate"]:
+            assert p["summary"]["drafted"] == 0 and p["draft_steps"] == 0, p["name"]
+    assert sum(p["summary"]["drafted"] for p in paired if p["speculate"]) > 0
+    assert sum(p["draft_steps"] for p in paired if p["speculate"]) > 0
