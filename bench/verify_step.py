@@ -298,22 +298,25 @@ def bench_shape(
     results: list[dict] = []
     measured: set[str] = set()
     # (fused, small GEMMs, bit-exact fusions, compile mode) in turn
-    variants: list[tuple[bool, str, bool, bool, str]] = []
+    variants: list[tuple[bool, str, bool, bool, bool, str]] = []
     for mode in args.compile:
         if mode != "off":
-            variants.append((False, "triton", True, True, mode))
+            variants.append((False, "triton", True, True, True, mode))
             continue
         variants += [
-            (f, g, s, p, mode)
+            (f, g, s, p, nrm, mode)
             for f in args.fused
             for g in args.small_gemms
             for s in args.fuse_small
             for p in args.pdl
+            for nrm in args.fuse_norm
         ]
-    for fused, small_gemms, fuse_small, pdl, mode in variants:  # the same model and cache
+    for fused, small_gemms, fuse_small, pdl, fuse_norm, mode in variants:  # in turn
         compiled = None
         if mode == "off":
-            ops = make_ops(model.attention, args.exact, fused, small_gemms, fuse_small, pdl)
+            ops = make_ops(
+                model.attention, args.exact, fused, small_gemms, fuse_small, pdl, fuse_norm
+            )
             model.set_ops(ops)
         else:
             compiled = CompiledOps(model, mode)
@@ -432,6 +435,13 @@ def main() -> int:
         help="programmatic dependent launch of the Triton kernels (sm_90+): on (the default, "
         "what the target runs) | off | on,off (side by side; ops column '...-nopdl')",
     )
+    ap.add_argument(
+        "--fuse-norm",
+        default="on",
+        choices=("on", "off", "on,off", "off,on"),
+        help="the RMSNorms in the qkv and gate_up GEMMs' prologues, where bit-exact (with "
+        "--fuse-small on): on (the default) | off | on,off (ops column '...-nonorm')",
+    )
     ap.add_argument("--tag", default="", help="suffix of the output file names")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     ap.add_argument("--out", required=True)
@@ -443,6 +453,7 @@ def main() -> int:
     args.fused = [{"on": True, "off": False}[x] for x in args.fused.split(",")]
     args.fuse_small = [{"on": True, "off": False}[x] for x in args.fuse_small.split(",")]
     args.pdl = [{"on": True, "off": False}[x] for x in args.pdl.split(",")]
+    args.fuse_norm = [{"on": True, "off": False}[x] for x in args.fuse_norm.split(",")]
     args.compile = [x.strip() for x in args.compile.split(",") if x.strip()]
     args.small_gemms = [x.strip() for x in args.small_gemms.split(",") if x.strip()]
     if not args.small_gemms or set(args.small_gemms) - {"triton", "cublas"}:

@@ -206,6 +206,48 @@ def test_qkv_rope_store_is_linear_then_rope_store_kv(dtype, m, heads, kv_heads, 
     assert torch.equal(out, ref) and torch.equal(cache, ref_cache)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [1, 5, 16])
+@pytest.mark.parametrize("with_residual", [True, False], ids=["residual", "first-layer"])
+def test_norms_in_the_gemm_prologues_keep_every_bit(dtype, m, with_residual):
+    """The RMSNorm (and its residual add) folded into the qkv and gate_up GEMMs' prologues, at
+    SmolLM2's widths: the norm kernel's output fed to the same GEMMs, bit for bit, and the same
+    new residual (x itself for the first layer)."""
+    k, heads, kv_heads, d, inter = 576, 9, 3, 64, 1536
+    x = _randn(m, k, dtype=dtype, seed=2)
+    res = _randn(m, k, dtype=dtype, seed=3) if with_residual else None
+    nw = _norm_weight(k, dtype)
+    if with_residual:
+        h, ref_res = triton_ops.add_rms_norm(x, res, nw, EPS)
+    else:
+        h, ref_res = triton_ops.rms_norm(x, nw, EPS), x
+    w_gu = _randn(2 * inter, k, dtype=dtype, seed=4, scale=k**-0.5)
+    assert triton_ops.norm_fuses(k, triton_ops.linear_config(2 * inter, k))
+    out, new_res = triton_ops.add_norm_gate_up_silu(x, res, nw, EPS, w_gu)
+    assert torch.equal(out, triton_ops.gate_up_silu(h, w_gu)) and torch.equal(new_res, ref_res)
+    w = _randn((heads + 2 * kv_heads) * d, k, dtype=dtype, seed=5, scale=k**-0.5)
+    cos, sin = _rotary(m, d, dtype)
+    slots = torch.arange(m, device=DEVICE) * 2 + 1
+    cache = _randn(2, 9, 4, kv_heads, d, dtype=dtype, seed=10)
+    ref_cache = cache.clone()
+    ref = fused.qkv_rope_store(h, w, None, cos, sin, ref_cache, slots, heads)
+    out, new_res = fused.add_norm_qkv_rope_store(
+        x, res, nw, EPS, w, None, cos, sin, cache, slots, heads
+    )
+    assert torch.equal(out, ref) and torch.equal(cache, ref_cache)
+    assert torch.equal(new_res, ref_res)
+
+
+def test_norm_prologue_refuses_tiles_that_would_sum_differently():
+    """Llama-3-8B's tiles run 4 warps where its norm kernel runs 16 (another reduction order):
+    no fused norm there, and a clear error if asked."""
+    assert triton_ops.norm_warps(4096) == 16 and triton_ops.norm_warps(576) == 4
+    assert not triton_ops.norm_fuses(4096, triton_ops.linear_config(28672, 4096))
+    x, w = _randn(2, 4096), _randn(28672, 4096)
+    with pytest.raises(ValueError, match="cannot take the norm"):
+        triton_ops.add_norm_gate_up_silu(x, None, _norm_weight(4096, x.dtype), EPS, w)
+
+
 def test_qkv_rope_store_refuses_what_it_cannot_match():
     heads, kv_heads, d = 1, 1, 16
     cache = torch.zeros(2, 2, 4, kv_heads, d, device=DEVICE, dtype=torch.bfloat16)
@@ -317,7 +359,13 @@ def test_model_step_bit_exact_fusions_keep_every_bit(monkeypatch, cfg, dtype, ex
     GEMM, or in one kernel) against the kernels they replace (`fuse_small=False`): the same
     logits and cache, bit for bit, and each fusion taken where it applies (T = 9 on our GEMM:
     both GEMM epilogues; otherwise RoPE + store in one kernel)."""
-    names = [(triton_ops, "gate_up_silu"), (fused, "qkv_rope_store"), (fused, "rope_store_kv")]
+    names = [
+        (triton_ops, "gate_up_silu"),
+        (fused, "qkv_rope_store"),
+        (fused, "rope_store_kv"),
+        (triton_ops, "add_norm_gate_up_silu"),
+        (fused, "add_norm_qkv_rope_store"),
+    ]
     calls = {name: 0 for _, name in names}
     for module, name in names:
         real = getattr(module, name)
@@ -342,10 +390,14 @@ def test_model_step_bit_exact_fusions_keep_every_bit(monkeypatch, cfg, dtype, ex
     assert torch.equal(out, ref) and torch.equal(out_cache, ref_cache)
     small = positions.shape[0] <= triton_ops.BLOCK_M
     epilogues = small and (exact or (dtype == torch.bfloat16 and cfg is SMOLLM2_LAYER))
+    # The norms ride along where the tiles run the norm kernel's warps: SmolLM2's, not tiny's.
+    norms = epilogues and cfg is SMOLLM2_LAYER
     assert calls == {
-        "gate_up_silu": cfg.num_layers * epilogues,
-        "qkv_rope_store": cfg.num_layers * epilogues,
+        "gate_up_silu": cfg.num_layers * (epilogues and not norms),
+        "qkv_rope_store": cfg.num_layers * (epilogues and not norms),
         "rope_store_kv": cfg.num_layers * (not epilogues),
+        "add_norm_gate_up_silu": cfg.num_layers * norms,
+        "add_norm_qkv_rope_store": cfg.num_layers * norms,
     }
 
 

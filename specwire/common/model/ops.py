@@ -20,7 +20,10 @@
   stores k/v (`triton_fused.rope_store_kv`). Each computes exactly the arithmetic of the kernels
   it replaces, so not a bit changes, in exact mode neither: a small step's layer is 8 kernels
   instead of 11 (norm, qkv + RoPE + store, attention, its combine, o_proj, norm,
-  gate_up + SiLU·up, down).
+  gate_up + SiLU·up, down). Where the GEMM's tiles run the norm kernel's warp count
+  (`triton_ops.norm_fuses`: SmolLM2's, not Llama-3-8B's), the two RMSNorms (with their
+  residual adds) ride in the qkv and gate_up GEMMs' prologues too, again bit for bit: 6
+  kernels a layer (`fuse_norm=False` keeps the norm kernels, for benchmarks).
 - Programmatic dependent launch (`pdl=True`, the default; sm_90+): each of our kernels is
   launched while the one before it still runs, and waits for it at its first instruction
   (`triton_ops._grid_sync`), so the gaps between a graph's ~250 small launches are hidden.
@@ -128,6 +131,7 @@ class TritonOps(TorchOps):
         small_gemms: str = "triton",
         fuse_small: bool = True,
         pdl: bool = True,
+        fuse_norm: bool = True,
     ) -> None:
         # imports triton: GPU machines only
         from specwire.common.model import triton_fused, triton_ops
@@ -139,6 +143,9 @@ class TritonOps(TorchOps):
         self._fused = triton_fused if fused and not exact else None
         # The bit-exact fusions (module docstring); False: the kernels they replace, to compare.
         self._fuse_small = fuse_small
+        # ...and the RMSNorm in those GEMMs' prologues, where their tiles allow it bit for bit
+        # (`triton_ops.norm_fuses`); False keeps the norm kernel, for benchmarks.
+        self._fuse_norm = fuse_small and fuse_norm
         self.fuse_rope = self._fused is not None or fuse_small
         if small_gemms not in ("triton", "cublas"):
             raise ValueError(f"small_gemms must be triton or cublas, not {small_gemms!r}")
@@ -158,6 +165,8 @@ class TritonOps(TorchOps):
         triton_ops.set_pdl(pdl)
         if not pdl:
             self.name += "-nopdl"
+        if fuse_small and not fuse_norm and self._fused is None:
+            self.name += "-nonorm"
 
     def rms_norm(self, x, weight, eps):
         return self._k.rms_norm(x, weight, eps)
@@ -221,8 +230,20 @@ class TritonOps(TorchOps):
         # Fused steps (`--fused`) fold the norm and SiLU·up into GEMMs of their own K order.
         if not self._epilogue_ok(x, gate_up_weight):
             return super().mlp(x, residual, norm_weight, eps, gate_up_weight, down_weight)
-        h, residual = self.add_norm(x, residual, norm_weight, eps)
-        return self.linear(self._k.gate_up_silu(h, gate_up_weight), down_weight), residual
+        if self._norm_in_gemm(x, gate_up_weight):
+            act, residual = self._k.add_norm_gate_up_silu(
+                x, residual, norm_weight, eps, gate_up_weight
+            )
+        else:
+            h, residual = self.add_norm(x, residual, norm_weight, eps)
+            act = self._k.gate_up_silu(h, gate_up_weight)
+        return self.linear(act, down_weight), residual
+
+    def _norm_in_gemm(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
+        """Whether the RMSNorm before an epilogue GEMM (`_epilogue_ok`) rides in its prologue.
+        Shapes only, as above."""
+        k = x.shape[1]
+        return self._fuse_norm and self._k.norm_fuses(k, self._k.linear_config(weight.shape[0], k))
 
     def rope_in_qkv(self, x, weight):
         return self._epilogue_ok(x, weight)
@@ -230,6 +251,10 @@ class TritonOps(TorchOps):
     def add_norm_qkv_rope_store(
         self, x, residual, norm_weight, eps, weight, bias, cos, sin, kv_cache, slot_mapping, heads
     ):
+        if self._norm_in_gemm(x, weight):
+            return self._kf.add_norm_qkv_rope_store(
+                x, residual, norm_weight, eps, weight, bias, cos, sin, kv_cache, slot_mapping, heads
+            )
         h, residual = self.add_norm(x, residual, norm_weight, eps)
         qkv = self._kf.qkv_rope_store(h, weight, bias, cos, sin, kv_cache, slot_mapping, heads)
         return qkv, residual

@@ -52,9 +52,10 @@ from specwire.common.model.triton_ops import (
     _dot,
     _exp,
     _f32,
-    _gemm_tile,
     _grid_sync,
     _grid_wait,
+    _norm_gemm_tile,
+    _norm_operands,
     _rotate,
     _rsqrt,
     _split_sum_kernel,
@@ -387,13 +388,15 @@ def rope_store_kv(
 
 @triton.jit(do_not_specialize=["M"])
 def _qkv_rope_store_kernel(
-    x_ptr, w_ptr, b_ptr, out_ptr, cos_ptr, sin_ptr, cache_ptr, slot_ptr,
-    M, N, K,
-    x_stride, w_stride, out_stride, cos_stride, sin_stride,
+    x_ptr, res_ptr, nw_ptr, new_res_ptr, w_ptr, b_ptr, out_ptr, cos_ptr, sin_ptr, cache_ptr,
+    slot_ptr,
+    M, N, K, eps,
+    x_stride, res_stride, new_res_stride, w_stride, out_stride, cos_stride, sin_stride,
     stride_ckv, stride_cb, stride_cs, stride_ch,
     block_size, num_heads, num_kv_heads,
-    HALF: tl.constexpr, HAS_BIAS: tl.constexpr, FP32_IEEE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    HALF: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    FP32_IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr,
 ):  # fmt: skip
     _grid_wait()  # `_gemm_tile` releases after its K loop
     # `triton_ops._linear_kernel` without a K split over the weight rows of RoPE pairs: tile
@@ -406,9 +409,10 @@ def _qkv_rope_store_kernel(
     cn = tl.arange(0, BLOCK_N)
     pair = pid_n.to(tl.int64) * (BLOCK_N // 2) + cn // 2
     col = (pair // HALF) * (2 * HALF) + pair % HALF + (cn % 2) * HALF  # its qkv column
-    acc = _gemm_tile(
-        x_ptr, w_ptr, rm, col, col < N, M, K, K, x_stride, w_stride,
-        FP32_IEEE, BLOCK_M, BLOCK_N, BLOCK_K,
+    acc = _norm_gemm_tile(
+        x_ptr, res_ptr, nw_ptr, new_res_ptr, w_ptr, rm, col, col < N, M, K, K,
+        x_stride, res_stride, new_res_stride, w_stride, eps, pid_n == 0,
+        NORM, HAS_RESIDUAL, FP32_IEEE, BLOCK_M, BLOCK_N, BLOCK_K, NORM_BLOCK,
     )  # fmt: skip
     if HAS_BIAS:
         acc += tl.load(b_ptr + col, mask=col < N, other=0.0).to(tl.float32)[None, :]
@@ -452,11 +456,48 @@ def qkv_rope_store(
     slot_mapping: torch.Tensor,  # [T] flat slot block * BS + offset; -1 = skip (padding)
     num_heads: int,
     config: LinearConfig | None = None,  # default linear_config(N, K)
+    norm: tuple[torch.Tensor | None, torch.Tensor, float] | None = None,
 ) -> torch.Tensor:  # [T, (H + 2 KVH) * D]: q and k rotated, v
     """`triton_ops.linear(x, weight, bias)` then `rope_store_kv` on its q/k and v, in one launch
     and bit for bit, for configs without a K split: each program is a plain GEMM program of the
     config's tile over the weight rows of `block_n / 2` RoPE pairs (columns j and D/2 + j of a
-    head), so it holds both halves of each pair and rotates and stores them itself."""
+    head), so it holds both halves of each pair and rotates and stores them itself.
+
+    `norm` = (residual or None, norm weight, eps): the GEMM's input is first
+    `add_rms_norm(x, residual, ...)` (`rms_norm(x)` without a residual), folded into its
+    prologue bit for bit where `triton_ops.norm_fuses`; use `add_norm_qkv_rope_store`, which
+    also returns the new residual."""
+    return _qkv_rope_store_launch(
+        x, weight, bias, cos, sin, kv_cache, slot_mapping, num_heads, config, norm
+    )[0]
+
+
+def add_norm_qkv_rope_store(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    num_heads: int,
+    config: LinearConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(qkv_rope_store(h, ...), x + residual) for h, _ = add_rms_norm(x, residual, ...): the
+    layer's norm, qkv GEMM, RoPE and KV store in one launch (x for the first layer's residual).
+    Programs of N tile 0 store the new residual."""
+    return _qkv_rope_store_launch(
+        x, weight, bias, cos, sin, kv_cache, slot_mapping, num_heads, config,
+        (residual, norm_weight, eps),
+    )  # fmt: skip
+
+
+def _qkv_rope_store_launch(
+    x, weight, bias, cos, sin, kv_cache, slot_mapping, num_heads, config, norm
+):
     t, k = x.shape
     n = weight.shape[0]
     kvh, d = kv_cache.shape[3], kv_cache.shape[4]
@@ -472,18 +513,27 @@ def qkv_rope_store(
     cfg = config or linear_config(n, k)
     if cfg.split_k != 1:
         raise ValueError("qkv_rope_store: no K split (the split sum would round elsewhere)")
+    res, new_res, nw, eps = x, x, x, 0.0
+    if norm is not None:
+        residual, nw, eps = norm
+        res, new_res = _norm_operands(x, residual, nw, cfg, "add_norm_qkv_rope_store")
     out = torch.empty((t, n), dtype=x.dtype, device=x.device)
     if t == 0:
-        return out
+        return out, new_res
     _qkv_rope_store_kernel[(triton.cdiv(t, BLOCK_M), triton.cdiv(n, cfg.block_n))](
-        x, weight, bias if bias is not None else x, out, cos, sin, kv_cache, slot_mapping,
-        t, n, k,
-        x.stride(0), weight.stride(0), out.stride(0), cos.stride(0), sin.stride(0),
+        x, res, nw, new_res, weight, bias if bias is not None else x, out, cos, sin, kv_cache,
+        slot_mapping,
+        t, n, k, eps,
+        x.stride(0), res.stride(0), new_res.stride(0), weight.stride(0), out.stride(0),
+        cos.stride(0), sin.stride(0),
         *kv_cache.stride()[:4],
         kv_cache.shape[2], num_heads, kvh,
-        HALF=d // 2, HAS_BIAS=bias is not None, FP32_IEEE=x.dtype == torch.float32,
+        HALF=d // 2, HAS_BIAS=bias is not None, NORM=norm is not None,
+        HAS_RESIDUAL=norm is not None and norm[0] is not None,
+        FP32_IEEE=x.dtype == torch.float32,
         BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        NORM_BLOCK=triton.next_power_of_2(k),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **launch_opts(),
     )  # fmt: skip
-    return out
+    return out, new_res

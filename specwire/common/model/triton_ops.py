@@ -130,6 +130,31 @@ def _f32(x):
 
 
 @triton.jit
+def _add_row(x_ptr, res_ptr, row, cols, mask, x_stride, res_stride, HAS_RESIDUAL: tl.constexpr):
+    """Row `row` of x (+ residual, rounded to x's dtype like the eager `x + residual`)."""
+    x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + row * res_stride + cols, mask=mask, other=0.0)
+        x = _cast(_f32(x) + _f32(r), x.dtype)
+    return x
+
+
+@triton.jit
+def _inv_rms(x, N, eps):
+    """rsqrt(mean(x^2) + eps) of one row in fp32, as F.rms_norm (CUDA's rsqrtf is libdevice's).
+    The sum's order is set by the row's layout: its block and the kernel's warp count. Every
+    kernel that normalises calls this on a row loaded by `_add_row` with `norm_warps(N)` warps,
+    so a row's scale has the same bits wherever it is computed."""
+    xf = x.to(tl.float32)
+    return _rsqrt(tl.div_rn(tl.sum(xf * xf, axis=0), N.to(tl.float32)) + eps)
+
+
+def norm_warps(n: int) -> int:
+    """The RMSNorm's warps for rows of `n`: from N only (a fixed reduction tree per N)."""
+    return min(16, max(1, triton.next_power_of_2(n) // 256))
+
+
+@triton.jit
 def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr,
     x_stride, res_stride, out_stride, new_res_stride,
@@ -140,15 +165,11 @@ def _rms_norm_kernel(
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
-    x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0)
+    x = _add_row(x_ptr, res_ptr, row, cols, mask, x_stride, res_stride, HAS_RESIDUAL)
     if HAS_RESIDUAL:
-        r = tl.load(res_ptr + row * res_stride + cols, mask=mask, other=0.0)
-        x = _cast(_f32(x) + _f32(r), x.dtype)  # eager `x + residual`
         tl.store(new_res_ptr + row * new_res_stride + cols, x, mask=mask)
     xf = x.to(tl.float32)
-    # F.rms_norm in fp32: x * rsqrt(mean(x^2) + eps); CUDA's rsqrtf is libdevice's.
-    mean_sq = tl.div_rn(tl.sum(xf * xf, axis=0), N.to(tl.float32))
-    normed = _cast(xf * _rsqrt(mean_sq + eps), x.dtype)  # `.to(x.dtype)`
+    normed = _cast(xf * _inv_rms(x, N, eps), x.dtype)  # `.to(x.dtype)`
     w = tl.load(w_ptr + cols, mask=mask, other=0.0)
     y = _cast(_f32(w) * _f32(normed), x.dtype)  # `weight * ...` in x.dtype
     tl.store(out_ptr + row * out_stride + cols, y, mask=mask)
@@ -170,7 +191,7 @@ def _norm_launch(x, residual, weight, eps):
         x.stride(0), res.stride(0), out.stride(0), new_res.stride(0),
         n, eps,
         HAS_RESIDUAL=residual is not None, BLOCK=block,
-        num_warps=min(16, max(1, block // 256)),  # from N only: fixed reduction tree per N
+        num_warps=norm_warps(n),
         **launch_opts(),
     )  # fmt: skip
     return out, new_res
@@ -403,15 +424,57 @@ def _gemm_tile(
     runs this loop: BLOCK_K steps in order, chained `_dot`s into one fp32 accumulator, so a
     tile element's bits depend only on (K, BLOCK_K, the split), never on M or on which weight
     row feeds its column."""
+    return _norm_gemm_tile(
+        x_ptr, x_ptr, x_ptr, x_ptr, w_ptr, rm, rw, w_ok, M, K, K_PER_SPLIT,
+        x_stride, 0, 0, w_stride, 0.0, False,
+        False, False, FP32_IEEE, BLOCK_M, BLOCK_N, BLOCK_K, 16,
+    )  # fmt: skip
+
+
+@triton.jit
+def _norm_gemm_tile(
+    x_ptr, res_ptr, nw_ptr, new_res_ptr, w_ptr, rm, rw, w_ok, M, K, K_PER_SPLIT,
+    x_stride, res_stride, new_res_stride, w_stride, eps, write_res,
+    NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, FP32_IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr,
+):  # fmt: skip
+    """`_gemm_tile`; with NORM, of rms_norm(x + residual) * nw instead of x (no K split): the
+    RMSNorm kernel's arithmetic, bit for bit, folded into the GEMM. Each row's scale comes from
+    `_inv_rms` on the whole row (loaded as the norm kernel loads it, NORM_BLOCK wide; the
+    kernel must run `norm_warps(K)` warps), then each A tile is normalised elementwise as the
+    norm kernel does it. Where `write_res`, the tiles of x + residual are stored too."""
     k_start = tl.program_id(2) * K_PER_SPLIT
     k_end = tl.minimum(k_start + K_PER_SPLIT, K)
     rk = tl.arange(0, BLOCK_K)
     a_ptrs = x_ptr + rm[:, None] * x_stride + (k_start + rk)[None, :]
     b_ptrs = w_ptr + rw[None, :] * w_stride + (k_start + rk)[:, None]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if NORM:
+        rows = tl.arange(0, BLOCK_M)
+        cols = tl.arange(0, NORM_BLOCK)
+        inv = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        m0 = tl.min(rm, axis=0)
+        for i in range(0, _index(tl.minimum(M - m0, BLOCK_M))):
+            x = _add_row(x_ptr, res_ptr, m0 + i, cols, cols < K, x_stride, res_stride, HAS_RESIDUAL)
+            inv = tl.where(rows == i, _inv_rms(x, K, eps), inv)
+        r_ptrs = res_ptr + rm[:, None] * res_stride + (k_start + rk)[None, :]
+        s_ptrs = new_res_ptr + rm[:, None] * new_res_stride + (k_start + rk)[None, :]
+        nw_ptrs = nw_ptr + k_start + rk
     for k in range(_index(k_start), _index(k_end), BLOCK_K):
         kmask = (k + rk) < k_end
-        a = tl.load(a_ptrs, mask=(rm[:, None] < M) & kmask[None, :], other=0.0)
+        amask = (rm[:, None] < M) & kmask[None, :]
+        a = tl.load(a_ptrs, mask=amask, other=0.0)
+        if NORM:
+            if HAS_RESIDUAL:
+                r = tl.load(r_ptrs, mask=amask, other=0.0)
+                a = _cast(_f32(a) + _f32(r), a.dtype)
+                tl.store(s_ptrs, a, mask=amask & write_res)
+                r_ptrs += BLOCK_K
+                s_ptrs += BLOCK_K
+            normed = _cast(_f32(a) * inv[:, None], a.dtype)
+            nw = tl.load(nw_ptrs, mask=kmask, other=0.0)
+            a = _cast(_f32(nw)[None, :] * _f32(normed), a.dtype)
+            nw_ptrs += BLOCK_K
         b = tl.load(b_ptrs, mask=w_ok[None, :] & kmask[:, None], other=0.0)
         acc = _dot(a, b, acc, FP32_IEEE)
         a_ptrs += BLOCK_K
@@ -531,11 +594,11 @@ def linear(
 
 @triton.jit(do_not_specialize=["M"])
 def _gate_up_silu_kernel(
-    x_ptr, w_ptr, out_ptr,
-    M, INTER, K,
-    x_stride, w_stride, out_stride,
-    FP32_IEEE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_ptr, res_ptr, nw_ptr, new_res_ptr, w_ptr, out_ptr,
+    M, INTER, K, eps,
+    x_stride, res_stride, new_res_stride, w_stride, out_stride,
+    NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, FP32_IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr,
 ):  # fmt: skip
     _grid_wait()  # `_gemm_tile` releases after its K loop
     # `_linear_kernel` without a K split over the weight rows gate 0, up 0, gate 1, up 1, ...:
@@ -549,9 +612,10 @@ def _gate_up_silu_kernel(
     cn = tl.arange(0, BLOCK_N)
     col = pid_n.to(tl.int64) * (BLOCK_N // 2) + cn // 2  # output column of each tile column
     rw = col + (cn % 2) * INTER  # its weight row
-    acc = _gemm_tile(
-        x_ptr, w_ptr, rm, rw, col < INTER, M, K, K, x_stride, w_stride,
-        FP32_IEEE, BLOCK_M, BLOCK_N, BLOCK_K,
+    acc = _norm_gemm_tile(
+        x_ptr, res_ptr, nw_ptr, new_res_ptr, w_ptr, rm, rw, col < INTER, M, K, K,
+        x_stride, res_stride, new_res_stride, w_stride, eps, pid_n == 0,
+        NORM, HAS_RESIDUAL, FP32_IEEE, BLOCK_M, BLOCK_N, BLOCK_K, NORM_BLOCK,
     )  # fmt: skip
     dt = out_ptr.dtype.element_ty
     # `linear` stores gate_up rounded to the dtype; then `_silu_mul_kernel`'s arithmetic on it.
@@ -562,6 +626,59 @@ def _gate_up_silu_kernel(
     rn = pid_n.to(tl.int64) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
     omask = (rm[:, None] < M) & (rn[None, :] < INTER)
     tl.store(out_ptr + rm[:, None] * out_stride + rn[None, :], y, mask=omask)
+
+
+def norm_fuses(k: int, config: LinearConfig) -> bool:
+    """Whether a GEMM of K = `k` with these tiles may take the RMSNorm in its prologue bit for
+    bit (`add_norm_gate_up_silu`, `triton_fused.add_norm_qkv_rope_store`): no K split, and the
+    norm kernel's warp count, so each row's mean square is summed in the same order."""
+    return config.split_k == 1 and config.num_warps == norm_warps(k)
+
+
+def _norm_operands(x, residual, norm_weight, config, name):
+    """The norm prologue's tensors and the new residual (x + residual; x for the first layer)."""
+    m, k = x.shape
+    if not norm_fuses(k, config):
+        raise ValueError(f"{name}: these tiles cannot take the norm (K split or warp count)")
+    if norm_weight.shape != (k,) or norm_weight.dtype != x.dtype or norm_weight.stride(-1) != 1:
+        raise ValueError(f"{name}: norm weight must be [{k}] of x's dtype")
+    if residual is None:
+        return x, x
+    if residual.shape != x.shape or residual.dtype != x.dtype or residual.stride(-1) != 1:
+        raise ValueError(f"{name}: residual must match x in shape and dtype, unit last stride")
+    return residual, torch.empty((m, k), dtype=x.dtype, device=x.device)
+
+
+def _gate_up_silu_launch(x, weight, config, norm):
+    m, k = x.shape
+    n = weight.shape[0]
+    if weight.shape[1] != k or weight.dtype != x.dtype or x.stride(-1) != 1 or n % 2:
+        raise ValueError(f"gate_up_silu: x {tuple(x.shape)} and weight {tuple(weight.shape)}")
+    if weight.stride(-1) != 1:
+        raise ValueError("gate_up_silu wants weight [2I, K] with unit last stride")
+    cfg = config or linear_config(n, k)
+    if cfg.split_k != 1:
+        raise ValueError("gate_up_silu: no K split (the split sum would round elsewhere)")
+    res, new_res, nw, eps = x, x, x, 0.0
+    if norm is not None:
+        residual, nw, eps = norm
+        res, new_res = _norm_operands(x, residual, nw, cfg, "add_norm_gate_up_silu")
+    inter = n // 2
+    out = torch.empty((m, inter), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out, new_res
+    _gate_up_silu_kernel[(triton.cdiv(m, BLOCK_M), triton.cdiv(inter, cfg.block_n // 2))](
+        x, res, nw, new_res, weight, out,
+        m, inter, k, eps,
+        x.stride(0), res.stride(0), new_res.stride(0), weight.stride(0), out.stride(0),
+        NORM=norm is not None, HAS_RESIDUAL=norm is not None and norm[0] is not None,
+        FP32_IEEE=x.dtype == torch.float32,
+        BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        NORM_BLOCK=triton.next_power_of_2(k),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **launch_opts(),
+    )  # fmt: skip
+    return out, new_res
 
 
 def gate_up_silu(
@@ -576,26 +693,18 @@ def gate_up_silu(
     program is a plain GEMM program of the config's tile (`block_n` weight rows: `block_n / 2`
     output columns' gate and up rows), so the accumulators, the program count and the warp
     layout are `_linear_kernel`'s; they are rounded as it stores them."""
-    m, k = x.shape
-    n = weight.shape[0]
-    if weight.shape[1] != k or weight.dtype != x.dtype or x.stride(-1) != 1 or n % 2:
-        raise ValueError(f"gate_up_silu: x {tuple(x.shape)} and weight {tuple(weight.shape)}")
-    if weight.stride(-1) != 1:
-        raise ValueError("gate_up_silu wants weight [2I, K] with unit last stride")
-    cfg = config or linear_config(n, k)
-    if cfg.split_k != 1:
-        raise ValueError("gate_up_silu: no K split (the split sum would round elsewhere)")
-    inter = n // 2
-    out = torch.empty((m, inter), dtype=x.dtype, device=x.device)
-    if m == 0:
-        return out
-    _gate_up_silu_kernel[(triton.cdiv(m, BLOCK_M), triton.cdiv(inter, cfg.block_n // 2))](
-        x, weight, out,
-        m, inter, k,
-        x.stride(0), weight.stride(0), out.stride(0),
-        FP32_IEEE=x.dtype == torch.float32,
-        BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **launch_opts(),
-    )  # fmt: skip
-    return out
+    return _gate_up_silu_launch(x, weight, config, None)[0]
+
+
+def add_norm_gate_up_silu(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    config: LinearConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(gate_up_silu(h, weight), x + residual) where h, _ = add_rms_norm(x, residual, ...)
+    (rms_norm(x) and x without a residual), in one launch and bit for bit, where `norm_fuses`:
+    the norm kernel's launch saved. Programs of N tile 0 store the new residual."""
+    return _gate_up_silu_launch(x, weight, config, (residual, norm_weight, eps))
