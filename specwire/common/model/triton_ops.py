@@ -442,7 +442,7 @@ def _norm_gemm_tile(
     RMSNorm kernel's arithmetic, bit for bit, folded into the GEMM. Each row's scale comes from
     `_inv_rms` on the whole row (loaded as the norm kernel loads it, NORM_BLOCK wide; the
     kernel must run `norm_warps(K)` warps), then each A tile is normalised elementwise as the
-    norm kernel does it. Where `write_res`, the tiles of x + residual are stored too."""
+    norm kernel does it. Where `write_res`, the rows of x + residual are stored too."""
     k_start = tl.program_id(2) * K_PER_SPLIT
     k_end = tl.minimum(k_start + K_PER_SPLIT, K)
     rk = tl.arange(0, BLOCK_K)
@@ -456,9 +456,12 @@ def _norm_gemm_tile(
         m0 = tl.min(rm, axis=0)
         for i in range(0, _index(tl.minimum(M - m0, BLOCK_M))):
             x = _add_row(x_ptr, res_ptr, m0 + i, cols, cols < K, x_stride, res_stride, HAS_RESIDUAL)
+            if HAS_RESIDUAL:  # as the norm kernel stores it; no store in the K loop below,
+                # which would keep the compiler from pipelining its loads
+                new_res_row = new_res_ptr + (m0 + i) * new_res_stride + cols
+                tl.store(new_res_row, x, mask=(cols < K) & write_res)
             inv = tl.where(rows == i, _inv_rms(x, K, eps), inv)
         r_ptrs = res_ptr + rm[:, None] * res_stride + (k_start + rk)[None, :]
-        s_ptrs = new_res_ptr + rm[:, None] * new_res_stride + (k_start + rk)[None, :]
         nw_ptrs = nw_ptr + k_start + rk
     for k in range(_index(k_start), _index(k_end), BLOCK_K):
         kmask = (k + rk) < k_end
@@ -468,9 +471,7 @@ def _norm_gemm_tile(
             if HAS_RESIDUAL:
                 r = tl.load(r_ptrs, mask=amask, other=0.0)
                 a = _cast(_f32(a) + _f32(r), a.dtype)
-                tl.store(s_ptrs, a, mask=amask & write_res)
                 r_ptrs += BLOCK_K
-                s_ptrs += BLOCK_K
             normed = _cast(_f32(a) * inv[:, None], a.dtype)
             nw = tl.load(nw_ptrs, mask=kmask, other=0.0)
             a = _cast(_f32(nw)[None, :] * _f32(normed), a.dtype)
