@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from specwire.target_service.draft_policy import DraftLengthPolicy
 from specwire.target_service.request import Request
 
@@ -449,3 +451,69 @@ def test_drafting_that_loses_on_the_device_alone_is_never_forced():
         for _ in range(20):
             p.observe(r, 4, 0)
     assert [p.step_draft_len(reqs) for _ in range(3 * p.host_refresh_every)] == [0] * 192
+
+
+def _no_speculation(rid: str) -> Request:
+    """A request that turned speculation off (`SpeculationParams.disable`, or max_draft_len 0)."""
+    return Request(request_id=rid, prompt_ids=[1, 2, 3], max_new_tokens=100, max_draft_len=0)
+
+
+def test_steps_where_no_request_may_draft_do_not_count_for_speculation():
+    """Requests that all turned speculation off decode plainly in the speculative mode too:
+    counted there, a stretch of them pulled speculation's measured rate to plain decoding's
+    (and biased the paired benchmark, whose second half has speculation off)."""
+    p = _policy({8: 1e-3, 64: 1e-3})
+    assert _window(p, 6000.0) == p.mode_window and p.mode == "plain"  # speculating first
+    assert _window(p, 4000.0) == p.mode_window and p.mode == "spec"  # speculation wins
+    assert p.rates == {("spec", 8): pytest.approx(750.0), ("plain", 8): pytest.approx(500.0)}
+    before = dict(p.rates)
+    for _ in range(3 * p.mode_window):
+        assert not p.observe_rate(10, 10 / 4000.0, 8, may_draft=False)
+    assert p.rates == before and p.mode == "spec"
+    # The speculative window goes on where it was: it ends after a whole window of its own.
+    assert _window(p, 6000.0) == p.mode_window
+    assert p.rates == {("spec", 8): pytest.approx(750.0), ("plain", 8): pytest.approx(500.0)}
+
+
+def test_steps_where_no_request_may_draft_count_in_the_plain_mode():
+    """In the plain mode such a step is plain decoding like any other."""
+    p = _policy({8: 1e-3, 64: 1e-3})
+    _window(p, 6000.0)  # speculating first; plain decoding is measured next
+    assert p.mode == "plain"
+    ended = [p.observe_rate(10, 10 / 4000.0, 8, may_draft=False) for _ in range(p.mode_window)]
+    assert ended == [False] * (p.mode_window - 1) + [True]
+    assert p.rates[("plain", 8)] == pytest.approx(500.0)
+
+
+def test_a_step_where_no_request_may_draft_teaches_device_time_not_host_time():
+    """Such a step does no drafting work on the host: taught by it, a row bucket's host time
+    (the least of its last few) would price drafting steps at a plain step's host work."""
+    p = _policy({8: 1e-3, 64: 2e-3})
+    for _ in range(4):
+        p.observe_sync(rows=2, tokens=5, seconds=3e-3, device_wait=1e-3)
+    assert p.sync_cost(2, 5) == pytest.approx(3e-3)  # 2 ms of host + 1 ms on the device
+    p.observe_sync(rows=2, tokens=2, seconds=1.5e-3, device_wait=1.5e-3, may_draft=False)
+    # Host time as before; the device time of the token bucket (8) moved by one EMA step.
+    assert p.sync_cost(2, 5) == pytest.approx(2e-3 + 1e-3 + p.ema * 0.5e-3)
+
+
+def test_decisions_where_no_request_may_draft_leave_the_host_refresh_due_as_before():
+    """A stale high host time vetoes drafting; the refresh drafting step is due after
+    `host_refresh_every` vetoes. Decisions for rows that may not draft cannot re-measure the
+    host time, so they do not count towards it (nor teach any acceptance)."""
+    p = _policy({8: 1.0e-3, 64: 1.05e-3})
+    reqs = [_req(f"r{i}") for i in range(8)]
+    _learnt(p, reqs)
+    for _ in range(10):
+        p.observe_sync(rows=8, tokens=40, seconds=5e-3, device_wait=1e-3)  # a stale high reading
+    for _ in range(40):  # plain steps leave 0.5 ms of host work exposed
+        p.observe_plain(rows=8, tokens=8, seconds=1.5e-3)
+    off = [_no_speculation(f"off{i}") for i in range(8)]
+    for _ in range(10):  # a stretch of requests with speculation off, as the executor reports it
+        assert p.step_draft_len(off) == 0
+        for r in off:
+            r.step_draft_cap = 0
+            p.observe(r, 0, 0)
+        assert not p.observe_rate(8, 8 / 4000.0, 8, may_draft=False)
+    n = p.host_refresh_every
+    assert [p.step_draft_len(reqs) for _ in range(2 * n)] == ([0] * (n - 1) + [4]) * 2

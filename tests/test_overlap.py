@@ -169,3 +169,22 @@ def test_every_token_after_the_first_is_one_inter_token_latency(overlap):
     assert sample("specwire_inter_token_latency_seconds_count") == tokens - len(done) > 0
     assert sample("specwire_inter_token_latency_seconds_sum") > 0
     assert (_overlapped(eng) > 0) == overlap
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_steps_of_requests_without_speculation_are_no_evidence_about_it(overlap):
+    """On a server with a drafter, requests that all turned speculation off decode plainly in
+    the speculative mode: the executor reports their steps as ones where nobody may draft, so
+    speculation's rate and a synchronous step's host time learn nothing from them."""
+    eng = _engine(drafter="ngram", overlap=overlap)
+    policy = eng.executor.scheduler.policy
+    policy.adaptive = True
+    policy.mode_window = policy.first_window = 4  # windows end well within this run
+    policy.seed_costs({1: 1e-3, 4: 1e-3, 8: 1.1e-3, 64: 16e-3, 1024: 0.3})
+    tok = eng.loaded.tokenizer
+    ex = eng.executor
+    for p in PROMPTS[:8]:
+        ex.submit(eng.new_request(tok.encode(p), max_new_tokens=20, speculate=False))
+    ex.run_until_idle()
+    assert policy.mode == "spec" and policy.rates == {} and policy.host == {}
+    assert ex.stats.draft_tokens == 0

@@ -74,9 +74,9 @@ class RateLog:
         self.generated = 0
         observe = policy.observe_rate
 
-        def logged(generated, seconds, rows):
+        def logged(generated, seconds, rows, *args):
             self.generated += generated
-            return observe(generated, seconds, rows)
+            return observe(generated, seconds, rows, *args)
 
         policy.observe_rate = logged
 

@@ -9,10 +9,13 @@ batch, the drafts' real acceptance (bursty on code), the host's speed, a remote 
 trip, the cost of draining the pipeline to switch. So the policy runs one mode for a window of
 `mode_window` steps (a probe that trails the other mode's rate there by more than `early_exit`
 after `first_window` steps ends there), measures the tokens generated per second and per row
-over it (the executor reports every step, a switch's drain and the loop between steps included),
-keeps an average per mode and batch-size bucket (a rate means nothing at another load: the mean
-of the windows measured there, then an EMA whose weight shrinks below `full_weight_rows` rows,
-where a window samples few requests and measures their drafts as much as the mode), and then
+over it (the executor reports every step, a switch's drain and the loop between steps included;
+a step in which no request may speculate at all, each having turned it off, runs plainly in
+either mode, so it counts in the plain mode's window only, and teaches neither the host time
+nor any acceptance below), keeps an average per mode and batch-size bucket (a rate means
+nothing at another load: the mean of the windows measured there, then an EMA whose weight
+shrinks below `full_weight_rows` rows, where a window samples few requests and measures their
+drafts as much as the mode), and then
 runs the mode with the better rate at the load just seen (speculation only when it is
 `spec_margin` faster: a near tie goes to the mode that cannot lose to no drafter); a window that
 starts at another load starts in the mode best there. At a load where the other mode has no rate
@@ -228,15 +231,19 @@ class DraftLengthPolicy:
         over = max(0.0, seconds - self._gpu(tokens))
         self.exposed[b] = _ema(self.exposed.get(b), over, self.ema)
 
-    def observe_sync(self, rows: int, tokens: int, seconds: float, device_wait: float) -> None:
+    def observe_sync(
+        self, rows: int, tokens: int, seconds: float, device_wait: float, may_draft: bool = True
+    ) -> None:
         """A synchronous step of `rows` rows and `tokens` tokens took `seconds`, of which it
         waited `device_wait` for the device. Only a decode step (at most 1 + K tokens a row)
         teaches the host time of its row bucket: a step that prefills prompts spends far more
-        host time per row, and the host time prices decode steps."""
+        host time per row, and the host time prices decode steps. `may_draft`: whether any of
+        its requests may speculate at all; a step where none may (each turned speculation off)
+        has no drafting work on the host, so it teaches the device time only."""
         if not self.buckets or rows <= 0 or not self.measure_costs:
             return
         b = _row_bucket(rows)
-        if tokens <= rows * (1 + self.max_draft_len):
+        if may_draft and tokens <= rows * (1 + self.max_draft_len):
             # The least of the last `host_window` readings, not an EMA: a few slow steps (a
             # remote drafter's first round trips, a burst on the machine) priced drafting out,
             # and with no drafting step to re-measure it the reading stayed for hundreds of steps
@@ -250,10 +257,18 @@ class DraftLengthPolicy:
             self.gpu[i] = _ema(self.gpu[i], device_wait, self.ema)
 
     # -- the mode ---------------------------------------------------------------------------------
-    def observe_rate(self, generated: int, seconds: float, rows: int) -> bool:
+    def observe_rate(
+        self, generated: int, seconds: float, rows: int, may_draft: bool = True
+    ) -> bool:
         """A step of the current mode with `rows` rows generated `generated` tokens in
         `seconds` (a speculative step's time includes draining the step in flight). True when
-        this step ended the mode's window (the mode may change for the next step)."""
+        this step ended the mode's window (the mode may change for the next step).
+        `may_draft`: whether any of its requests may speculate at all. A step where none may
+        (each turned speculation off) decodes plainly in either mode: in the speculative mode
+        it is no evidence about speculation and does not count (counted, a stretch of such
+        requests pulled speculation's rate to plain decoding's)."""
+        if not may_draft and self.mode == "spec":
+            return False
         w = self._window
         w[0] += generated
         w[1] += seconds
@@ -444,10 +459,11 @@ class DraftLengthPolicy:
                 best_k, best = k, goodput
             if committed / max(gpu, 1e-9) > free * 1.0001:
                 free_k, free = k, committed / max(gpu, 1e-9)
-        if best_k == 0 and free_k > 0:
+        if best_k == 0 and free_k > 0 and any(cap for _table, cap in tables):
             # Plain wins only by the host time of a synchronous step at this load. That estimate
             # is refreshed only by such steps, so one stale high reading would keep drafting off
-            # for good: every `host_refresh_every` such decisions, draft once to re-measure it.
+            # for good: every `host_refresh_every` such decisions, draft once to re-measure it
+            # (a decision where no row may draft cannot re-measure it and does not count).
             self._host_vetoes += 1
             if self._host_vetoes >= self.host_refresh_every:
                 self._host_vetoes = 0

@@ -298,8 +298,9 @@ class Executor(OverlappedSteps, TwoBatchSteps):
         elapsed = now - t0
         tokens = sum(r.num_committed + len(r.drafts) for r in batch.rows)
         policy = self.scheduler.policy
-        policy.observe_sync(len(batch.rows), tokens, elapsed, self._gpu_wait)
-        policy.observe_rate(self._generated - generated, now - t_start, len(batch.rows))
+        rows, may_draft = len(batch.rows), batch.may_draft
+        policy.observe_sync(rows, tokens, elapsed, self._gpu_wait, may_draft)
+        policy.observe_rate(self._generated - generated, now - t_start, rows, may_draft)
         self._count_step(elapsed)
         self.metrics.batched.add(self.metrics.sync_step_seconds, now - t_start)
 

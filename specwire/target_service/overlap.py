@@ -37,6 +37,7 @@ class InFlight:
     t_launch: float
     rows: int  # rows in the step (the policy's rates are per batch size)
     tokens: int  # tokens it fed (the policy prices plain steps by them)
+    may_draft: bool  # whether any of its requests may speculate at all (`ScheduledBatch`)
     generated: int = 0  # output tokens it committed (known once read)
     src: dict[str, int] = field(default_factory=dict)  # request id -> its logit row
 
@@ -86,7 +87,9 @@ class OverlappedSteps:
             self.metrics.batched.add(self.metrics.eager_steps, 1)
         self.metrics.batched.add(self.metrics.overlapped_steps, 1)
         tokens = sum(row.num_committed for row in batch.rows)
-        launched = InFlight(self.step_no, logits, [], t0, rows=len(batch.rows), tokens=tokens)
+        launched = InFlight(
+            self.step_no, logits, [], t0, len(batch.rows), tokens, may_draft=batch.may_draft
+        )
         for row in batch.rows:
             req = row.request
             req.num_computed += row.num_committed
@@ -125,7 +128,7 @@ class OverlappedSteps:
         plain step costs while plain steps follow each other), so the policy may price plain
         steps by it; a drain (launch to read) is not such a period."""
         policy = self.scheduler.policy
-        policy.observe_rate(done.generated, period, done.rows)
+        policy.observe_rate(done.generated, period, done.rows, done.may_draft)
         if steady:
             policy.observe_plain(done.rows, done.tokens, period)
         self._count_step(period)

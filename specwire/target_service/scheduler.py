@@ -60,6 +60,12 @@ class ScheduledBatch:
         return [r.request for r in self.rows]
 
     @property
+    def may_draft(self) -> bool:
+        """Whether any of its requests may speculate at all (a step where none may, each having
+        turned speculation off, is no evidence about speculation to the draft-length policy)."""
+        return any(r.request.max_draft_len > 0 for r in self.rows)
+
+    @property
     def decode_requests(self) -> list[Request]:
         return [r.request for r in self.rows if r.decode]
 
