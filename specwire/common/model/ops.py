@@ -131,7 +131,7 @@ class TritonOps(TorchOps):
         small_gemms: str = "triton",
         fuse_small: bool = True,
         pdl: bool = True,
-        fuse_norm: bool = True,
+        fuse_norm: bool = False,
     ) -> None:
         # imports triton: GPU machines only
         from specwire.common.model import triton_fused, triton_ops

@@ -98,7 +98,7 @@ def make_ops(
     small_gemms: str = "triton",
     fuse_small: bool = True,
     pdl: bool = True,
-    fuse_norm: bool = True,
+    fuse_norm: bool = False,
 ):
     """The model's ops to go with its attention backend: our fused Triton kernels beside the
     Triton attention (batch-invariant GEMMs too when `exact`), plain PyTorch otherwise.
