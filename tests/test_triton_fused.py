@@ -381,24 +381,30 @@ def test_model_step_bit_exact_fusions_keep_every_bit(monkeypatch, cfg, dtype, ex
     kv.copy_(_randn(*kv.shape, dtype=dtype, seed=11))  # the rows' earlier context
     g = torch.Generator().manual_seed(2)
     ids = torch.randint(0, model.cfg.vocab_size, positions.shape, generator=g).to(DEVICE)
-    results = []
-    for fuse_small in (False, True):
-        model.set_ops(TritonOps(exact=exact, fuse_small=fuse_small))
+
+    def run(**kw):
+        model.set_ops(TritonOps(exact=exact, **kw))
         cache = kv.clone()
-        results.append((model.compute_logits(model(ids, positions, cache, meta)), cache))
-    (ref, ref_cache), (out, out_cache) = results
-    assert torch.equal(out, ref) and torch.equal(out_cache, ref_cache)
+        for name in calls:
+            calls[name] = 0
+        return model.compute_logits(model(ids, positions, cache, meta)), cache
+
+    ref, ref_cache = run(fuse_small=False)
     small = positions.shape[0] <= triton_ops.BLOCK_M
     epilogues = small and (exact or (dtype == torch.bfloat16 and cfg is SMOLLM2_LAYER))
-    # The norms ride along where the tiles run the norm kernel's warps: SmolLM2's, not tiny's.
-    norms = epilogues and cfg is SMOLLM2_LAYER
-    assert calls == {
-        "gate_up_silu": cfg.num_layers * (epilogues and not norms),
-        "qkv_rope_store": cfg.num_layers * (epilogues and not norms),
-        "rope_store_kv": cfg.num_layers * (not epilogues),
-        "add_norm_gate_up_silu": cfg.num_layers * norms,
-        "add_norm_qkv_rope_store": cfg.num_layers * norms,
-    }
+    for fuse_norm in (False, True):
+        out, out_cache = run(fuse_small=True, fuse_norm=fuse_norm)
+        assert torch.equal(out, ref) and torch.equal(out_cache, ref_cache)
+        # With fuse_norm, the norms ride along where the tiles run the norm kernel's warps:
+        # SmolLM2's, not tiny's.
+        norms = fuse_norm and epilogues and cfg is SMOLLM2_LAYER
+        assert calls == {
+            "gate_up_silu": cfg.num_layers * (epilogues and not norms),
+            "qkv_rope_store": cfg.num_layers * (epilogues and not norms),
+            "rope_store_kv": cfg.num_layers * (not epilogues),
+            "add_norm_gate_up_silu": cfg.num_layers * norms,
+            "add_norm_qkv_rope_store": cfg.num_layers * norms,
+        }, fuse_norm
 
 
 # --- GPU shapes (H200) -----------------------------------------------------------------------

@@ -22,8 +22,9 @@
   instead of 11 (norm, qkv + RoPE + store, attention, its combine, o_proj, norm,
   gate_up + SiLU·up, down). Where the GEMM's tiles run the norm kernel's warp count
   (`triton_ops.norm_fuses`: SmolLM2's, not Llama-3-8B's), the two RMSNorms (with their
-  residual adds) ride in the qkv and gate_up GEMMs' prologues too, again bit for bit: 6
-  kernels a layer (`fuse_norm=False` keeps the norm kernels, for benchmarks).
+  residual adds) can ride in the qkv and gate_up GEMMs' prologues too, again bit for bit: 6
+  kernels a layer (`fuse_norm=True`). It is off by default: on the H200 the prologue made
+  SmolLM2's small steps slower (B=1 q=5 1.08 vs 0.84 ms, bench/RESULTS.md round 15).
 - Programmatic dependent launch (`pdl=True`, the default; sm_90+): each of our kernels is
   launched while the one before it still runs, and waits for it at its first instruction
   (`triton_ops._grid_sync`), so the gaps between a graph's ~250 small launches are hidden.
@@ -144,7 +145,7 @@ class TritonOps(TorchOps):
         # The bit-exact fusions (module docstring); False: the kernels they replace, to compare.
         self._fuse_small = fuse_small
         # ...and the RMSNorm in those GEMMs' prologues, where their tiles allow it bit for bit
-        # (`triton_ops.norm_fuses`); False keeps the norm kernel, for benchmarks.
+        # (`triton_ops.norm_fuses`); off by default (measured slower), True to compare.
         self._fuse_norm = fuse_small and fuse_norm
         self.fuse_rope = self._fused is not None or fuse_small
         if small_gemms not in ("triton", "cublas"):
@@ -165,8 +166,8 @@ class TritonOps(TorchOps):
         triton_ops.set_pdl(pdl)
         if not pdl:
             self.name += "-nopdl"
-        if fuse_small and not fuse_norm and self._fused is None:
-            self.name += "-nonorm"
+        if self._fuse_norm and self._fused is None:
+            self.name += "-norm"
 
     def rms_norm(self, x, weight, eps):
         return self._k.rms_norm(x, weight, eps)

@@ -413,30 +413,6 @@ def _index(x):
         return x
 
 
-# Bytes of each weight row a GEMM program prefetches into L2 before its PDL wait: all of
-# SmolLM2's rows but its down_proj's (K = 1536), the first 2 KB of Llama-3-8B's.
-_PREFETCH_LINES = tl.constexpr(16)  # of 128 bytes
-
-
-@triton.jit
-def _prefetch_weights(w_ptr, rw, w_ok, k_start, k_end, w_stride):
-    """`prefetch.global.L2` for the first _PREFETCH_LINES 128-byte lines of each weight row
-    `rw` in [k_start, k_end): no registers, no wait; on sm_90+ only (a no-op elsewhere)."""
-    if _GDC:
-        step = 128 // w_ptr.dtype.element_ty.primitive_bitwidth * 8
-        offs = tl.minimum(k_start + tl.arange(0, _PREFETCH_LINES) * step, k_end - 1)
-        rows = tl.where(w_ok, rw, 0)
-        ptrs = w_ptr + rows[:, None] * w_stride + offs[None, :]
-        tl.inline_asm_elementwise(
-            "prefetch.global.L2 [$1];\n mov.u32 $0, 0;",
-            "=r,l",
-            [ptrs.to(tl.int64, bitcast=True)],
-            dtype=tl.int32,
-            is_pure=False,
-            pack=1,
-        )
-
-
 @triton.jit
 def _gemm_tile(
     x_ptr, w_ptr, rm, rw, w_ok, M, K, K_PER_SPLIT, x_stride, w_stride,
@@ -469,10 +445,6 @@ def _norm_gemm_tile(
     norm kernel does it. Where `write_res`, the rows of x + residual are stored too."""
     k_start = tl.program_id(2) * K_PER_SPLIT
     k_end = tl.minimum(k_start + K_PER_SPLIT, K)
-    # The weights are constant: pull the first of this program's into L2 while the previous
-    # kernel still runs (placed early by PDL), then wait for the activations it writes.
-    _prefetch_weights(w_ptr, rw, w_ok, k_start, k_end, w_stride)
-    _grid_wait()
     rk = tl.arange(0, BLOCK_K)
     a_ptrs = x_ptr + rm[:, None] * x_stride + (k_start + rk)[None, :]
     b_ptrs = w_ptr + rw[None, :] * w_stride + (k_start + rk)[:, None]
@@ -521,7 +493,7 @@ def _linear_kernel(
     HAS_BIAS: tl.constexpr, FP32_IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    # (`_norm_gemm_tile` waits for the previous kernel, and releases the next after its K loop)
+    _grid_wait()  # `_gemm_tile` releases after its K loop
     # Grid: (M tiles, N tiles, K splits). M tiles vary fastest, so the programs that read one
     # weight tile run together and share it through L2.
     pid_m = tl.program_id(0)
@@ -629,7 +601,7 @@ def _gate_up_silu_kernel(
     NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, FP32_IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr,
 ):  # fmt: skip
-    # (`_norm_gemm_tile` waits for the previous kernel, and releases the next after its K loop)
+    _grid_wait()  # `_gemm_tile` releases after its K loop
     # `_linear_kernel` without a K split over the weight rows gate 0, up 0, gate 1, up 1, ...:
     # tile column 2j + h is weight row h * INTER + (the program's first output column + j).
     # The same K loop and chained dots on a tile of the same shape give each accumulator
