@@ -311,13 +311,8 @@ def bench_shape(
             for p in args.pdl
             for nrm in args.fuse_norm
         ]
-    # ... each with the attention's segments merged in its own launch, or in the last program
-    cases = [(m, *v) for m in args.merge for v in variants]
-    for merge, fused, small_gemms, fuse_small, pdl, fuse_norm, mode in cases:  # in turn
+    for fused, small_gemms, fuse_small, pdl, fuse_norm, mode in variants:  # in turn
         compiled = None
-        if hasattr(model.attention, "one_launch"):
-            model.attention.one_launch = merge == "one"
-        suffix = "-2launch" if merge == "two" and hasattr(model.attention, "one_launch") else ""
         if mode == "off":
             ops = make_ops(
                 model.attention, args.exact, fused, small_gemms, fuse_small, pdl, fuse_norm
@@ -326,11 +321,10 @@ def bench_shape(
         else:
             compiled = CompiledOps(model, mode)
             compiled.attach()
-        label = model.ops.name + suffix
-        if label in measured:  # e.g. exact or SDPA: fusion does not apply
+        if model.ops.name in measured:  # e.g. exact or SDPA: fusion does not apply
             continue
-        measured.add(label)
-        log(f"{name}: attention backend {model.attention.name}, ops {label}")
+        measured.add(model.ops.name)
+        log(f"{name}: attention backend {model.attention.name}, ops {model.ops.name}")
         t0 = time.perf_counter()
         runners = build_runners(
             model, kv_caches, args, graphs, name, only_used_buckets=compiled is not None
@@ -346,7 +340,6 @@ def bench_shape(
                 results.append(
                     measure_case(name, model, kv, runner, batch, k, mode, compiled, args)
                 )
-                results[-1]["ops"] = label
         del runners  # their graphs and pools, before the next variant captures its own
         if compiled is not None:
             compiled.detach()
@@ -450,13 +443,6 @@ def main() -> int:
         "--fuse-small on): off (the default, what the target runs) | on | on,off (ops column "
         "'...-norm')",
     )
-    ap.add_argument(
-        "--merge",
-        default="one",
-        choices=("one", "two", "one,two", "two,one"),
-        help="Triton attention: merge the KV segments in the last program of each query block "
-        "(one launch, the default) | in a second launch (ops column '...-2launch') | both",
-    )
     ap.add_argument("--tag", default="", help="suffix of the output file names")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     ap.add_argument("--out", required=True)
@@ -469,7 +455,6 @@ def main() -> int:
     args.fuse_small = [{"on": True, "off": False}[x] for x in args.fuse_small.split(",")]
     args.pdl = [{"on": True, "off": False}[x] for x in args.pdl.split(",")]
     args.fuse_norm = [{"on": True, "off": False}[x] for x in args.fuse_norm.split(",")]
-    args.merge = args.merge.split(",")
     args.compile = [x.strip() for x in args.compile.split(",") if x.strip()]
     args.small_gemms = [x.strip() for x in args.small_gemms.split(",") if x.strip()]
     if not args.small_gemms or set(args.small_gemms) - {"triton", "cublas"}:

@@ -22,11 +22,7 @@ if importlib.util.find_spec("triton") is None or not (torch.cuda.is_available() 
     pytest.skip("needs Triton, and a GPU or TRITON_INTERPRET=1", allow_module_level=True)
 
 from specwire.common.model import triton_attention  # noqa: E402
-from specwire.common.model.triton_attention import (  # noqa: E402
-    counters_needed,
-    paged_attention,
-    store_kv,
-)
+from specwire.common.model.triton_attention import paged_attention, store_kv  # noqa: E402
 
 DEVICE = torch.device("cpu" if INTERPRET else "cuda")
 
@@ -271,33 +267,6 @@ def test_segments_merge_in_order_0_1_2(monkeypatch):
     assert torch.equal(out, torch.full_like(out, 2.0**24 / 64))
 
 
-def _one_launch(seqs: PagedSequences, rows: list[Row], pad_tokens: int, counters: torch.Tensor):
-    q, tables, cu, seq_lens = seqs.batch(rows, pad_tokens)
-    out = paged_attention(q, seqs.cache, tables, cu, seq_lens, _scale(q), counters=counters)
-    return out.cpu()
-
-
-@pytest.mark.parametrize(
-    "shape, dtype", [(SMALL_SHAPES[0], torch.bfloat16), (SMALL_SHAPES[1], torch.float32)]
-)
-def test_merge_in_the_last_program_gives_the_combine_kernels_bits(shape, dtype, split):
-    """With `counters`, the last program of each query block merges its segments (one launch):
-    the two-launch output bit for bit, padding tokens zeros, and the counters left zeroed for
-    the next call (which must not see the previous one's counts)."""
-    seqs = PagedSequences(MIXED_LENGTHS, *shape, 16, dtype, seed=6)
-    heads, kv_heads = shape[0], shape[1]
-    real = sum(r.qlen for r in MIXED_ROWS)
-    need = counters_needed(real + 3, len(MIXED_ROWS), heads, kv_heads)
-    counters = torch.zeros(need + 5, dtype=torch.int32, device=DEVICE)
-    for rows, pad in ((MIXED_ROWS, 3), ([Row(2, 5, 137), Row(None, 0, 0), Row(0, 1, 20)], 0)):
-        ref = seqs.run(rows, pad_tokens=pad)
-        out = _one_launch(seqs, rows, pad, counters)
-        assert torch.equal(out, ref)
-        assert not counters.any()
-    with pytest.raises(AssertionError):  # too few counters: refused, not overrun
-        _one_launch(seqs, MIXED_ROWS, 3, counters[: need - 1])
-
-
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
 def test_store_kv_writes_given_slots_and_skips_minus_one(cache_dtype):
     kvh, d, bs, nb = 3, 64, 16, 5
@@ -352,36 +321,3 @@ def test_cuda_graph_replay_follows_new_metadata():
         graph.replay()
         eager = paged_attention(static[0], seqs.cache, *static[1:], scale)
         assert torch.equal(out, eager)
-
-
-@pytest.mark.gpu
-@gpu_only
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gpu_one_launch_merge_keeps_every_bit_eager_and_in_a_graph(dtype):
-    """Llama-3-8B's and SmolLM2's heads at GPU sizes (up to 9 segments): the merge in the last
-    program equals the combine launch bit for bit, eager and replayed in a CUDA graph over new
-    rows, and leaves its counters zeroed."""
-    for heads, kv_heads, dim in ((32, 8, 128), (9, 3, 64)):
-        seqs = PagedSequences([1024, 300, 777, 64, 1029], heads, kv_heads, dim, 16, dtype, seed=7)
-        first = [Row(0, 1, 1024), Row(1, 5, 300), Row(None, 0, 0), Row(2, 200, 777)]
-        second = [Row(4, 5, 1029), Row(3, 64, 64), Row(None, 0, 0), Row(0, 137, 1000)]
-        static = [x.clone() for x in seqs.batch(first, pad_tokens=5)]
-        counters = torch.zeros(
-            counters_needed(static[0].shape[0], len(first), heads, kv_heads),
-            dtype=torch.int32,
-            device=DEVICE,
-        )
-        out = torch.empty_like(static[0])
-        scale = _scale(static[0])
-        paged_attention(static[0], seqs.cache, *static[1:], scale, out=out, counters=counters)
-        assert torch.equal(out, paged_attention(static[0], seqs.cache, *static[1:], scale))
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            paged_attention(static[0], seqs.cache, *static[1:], scale, out=out, counters=counters)
-        for rows in (first, second, first):
-            for buf, new in zip(static, seqs.batch(rows, pad_tokens=5), strict=True):
-                buf.copy_(new)
-            graph.replay()
-            torch.cuda.synchronize()
-            assert torch.equal(out, paged_attention(static[0], seqs.cache, *static[1:], scale))
-            assert not counters.any()

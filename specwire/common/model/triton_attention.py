@@ -169,10 +169,6 @@ def _paged_attention_kernel(
     part_m_ptr,  # [S, T, H] fp32: running max (exp2 domain)
     part_l_ptr,  # [S, T, H] fp32: sum of weights
     nseg_ptr,  # [T] int32: segments each token's query merges (0: padding token)
-    counter_ptr,  # [grid 0 x KVH] int32 zeros (FUSE_COMBINE): programs done per query block
-    out_ptr,  # [T, H, D] (FUSE_COMBINE): the merged, normalised output
-    stride_ot,
-    stride_oh,
     qk_scale,  # softmax scale * log2(e): scores live in the exp2 domain
     num_tokens,
     num_rows,
@@ -195,7 +191,6 @@ def _paged_attention_kernel(
     SEGMENT: tl.constexpr,
     FANOUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    FUSE_COMBINE: tl.constexpr,
 ):
     _grid_sync()
     pid = tl.program_id(0)
@@ -239,18 +234,14 @@ def _paged_attention_kernel(
     if q_start >= qlen:
         return
     if is_tail:  # padding tokens: no partials, 0 segments to merge, so the combine writes zeros
-        if FUSE_COMBINE:
-            if seg == 0:
-                _store_zeros(out_ptr, row_start, q_start, qlen, kvh, group, stride_ot, stride_oh,
-                             head_dim, BLOCK_Q, GROUP_P, BLOCK_D)  # fmt: skip
-        elif (seg == 0) & (kvh == 0):
+        if (seg == 0) & (kvh == 0):
             qv = q_start + tl.arange(0, BLOCK_Q)
             tl.store(nseg_ptr + row_start + qv, tl.zeros([BLOCK_Q], tl.int32), mask=qv < qlen)
         return
     num_keys = tl.maximum(ctx - qlen + tl.minimum(q_start + BLOCK_Q, qlen), 0)
     if (seg > 0) & (seg_start >= num_keys):
         return
-    if (seg == 0) & (kvh == 0) & (not FUSE_COMBINE):
+    if (seg == 0) & (kvh == 0):
         # Query i of the row sits at ctx - qlen + i and merges segments 0..its_position // SEGMENT.
         qv = q_start + tl.arange(0, BLOCK_Q)
         pos = ctx - qlen + qv
@@ -313,73 +304,6 @@ def _paged_attention_kernel(
     tl.store(part_acc_ptr + part[:, None] * head_dim + offs_d[None, :], acc, mask=io_mask)
     tl.store(part_m_ptr + part, m_i, mask=row_ok)
     tl.store(part_l_ptr + part, l_i, mask=row_ok)
-    if FUSE_COMBINE:
-        # The last of the block's live programs (one per segment its keys reach) merges them all,
-        # as `_combine_kernel` would, in the same order: no second launch. Every thread's stores
-        # are ordered before the counter's release; the last program acquires them all.
-        tl.debug_barrier()
-        lock = counter_ptr + pid * tl.num_programs(2) + kvh
-        live = tl.maximum(tl.cdiv(num_keys, SEGMENT), 1)
-        if tl.atomic_add(lock, 1, sem="acq_rel", scope="gpu") == live - 1:
-            tl.store(lock, 0)  # every live program has counted: leave it zeroed for the next
-            nseg = tl.where(row_ok & (q_pos >= 0), q_pos // SEGMENT + 1, 0)
-            first = (tok * num_heads + head)[:, None] * head_dim + offs_d[None, :]
-            _combine_rows(part_acc_ptr + first, part_m_ptr + tok * num_heads + head,
-                          part_l_ptr + tok * num_heads + head, nseg, live,
-                          tl.num_programs(1), (num_tokens * num_heads).to(tl.int64), head_dim,
-                          row_ok, d_ok,
-                          out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh
-                          + offs_d[None, :])  # fmt: skip
-
-
-@triton.jit
-def _store_zeros(
-    out_ptr, row_start, q_start, qlen, kvh, group, stride_ot, stride_oh, head_dim,
-    BLOCK_Q: tl.constexpr, GROUP_P: tl.constexpr, BLOCK_D: tl.constexpr,
-):  # fmt: skip
-    """Zeros for a block of padding tokens × the query heads of KV head `kvh`."""
-    offs_m = tl.arange(0, BLOCK_Q * GROUP_P)
-    qi = q_start + offs_m // GROUP_P
-    hg = offs_m % GROUP_P
-    head = kvh * group + hg
-    ok = (qi < qlen) & (hg < group)
-    offs_d = tl.arange(0, BLOCK_D)
-    tok = (row_start + qi).to(tl.int64)
-    ptrs = out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
-    zeros = tl.zeros([BLOCK_Q * GROUP_P, BLOCK_D], out_ptr.dtype.element_ty)
-    tl.store(ptrs, zeros, mask=ok[:, None] & (offs_d < head_dim)[None, :])
-
-
-@triton.jit
-def _combine_rows(a_rows, m_rows, l_rows, nseg, nseg_max, total, stride, head_dim, h_ok, d_ok,
-                  out_ptrs):  # fmt: skip
-    """`_combine_kernel`'s merge and normalisation for rows of (query, head), each with its own
-    segment count `nseg` (at most `nseg_max`): the same arithmetic, element by element, so the
-    same bits. Loads bypass L1 (`.cg`): the partials were written by other programs."""
-    acc = tl.zeros(a_rows.shape, tl.float32)
-    mx = tl.full(m_rows.shape, float("-inf"), tl.float32)
-    den = tl.zeros(m_rows.shape, tl.float32)
-    for start in range(0, _index(nseg_max), 8):
-        for j in tl.static_range(8):
-            ok = tl.where(start + j < total, h_ok, False)
-            off = (start + j) * stride  # int64
-            acc_s = tl.load(a_rows + off * head_dim, mask=ok[:, None] & d_ok[None, :], other=0.0,
-                            cache_modifier=".cg")  # fmt: skip
-            mx_s = tl.load(m_rows + off, mask=ok, other=float("-inf"), cache_modifier=".cg")
-            den_s = tl.load(l_rows + off, mask=ok, other=0.0, cache_modifier=".cg")
-            live = start + j < nseg
-            acc_s = tl.where(live[:, None], acc_s, 0.0)
-            mx_s = tl.where(live, mx_s, float("-inf"))
-            den_s = tl.where(live, den_s, 0.0)
-            mx_new = tl.maximum(mx, mx_s)
-            ref = tl.where(mx_new == float("-inf"), 0.0, mx_new)
-            alpha = tl.exp2(mx - ref)
-            beta = tl.exp2(mx_s - ref)
-            acc = acc * alpha[:, None] + acc_s * beta[:, None]
-            den = den * alpha + den_s * beta
-            mx = mx_new
-    out = acc / tl.where(den == 0.0, 1.0, den)[:, None]
-    tl.store(out_ptrs, out.to(out_ptrs.dtype.element_ty), mask=h_ok[:, None] & d_ok[None, :])
 
 
 @triton.jit
@@ -495,12 +419,8 @@ def paged_attention(
     seq_lens: torch.Tensor,  # [B] int32: row r's context length including its new tokens
     scale: float,
     out: torch.Tensor | None = None,  # [T, H, D]
-    counters: torch.Tensor | None = None,  # int32 zeros, at least `counters_needed(...)`
 ) -> torch.Tensor:  # [T, H, D], q's dtype unless `out` says otherwise
-    """Causal attention of every row's queries over its paged context, in two launches; in
-    one with `counters` (the last program of each query block merges its segments: the same
-    bits). `counters` must be zeros and are left zeros; calls that may run at once (other
-    streams) need their own.
+    """Causal attention of every row's queries over its paged context, in two launches.
 
     Query i of row r (qlen = cu[r+1] - cu[r], ctx = seq_lens[r]) sits at position
     ctx - qlen + i and attends keys 0..that position; query head h reads KV head
@@ -534,15 +454,7 @@ def paged_attention(
     part_acc, part_m, part_l = workspace.split([rows * d, rows, rows])
     nseg = torch.empty(t, dtype=torch.int32, device=q.device)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32: ignored for 16-bit
-    blocks = t // block_q + b + 1
-    fuse = counters is not None
-    if fuse:
-        assert counters.dtype == torch.int32 and counters.numel() >= blocks * kvh, (
-            counters.dtype,
-            counters.numel(),
-            blocks * kvh,
-        )
-    _paged_attention_kernel[(blocks, segments, kvh)](
+    _paged_attention_kernel[(t // block_q + b + 1, segments, kvh)](
         q,
         kv_cache,
         block_tables,
@@ -552,10 +464,6 @@ def paged_attention(
         part_m,
         part_l,
         nseg,
-        counters if fuse else nseg,
-        out,
-        out.stride(0),
-        out.stride(1),
         scale * _LOG2E,
         t,
         b,
@@ -575,14 +483,11 @@ def paged_attention(
         SEGMENT=SEGMENT,
         FANOUT=SEARCH_FANOUT,
         DOT_PRECISION=precision,
-        FUSE_COMBINE=fuse,
         num_warps=warps,
         num_stages=NUM_STAGES,
         enable_fp_fusion=FP_FUSION,
         **launch_opts(),
     )
-    if fuse:
-        return out
     _combine_kernel[(t, kvh)](
         part_acc,
         part_m,
@@ -603,13 +508,6 @@ def paged_attention(
         **launch_opts(),
     )
     return out
-
-
-def counters_needed(num_tokens: int, num_rows: int, num_heads: int, num_kv_heads: int) -> int:
-    """The int32 counters `paged_attention` needs to merge in one launch, for a step of
-    `num_tokens` tokens in `num_rows` rows: one per (query block, KV head) of its grid."""
-    block_q = max(1, TILE_ROWS // triton.next_power_of_2(num_heads // num_kv_heads))
-    return (num_tokens // block_q + num_rows + 1) * num_kv_heads
 
 
 def _key_tile_and_warps(dtype: torch.dtype, block_d: int) -> tuple[int, int]:

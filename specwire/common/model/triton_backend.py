@@ -2,8 +2,8 @@
 
 One launch per layer stores the step's K/V by slot (slot -1 = padding, skipped; with
 `TritonOps`, whose `rope` it reproduces bit for bit, the same launch applies RoPE to q and k:
-`forward_rope`) and one launch attends for every row of the step (its last program per
-query block merges the KV splits) — prefill chunks, decode rows and verify rows together —
+`forward_rope`) and one launch attends (a second merges its KV splits) for every
+row of the step — prefill chunks, decode rows and verify rows together —
 reading only each row's real context through its block table. The launch grid depends only on
 tensor shapes, so any step can be captured in a CUDA graph keyed by its padded token count,
 and no shape is compiled or planned at serving time. Each query's result depends only on its
@@ -32,13 +32,6 @@ class TritonPagedAttention(AttentionShape):
         super().__init__(num_heads, num_kv_heads, head_dim, block_size)
         self._ops = triton_attention
         self._fused = triton_fused
-        # The KV segments merge in the attention launch itself (its last program per query
-        # block, on zeroed counters it leaves zeroed): one launch a layer fewer, the same bits.
-        # False: the separate combine launch (for benchmarks). The counters are this backend's
-        # (one model, one stream); every buffer handed to a captured graph is kept alive.
-        self.one_launch = True
-        self._counters: torch.Tensor | None = None
-        self._counter_buffers: list[torch.Tensor] = []
 
     def forward(
         self,
@@ -73,28 +66,8 @@ class TritonPagedAttention(AttentionShape):
         """`forward` without the store: the ops' qkv GEMM stored K/V (`qkv_rope_store`)."""
         assert meta.cu_seqlens_q is not None, "the Triton backend needs varlen metadata"
         return self._ops.paged_attention(
-            q,
-            kv_cache,
-            meta.block_tables,
-            meta.cu_seqlens_q,
-            meta.context_lens,
-            self.scale,
-            counters=self._counters_for(q, meta.block_tables.shape[0]) if self.one_launch else None,
+            q, kv_cache, meta.block_tables, meta.cu_seqlens_q, meta.context_lens, self.scale
         )
-
-    def _counters_for(self, q: torch.Tensor, rows: int) -> torch.Tensor | None:
-        """Zeroed counters for a step of q's tokens in `rows` rows; None (the two-launch merge,
-        the same bits) when too few exist and a graph is being captured, where allocating and
-        zeroing a new buffer would become part of the graph."""
-        need = self._ops.counters_needed(q.shape[0], rows, self.num_heads, self.num_kv_heads)
-        buf = self._counters
-        if buf is None or buf.numel() < need or buf.device != q.device:
-            if torch.cuda.is_current_stream_capturing():
-                return None
-            buf = torch.zeros(max(need, 1 << 16), dtype=torch.int32, device=q.device)
-            self._counter_buffers.append(buf)
-            self._counters = buf
-        return buf
 
 
 def make_backend(kind: str, model, device: torch.device):
@@ -133,8 +106,8 @@ def make_ops(
     `fused` (`--fused`, experimental): fold norms and SiLU·up into the GEMMs of small steps
     (`triton_fused.py`; never in exact mode). Off by default: on the H200 the fused SiLU GEMM
     is far slower than cuBLAS (bench/RESULTS.md). `fuse_small=False` turns the bit-exact
-    fusions off (`TritonOps`), `pdl=False` programmatic dependent launch, for benchmarks;
-    `fuse_norm=True` puts the norms in the GEMMs' prologues (measured slower: off by default)."""
+    fusions off (`TritonOps`), `pdl=False` programmatic dependent launch, `fuse_norm=False`
+    the norms in the GEMMs' prologues, for benchmarks."""
     from specwire.common.errors import UserError
     from specwire.common.model.ops import TorchOps, TritonOps
 
