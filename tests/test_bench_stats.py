@@ -232,3 +232,33 @@ def test_paired_plan_splits_fresh_batches_evenly_and_alternates_the_order() -> N
     assert {p.name: p.prompts for p in again} == {p.name: p.prompts for p in plans}
     with pytest.raises(SystemExit, match="needs 144 unique prompts"):
         plan_paired(pool, [1, 4], None, 4, least=6, factor=2, pairs=5)
+
+
+def test_per_kind_paired_ratios_pool_each_sides_requests_by_kind() -> None:
+    """`per_kind.py --paired`: per kind, on tok/s and off tok/s over the paired passes of one
+    concurrency (tokens / end-to-end seconds, failed requests left out); other levels and
+    unpaired passes are not counted."""
+    from per_kind import paired_per_kind
+
+    def req(kind, tokens, seconds, error=None):
+        return {"kind": kind, "tokens": tokens, "e2e_s": seconds, "error": error}
+
+    def pas(name, pair, on, requests):
+        return {"name": name, "pair": pair, "speculate": on, "requests": requests}
+
+    rounds = [
+        {
+            "passes": [
+                pas("warm-up on", None, None, [req("edit", 999, 1.0)]),
+                pas("c=1 on #0", 0, True, [req("edit", 30, 1.0), req("explain", 10, 1.0)]),
+                pas("c=1 off #0", 0, False, [req("edit", 10, 1.0), req("explain", 10, 1.0)]),
+                pas("c=1 on #1", 1, True, [req("edit", 10, 1.0), req("edit", 5, 0.1, "boom")]),
+                pas("c=1 off #1", 1, False, [req("edit", 10, 1.0), req("tests", 10, 1.0)]),
+                pas("c=8 on #0", 0, True, [req("edit", 500, 1.0)]),
+                pas("c=8 off #0", 0, False, [req("edit", 1, 1.0)]),
+            ]
+        }
+    ]
+    assert paired_per_kind(rounds, 1) == {"edit": (20.0, 10.0), "explain": (10.0, 10.0)}
+    assert paired_per_kind(rounds, 8) == {"edit": (500.0, 1.0)}
+    assert paired_per_kind(rounds, 32) == {}
