@@ -58,6 +58,26 @@ def test_proposals_match_the_definition(chunks, max_ngram, latest, budget):
 
 @settings(max_examples=300, deadline=None)
 @given(
+    steps=st.lists(
+        st.tuples(st.lists(st.integers(0, 3), max_size=9), st.booleans()), min_size=1, max_size=30
+    ),
+    max_ngram=st.integers(1, 8),
+    latest=st.booleans(),
+)
+def test_a_growing_index_asked_now_and_then_matches_the_definition(steps, max_ngram, latest):
+    """Queries now and then while the sequence grows by chunks of any size (new text joins
+    the searched string only at a query): every proposal is the definition's."""
+    index = NGramIndex(max_ngram, "latest" if latest else "oldest")
+    seen: list[int] = []
+    for chunk, ask in steps:
+        index.extend(chunk)
+        seen += chunk
+        if ask:
+            assert index.propose(4) == reference(seen, max_ngram, latest, 4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
     tokens=st.lists(st.integers(0, 2), min_size=2, max_size=60),
     max_ngram=st.integers(1, 8),
     latest=st.booleans(),
