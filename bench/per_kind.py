@@ -28,16 +28,14 @@ def per_kind(rounds: list[dict], pass_name: str) -> dict[str, tuple[int, float]]
     requests = [
         r for rec in rounds for p in rec["passes"] if p["name"] == pass_name for r in p["requests"]
     ]
-    out: dict[str, tuple[int, float]] = {}
-    for kind in sorted({r["kind"] for r in requests}):
-        reqs = [r for r in requests if r["kind"] == kind and not r["error"]]
-        tokens = sum(r["tokens"] for r in reqs)
-        seconds = sum(r["e2e_s"] for r in reqs)
-        out[kind] = (tokens, tokens / seconds if seconds else 0.0)
-    return out
+    return {
+        kind: _rate([r for r in requests if r["kind"] == kind and not r["error"]])
+        for kind in sorted({r["kind"] for r in requests})
+    }
 
 
 def _rate(requests: list[dict]) -> tuple[int, float]:
+    """(tokens, tok/s over the requests' summed end-to-end times)."""
     tokens = sum(r["tokens"] for r in requests)
     seconds = sum(r["e2e_s"] for r in requests)
     return tokens, tokens / seconds if seconds else 0.0
@@ -45,12 +43,12 @@ def _rate(requests: list[dict]) -> tuple[int, float]:
 
 def paired_per_kind(rounds: list[dict], level: int) -> dict[str, tuple[float, float]]:
     """kind -> (on tok/s, off tok/s) over a configuration's paired passes at concurrency
-    `level` (pass names "c=LEVEL on #i" / "c=LEVEL off #i"), requests' end-to-end times."""
+    `level`, by the requests' end-to-end times."""
     on: dict[str, list[dict]] = {}
     off: dict[str, list[dict]] = {}
     for rec in rounds:
         for p in rec["passes"]:
-            if p.get("pair") is None or not p["name"].startswith(f"c={level} "):
+            if p.get("pair") is None or p["concurrency"] != level:
                 continue
             side = on if p["speculate"] else off
             for r in p["requests"]:

@@ -244,7 +244,8 @@ def test_per_kind_paired_ratios_pool_each_sides_requests_by_kind() -> None:
         return {"kind": kind, "tokens": tokens, "e2e_s": seconds, "error": error}
 
     def pas(name, pair, on, requests):
-        return {"name": name, "pair": pair, "speculate": on, "requests": requests}
+        c = int(name.split()[0][2:]) if name.startswith("c=") else 8
+        return {"name": name, "concurrency": c, "pair": pair, "speculate": on, "requests": requests}
 
     rounds = [
         {

@@ -356,7 +356,8 @@ BIT_EXACT_CASES = [
 )
 def test_model_step_bit_exact_fusions_keep_every_bit(monkeypatch, cfg, dtype, exact, rows, pad):
     """The default ops' fusions (SiLU·up in the gate_up GEMM; RoPE and the KV store in the qkv
-    GEMM, or in one kernel) against the kernels they replace (`fuse_small=False`): the same
+    GEMM, or in one kernel; with `fuse_norm=True` also the RMSNorms in the GEMM prologues)
+    against the kernels they replace (`fuse_small=False`): the same
     logits and cache, bit for bit, and each fusion taken where it applies (T = 9 on our GEMM:
     both GEMM epilogues; otherwise RoPE + store in one kernel)."""
     names = [

@@ -398,7 +398,7 @@ def _qkv_rope_store_kernel(
     FP32_IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr,
 ):  # fmt: skip
-    _grid_wait()  # `_gemm_tile` releases after its K loop
+    _grid_wait()  # the GEMM tile (`_norm_gemm_tile`) releases after its K loop
     # `triton_ops._linear_kernel` without a K split over the weight rows of RoPE pairs: tile
     # column 2i + h is the h-th half (column j or HALF + j of its head) of the program's i-th
     # (head, j) pair. The same K loop and chained dots on a tile of the same shape give each

@@ -493,7 +493,7 @@ def _linear_kernel(
     HAS_BIAS: tl.constexpr, FP32_IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    _grid_wait()  # `_gemm_tile` releases after its K loop
+    _grid_wait()  # the GEMM tile (`_norm_gemm_tile`) releases after its K loop
     # Grid: (M tiles, N tiles, K splits). M tiles vary fastest, so the programs that read one
     # weight tile run together and share it through L2.
     pid_m = tl.program_id(0)
@@ -601,7 +601,7 @@ def _gate_up_silu_kernel(
     NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, FP32_IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr,
 ):  # fmt: skip
-    _grid_wait()  # `_gemm_tile` releases after its K loop
+    _grid_wait()  # the GEMM tile (`_norm_gemm_tile`) releases after its K loop
     # `_linear_kernel` without a K split over the weight rows gate 0, up 0, gate 1, up 1, ...:
     # tile column 2j + h is weight row h * INTER + (the program's first output column + j).
     # The same K loop and chained dots on a tile of the same shape give each accumulator
