@@ -298,10 +298,10 @@ def bench_shape(
     results: list[dict] = []
     measured: set[str] = set()
     # (fused, small GEMMs, bit-exact fusions, compile mode) in turn
-    variants: list[tuple[bool, str, bool, bool, bool, str]] = []
+    variants: list[tuple[bool, str, bool, tuple[bool, bool], bool, str]] = []
     for mode in args.compile:
         if mode != "off":
-            variants.append((False, "triton", True, True, True, mode))
+            variants.append((False, "triton", True, (True, True), True, mode))
             continue
         variants += [
             (f, g, s, p, nrm, mode)
@@ -315,7 +315,14 @@ def bench_shape(
         compiled = None
         if mode == "off":
             ops = make_ops(
-                model.attention, args.exact, fused, small_gemms, fuse_small, pdl, fuse_norm
+                model.attention,
+                args.exact,
+                fused,
+                small_gemms,
+                fuse_small,
+                pdl[0],
+                fuse_norm,
+                pdl_early=pdl[1],
             )
             model.set_ops(ops)
         else:
@@ -431,9 +438,10 @@ def main() -> int:
     ap.add_argument(
         "--pdl",
         default="on",
-        choices=("on", "off", "on,off", "off,on"),
-        help="programmatic dependent launch of the Triton kernels (sm_90+): on (the default, "
-        "what the target runs) | off | on,off (side by side; ops column '...-nopdl')",
+        help="programmatic dependent launch of the Triton kernels (sm_90+), a comma list of: "
+        "on (the default, what the target runs: norm weights and attention metadata loaded "
+        "before each kernel's wait) | late (nothing before the wait; ops column "
+        "'...-pdllate') | off ('...-nopdl'), side by side",
     )
     ap.add_argument(
         "--fuse-norm",
@@ -453,7 +461,10 @@ def main() -> int:
     args.ks = [int(x) for x in args.ks.split(",")]
     args.fused = [{"on": True, "off": False}[x] for x in args.fused.split(",")]
     args.fuse_small = [{"on": True, "off": False}[x] for x in args.fuse_small.split(",")]
-    args.pdl = [{"on": True, "off": False}[x] for x in args.pdl.split(",")]
+    pdl_modes = {"on": (True, True), "late": (True, False), "off": (False, True)}
+    if not set(args.pdl.split(",")) <= set(pdl_modes):
+        ap.error(f"--pdl takes a comma list of {', '.join(pdl_modes)}, not {args.pdl!r}")
+    args.pdl = [pdl_modes[x] for x in args.pdl.split(",")]
     args.fuse_norm = [{"on": True, "off": False}[x] for x in args.fuse_norm.split(",")]
     args.compile = [x.strip() for x in args.compile.split(",") if x.strip()]
     args.small_gemms = [x.strip() for x in args.small_gemms.split(",") if x.strip()]

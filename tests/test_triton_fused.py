@@ -515,10 +515,12 @@ def test_gpu_fused_ops_replay_in_a_cuda_graph():
 @pytest.mark.parametrize("exact", [False, True], ids=["plain", "exact"])
 @torch.no_grad()
 def test_gpu_pdl_keeps_every_bit_eager_and_in_a_graph(exact):
-    """Programmatic dependent launch (the default on sm_90+) against plain launches: a
-    SmolLM2-wide model step (norms, GEMMs with their epilogues, attention and its combine),
-    eagerly and replayed from a CUDA graph twice, gives the same logits and cache bit for bit.
-    A kernel that read before its `_grid_sync` wait would race its producer and differ."""
+    """Programmatic dependent launch (the default on sm_90+, with the norm weights and the
+    attention's metadata loaded before each kernel's wait) and PDL with nothing before the
+    wait, against plain launches: a SmolLM2-wide model step (norms, GEMMs with their
+    epilogues, attention and its combine), eagerly and replayed from a CUDA graph twice, gives
+    the same logits and cache bit for bit. A kernel that read what its producer writes before
+    its `_grid_sync` wait would race it and differ."""
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("PDL needs sm_90+")
     cfg = dataclasses.replace(SMOLLM2_LAYER, num_layers=4)
@@ -530,9 +532,9 @@ def test_gpu_pdl_keeps_every_bit_eager_and_in_a_graph(exact):
     ids = torch.randint(0, cfg.vocab_size, positions.shape, generator=g).to(DEVICE)
     results = {}
     try:
-        for pdl in (False, True):
-            model.set_ops(TritonOps(exact=exact, pdl=pdl))
-            assert triton_ops.pdl_enabled() == pdl
+        for pdl, early in ((False, True), (True, False), (True, True)):
+            model.set_ops(TritonOps(exact=exact, pdl=pdl, pdl_early=early))
+            assert triton_ops.pdl_enabled() == pdl and triton_ops.early_loads() == early
             cache = kv.clone()
             eager = model.compute_logits(model(ids, positions, cache, meta))
             graph_cache = kv.clone()
@@ -550,11 +552,12 @@ def test_gpu_pdl_keeps_every_bit_eager_and_in_a_graph(exact):
                 graph.replay()
                 replays.append((captured.clone(), graph_cache.clone()))
             torch.cuda.synchronize()
-            results[pdl] = (eager, cache, replays)
+            results[pdl, early] = (eager, cache, replays)
     finally:
         triton_ops.set_pdl(True)
-    (ref, ref_cache, ref_replays), (out, out_cache, replays) = results[False], results[True]
-    assert torch.equal(out, ref) and torch.equal(out_cache, ref_cache)
-    for (a, ac), (b, bc) in zip(replays, ref_replays, strict=True):
-        assert torch.equal(a, ref) and torch.equal(ac, ref_cache)
-        assert torch.equal(a, b) and torch.equal(ac, bc)
+    ref, ref_cache, ref_replays = results.pop((False, True))
+    for out, out_cache, replays in results.values():
+        assert torch.equal(out, ref) and torch.equal(out_cache, ref_cache)
+        for (a, ac), (b, bc) in zip(replays, ref_replays, strict=True):
+            assert torch.equal(a, ref) and torch.equal(ac, ref_cache)
+            assert torch.equal(a, b) and torch.equal(ac, bc)

@@ -26,9 +26,10 @@
   kernels a layer (`fuse_norm=True`). It is off by default: on the H200 the prologue made
   SmolLM2's small steps slower (B=1 q=5 1.08 vs 0.84 ms, bench/RESULTS.md round 15).
 - Programmatic dependent launch (`pdl=True`, the default; sm_90+): each of our kernels is
-  launched while the one before it still runs, and waits for it at its first instruction
-  (`triton_ops._grid_sync`), so the gaps between a graph's ~250 small launches are hidden.
-  Not a bit changes.
+  launched while the one before it still runs, and waits for it (`triton_ops._grid_sync`)
+  before it touches memory that kernel may write, so the gaps between a graph's ~250 small
+  launches are hidden. What no kernel writes is read before the wait (`pdl_early`,
+  `triton_ops.set_pdl`): the norms' weights and the attention's metadata. Not a bit changes.
 - Fused (`fused=True`, opt-in with `specwire target --fused`, never with `exact`; measured SLOWER on
   the H200 for now — the fused GEMMs run too few programs, see bench/RESULTS.md): steps of at most
   `triton_fused.MAX_TOKENS` tokens fold the norm into the qkv and gate_up GEMMs and SiLU·up
@@ -133,6 +134,7 @@ class TritonOps(TorchOps):
         fuse_small: bool = True,
         pdl: bool = True,
         fuse_norm: bool = False,
+        pdl_early: bool = True,
     ) -> None:
         # imports triton: GPU machines only
         from specwire.common.model import triton_fused, triton_ops
@@ -163,9 +165,11 @@ class TritonOps(TorchOps):
             self.name += "-nofuse"
         # Programmatic dependent launch for every kernel of ours (sm_90+; `triton_ops.set_pdl`):
         # a process-wide launch option, captured into each graph. Bits do not depend on it.
-        triton_ops.set_pdl(pdl)
+        triton_ops.set_pdl(pdl, pdl_early)
         if not pdl:
             self.name += "-nopdl"
+        elif not pdl_early:
+            self.name += "-pdllate"
         if self._fuse_norm and self._fused is None:
             self.name += "-norm"
 

@@ -51,7 +51,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specwire.common.model.triton_ops import _grid_sync, _index, launch_opts
+from specwire.common.model.triton_ops import _grid_sync, _index, early_loads, launch_opts
 
 # One fixed launch configuration: these shape the numerics (tile and segment edges, merge
 # order), so they are constants, never tuned per batch shape.
@@ -191,8 +191,13 @@ def _paged_attention_kernel(
     SEGMENT: tl.constexpr,
     FANOUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    EARLY: tl.constexpr,
 ):
-    _grid_sync()
+    # PDL: with EARLY, everything up to the early exits reads only the step's metadata
+    # (query offsets, lengths, block table), which no kernel writes: done while the qkv GEMM
+    # before this kernel still runs. The wait comes before the first write and the q/KV loads.
+    if not EARLY:
+        _grid_sync()
     pid = tl.program_id(0)
     seg = tl.program_id(1)
     kvh = tl.program_id(2)
@@ -233,13 +238,17 @@ def _paged_attention_kernel(
     q_start = (pid - (row_start // BLOCK_Q + row)) * BLOCK_Q
     if q_start >= qlen:
         return
+    # (for the tail, a length of the last row: it only decides which tail programs with seg > 0,
+    # which write nothing, exit here)
+    num_keys = tl.maximum(ctx - qlen + tl.minimum(q_start + BLOCK_Q, qlen), 0)
+    if (seg > 0) & (seg_start >= num_keys):
+        return
+    if EARLY:
+        _grid_sync()
     if is_tail:  # padding tokens: no partials, 0 segments to merge, so the combine writes zeros
         if (seg == 0) & (kvh == 0):
             qv = q_start + tl.arange(0, BLOCK_Q)
             tl.store(nseg_ptr + row_start + qv, tl.zeros([BLOCK_Q], tl.int32), mask=qv < qlen)
-        return
-    num_keys = tl.maximum(ctx - qlen + tl.minimum(q_start + BLOCK_Q, qlen), 0)
-    if (seg > 0) & (seg_start >= num_keys):
         return
     if (seg == 0) & (kvh == 0):
         # Query i of the row sits at ctx - qlen + i and merges segments 0..its_position // SEGMENT.
@@ -483,6 +492,7 @@ def paged_attention(
         SEGMENT=SEGMENT,
         FANOUT=SEARCH_FANOUT,
         DOT_PRECISION=precision,
+        EARLY=early_loads(),
         num_warps=warps,
         num_stages=NUM_STAGES,
         enable_fp_fusion=FP_FUSION,

@@ -99,6 +99,7 @@ def make_ops(
     fuse_small: bool = True,
     pdl: bool = True,
     fuse_norm: bool = False,
+    pdl_early: bool = True,
 ):
     """The model's ops to go with its attention backend: our fused Triton kernels beside the
     Triton attention (batch-invariant GEMMs too when `exact`), plain PyTorch otherwise.
@@ -106,8 +107,9 @@ def make_ops(
     `fused` (`--fused`, experimental): fold norms and SiLU·up into the GEMMs of small steps
     (`triton_fused.py`; never in exact mode). Off by default: on the H200 the fused SiLU GEMM
     is far slower than cuBLAS (bench/RESULTS.md). `fuse_small=False` turns the bit-exact
-    fusions off (`TritonOps`), `pdl=False` programmatic dependent launch, `fuse_norm=False`
-    the norms in the GEMMs' prologues, for benchmarks."""
+    fusions off (`TritonOps`), `pdl=False` programmatic dependent launch (`pdl_early=False`
+    no loads before its wait), `fuse_norm=True` the norms in the GEMMs' prologues, for
+    benchmarks."""
     from specwire.common.errors import UserError
     from specwire.common.model.ops import TorchOps, TritonOps
 
@@ -119,6 +121,7 @@ def make_ops(
             fuse_small=fuse_small,
             pdl=pdl,
             fuse_norm=fuse_norm,
+            pdl_early=pdl_early,
         )
     if exact or fused:
         flag = "--exact" if exact else "--fused"

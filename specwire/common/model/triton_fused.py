@@ -54,6 +54,7 @@ from specwire.common.model.triton_ops import (
     _f32,
     _grid_sync,
     _grid_wait,
+    _index,
     _norm_gemm_tile,
     _norm_operands,
     _rotate,
@@ -144,7 +145,7 @@ def _add_norm_linear_kernel(
     k_start = pid_k * K_PER_SPLIT
     k_end = tl.minimum(k_start + K_PER_SPLIT, K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(k_start, k_end, BLOCK_K):
+    for k in range(_index(k_start), _index(k_end), BLOCK_K):
         cols = k + rk
         kmask = cols < k_end
         s = _row_sum(
@@ -180,7 +181,7 @@ def _silu_linear_kernel(
     k_start = pid_k * K_PER_SPLIT
     k_end = tl.minimum(k_start + K_PER_SPLIT, K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(k_start, k_end, BLOCK_K):
+    for k in range(_index(k_start), _index(k_end), BLOCK_K):
         cols = k + rk
         kmask = cols < k_end
         mask = (rm[:, None] < M) & kmask[None, :]
