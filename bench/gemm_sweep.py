@@ -34,7 +34,7 @@ from layer_ops import EPS, HBM_BYTES_PER_US, MODELS, ROTATE_BYTES, graph_us  # n
 
 from specwire.common.model import triton_fused as fused  # noqa: E402
 from specwire.common.model import triton_ops as ops  # noqa: E402
-from specwire.common.model.triton_ops import LinearConfig, linear_config  # noqa: E402
+from specwire.common.model.triton_tiles import LinearConfig, linear_config  # noqa: E402
 
 BLOCK_N = (16, 32, 64, 128)
 BLOCK_K = (64, 128, 256)

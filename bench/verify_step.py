@@ -21,7 +21,7 @@ them, ops column "...-nofuse"), side by side on the same model and cache. Both g
 logits bit for bit.
 
 `--small-gemms triton,cublas` measures the GEMMs of steps of at most 16 tokens on our Triton GEMM
-with tuned tiles (the default, `triton_ops._TUNED`) and on cuBLAS (`small_gemms="cublas"`),
+with tuned tiles (the default, `triton_tiles._TUNED`) and on cuBLAS (`small_gemms="cublas"`),
 side by side (ops column "triton" / "triton-cublas"; the exact mode always runs our GEMM).
 
 `--compile off,default,max-autotune` (issue 8) adds `torch.compile` of the PyTorch math between

@@ -20,8 +20,8 @@ if not (torch.cuda.is_available() or INTERPRET):
     pytest.skip("needs a GPU or TRITON_INTERPRET=1", allow_module_level=True)
 
 # noqa: E402 below: triton is known to be there
+from specwire.common.model import triton_base, triton_ops, triton_tiles  # noqa: E402
 from specwire.common.model import triton_fused as fused  # noqa: E402
-from specwire.common.model import triton_ops  # noqa: E402
 from specwire.common.model.attention import AttentionMetadata  # noqa: E402
 from specwire.common.model.config import SMOLLM2_135M, TINY_RANDOM  # noqa: E402
 from specwire.common.model.llama import LlamaModel  # noqa: E402
@@ -70,8 +70,8 @@ def _assert_matches(out, unfused, operand, weight, bias=None):
 
 
 def test_shapes_cover_k_split():
-    assert triton_ops.linear_config(*GEMM_SHAPES[0]).split_k == 1
-    assert triton_ops.linear_config(*GEMM_SHAPES[1]).split_k > 1
+    assert triton_tiles.linear_config(*GEMM_SHAPES[0]).split_k == 1
+    assert triton_tiles.linear_config(*GEMM_SHAPES[1]).split_k > 1
 
 
 # --- norm -> GEMM ----------------------------------------------------------------------------
@@ -222,7 +222,7 @@ def test_norms_in_the_gemm_prologues_keep_every_bit(dtype, m, with_residual):
     else:
         h, ref_res = triton_ops.rms_norm(x, nw, EPS), x
     w_gu = _randn(2 * inter, k, dtype=dtype, seed=4, scale=k**-0.5)
-    assert triton_ops.norm_fuses(k, triton_ops.linear_config(2 * inter, k))
+    assert triton_ops.norm_fuses(k, triton_tiles.linear_config(2 * inter, k))
     out, new_res = triton_ops.add_norm_gate_up_silu(x, res, nw, EPS, w_gu)
     assert torch.equal(out, triton_ops.gate_up_silu(h, w_gu)) and torch.equal(new_res, ref_res)
     w = _randn((heads + 2 * kv_heads) * d, k, dtype=dtype, seed=5, scale=k**-0.5)
@@ -242,7 +242,7 @@ def test_norm_prologue_refuses_tiles_that_would_sum_differently():
     """Llama-3-8B's tiles run 4 warps where its norm kernel runs 16 (another reduction order):
     no fused norm there, and a clear error if asked."""
     assert triton_ops.norm_warps(4096) == 16 and triton_ops.norm_warps(576) == 4
-    assert not triton_ops.norm_fuses(4096, triton_ops.linear_config(28672, 4096))
+    assert not triton_ops.norm_fuses(4096, triton_tiles.linear_config(28672, 4096))
     x, w = _randn(2, 4096), _randn(28672, 4096)
     with pytest.raises(ValueError, match="cannot take the norm"):
         triton_ops.add_norm_gate_up_silu(x, None, _norm_weight(4096, x.dtype), EPS, w)
@@ -254,7 +254,7 @@ def test_qkv_rope_store_refuses_what_it_cannot_match():
     cos, sin = _rotary(3, d, torch.bfloat16)
     slots = torch.tensor([0, 1, 2], device=DEVICE)
     x, w = _randn(3, 2112), _randn(48, 2112)  # K long enough to take a K split
-    assert triton_ops.linear_config(48, 2112).split_k > 1
+    assert triton_tiles.linear_config(48, 2112).split_k > 1
     with pytest.raises(ValueError, match="split"):
         fused.qkv_rope_store(x, w, None, cos, sin, cache, slots, heads)
     with pytest.raises(ValueError, match="heads"):  # 2 heads of q: 64 rows, not 48
@@ -391,7 +391,7 @@ def test_model_step_bit_exact_fusions_keep_every_bit(monkeypatch, cfg, dtype, ex
         return model.compute_logits(model(ids, positions, cache, meta)), cache
 
     ref, ref_cache = run(fuse_small=False)
-    small = positions.shape[0] <= triton_ops.BLOCK_M
+    small = positions.shape[0] <= triton_tiles.BLOCK_M
     epilogues = small and (exact or (dtype == torch.bfloat16 and cfg is SMOLLM2_LAYER))
     for fuse_norm in (False, True):
         out, out_cache = run(fuse_small=True, fuse_norm=fuse_norm)
@@ -534,7 +534,7 @@ def test_gpu_pdl_keeps_every_bit_eager_and_in_a_graph(exact):
     try:
         for pdl, early in ((False, True), (True, False), (True, True)):
             model.set_ops(TritonOps(exact=exact, pdl=pdl, pdl_early=early))
-            assert triton_ops.pdl_enabled() == pdl and triton_ops.early_loads() == early
+            assert triton_base.pdl_enabled() == pdl and triton_base.early_loads() == early
             cache = kv.clone()
             eager = model.compute_logits(model(ids, positions, cache, meta))
             graph_cache = kv.clone()
@@ -554,7 +554,7 @@ def test_gpu_pdl_keeps_every_bit_eager_and_in_a_graph(exact):
             torch.cuda.synchronize()
             results[pdl, early] = (eager, cache, replays)
     finally:
-        triton_ops.set_pdl(True)
+        triton_base.set_pdl(True)
     ref, ref_cache, ref_replays = results.pop((False, True))
     for out, out_cache, replays in results.values():
         assert torch.equal(out, ref) and torch.equal(out_cache, ref_cache)

@@ -19,6 +19,7 @@ if not (torch.cuda.is_available() or INTERPRET):
     pytest.skip("needs a GPU or TRITON_INTERPRET=1", allow_module_level=True)
 
 from specwire.common.model import triton_ops as ops  # noqa: E402 (triton is known to be there)
+from specwire.common.model import triton_tiles as tiles  # noqa: E402
 from specwire.common.model.llama import Rotary  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
@@ -144,18 +145,18 @@ def test_linear_matches_matmul(dtype, m, n, k):
 
 def test_k_split_shape_is_split():
     # Guards test_linear_matches_matmul's last shape (and the Llama-3-8B o_proj/down shapes).
-    assert ops.linear_config(40, 2112).split_k > 1
-    assert ops.linear_config(4096, 14336).split_k > 1
+    assert tiles.linear_config(40, 2112).split_k > 1
+    assert tiles.linear_config(4096, 14336).split_k > 1
 
 
 def test_tuned_configs_cover_k_without_empty_splits():
     """The reference models' projections have measured tiles (the LM heads do not), and
     every config, measured or from the rule, covers K in whole K tiles with no empty split."""
     projections = [v for m in (SMOLLM2, LLAMA3_8B) for name, v in m.items() if name != "lm_head"]
-    assert all(ops.tuned(n, k) for n, k in projections)
-    assert not ops.tuned(*SMOLLM2["lm_head"]) and not ops.tuned(72, 200)
+    assert all(tiles.tuned(n, k) for n, k in projections)
+    assert not tiles.tuned(*SMOLLM2["lm_head"]) and not tiles.tuned(72, 200)
     for n, k in projections + [SMOLLM2["lm_head"], LLAMA3_8B["lm_head"], (72, 200), (40, 2112)]:
-        c = ops.linear_config(n, k)
+        c = tiles.linear_config(n, k)
         assert c.k_per_split % c.block_k == 0 and c.k_per_split * c.split_k >= k
         assert c.k_per_split * (c.split_k - 1) < k, f"an empty split for {(n, k)}"
 
@@ -166,9 +167,9 @@ def test_small_steps_of_tuned_shapes_take_our_gemm():
     from specwire.common.model.ops import TritonOps
 
     n, k = 576, 576  # SmolLM2's o_proj: tuned
-    assert ops.tuned(n, k)
+    assert tiles.tuned(n, k)
     w = _randn(n, k, seed=5, scale=k**-0.5)
-    small, wide = _randn(5, k, seed=7), _randn(ops.BLOCK_M + 1, k, seed=8)
+    small, wide = _randn(5, k, seed=7), _randn(tiles.BLOCK_M + 1, k, seed=8)
     ours, cublas = ops.linear(small, w), F.linear(small, w)
     assert not torch.equal(ours, cublas)  # else the routes below could not be told apart
     assert torch.equal(TritonOps().linear(small, w), ours)
@@ -183,7 +184,7 @@ def test_small_steps_of_tuned_shapes_take_our_gemm():
 # --- gate_up GEMM with SiLU·up in its epilogue ----------------------------------------------------
 
 
-@pytest.mark.parametrize("m", [1, 5, ops.BLOCK_M])
+@pytest.mark.parametrize("m", [1, 5, tiles.BLOCK_M])
 @pytest.mark.parametrize(
     "n,k,dtype",
     [(3072, 576, torch.bfloat16), (144, 200, torch.bfloat16), (144, 200, torch.float32)],
@@ -200,7 +201,7 @@ def test_gate_up_silu_is_silu_mul_of_linear_bitwise(m, n, k, dtype):
 def test_gate_up_silu_refuses_a_k_split():
     # The split partials are summed (and rounded) by a second kernel: no epilogue to ride in.
     x, w = _randn(3, 2112), _randn(80, 2112, seed=5)
-    assert ops.linear_config(80, 2112).split_k > 1
+    assert tiles.linear_config(80, 2112).split_k > 1
     with pytest.raises(ValueError, match="split"):
         ops.gate_up_silu(x, w)
     assert ops.gate_up_silu(x[:0, :576], w[:, :576]).shape == (0, 40)  # no K split: empty
@@ -233,8 +234,8 @@ def test_mlp_rides_silu_in_the_gate_up_gemm_where_it_keeps_the_bits(monkeypatch)
     default, previous = TritonOps(), TritonOps(fuse_small=False)
     assert previous.name == "triton-nofuse" and not previous.fuse_rope and default.fuse_rope
     check(default, previous, 1, torch.bfloat16, picked=True, first=True)
-    check(default, previous, ops.BLOCK_M, torch.bfloat16, picked=True)
-    check(default, previous, ops.BLOCK_M + 1, torch.bfloat16, picked=False)  # wide: cuBLAS
+    check(default, previous, tiles.BLOCK_M, torch.bfloat16, picked=True)
+    check(default, previous, tiles.BLOCK_M + 1, torch.bfloat16, picked=False)  # wide: cuBLAS
     check(default, previous, 5, torch.float32, picked=False)  # fp32: cuBLAS
     cublas = TritonOps(small_gemms="cublas")
     check(cublas, TritonOps(small_gemms="cublas", fuse_small=False), 5, torch.bfloat16, False)

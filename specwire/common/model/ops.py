@@ -4,7 +4,7 @@
 - `TritonOps`: our Triton kernels (`triton_ops.py`) for the small ops a layer is made of —
   RMSNorm with the residual add fused in, RoPE in place on the fused q/k buffer, SiLU·up — so a
   layer is ~11 kernels instead of ~25. GEMMs stay on cuBLAS, except in steps of at most 16
-  tokens (16-bit) for weight shapes with measured tiles (`triton_ops._TUNED`: the SmolLM2 and
+  tokens (16-bit) for weight shapes with measured tiles (`triton_tiles._TUNED`: the SmolLM2 and
   Llama-3-8B projections), where our GEMM is level with cuBLAS or faster
   (`small_gemms="cublas"` turns that off, for comparison)...
 - ...unless `exact=True`: then every GEMM (projections and LM head) is our batch-invariant
@@ -26,10 +26,10 @@
   kernels a layer (`fuse_norm=True`). It is off by default: on the H200 the prologue made
   SmolLM2's small steps slower (B=1 q=5 1.08 vs 0.84 ms, bench/RESULTS.md round 15).
 - Programmatic dependent launch (`pdl=True`, the default; sm_90+): each of our kernels is
-  launched while the one before it still runs, and waits for it (`triton_ops._grid_sync`)
+  launched while the one before it still runs, and waits for it (`triton_base._grid_sync`)
   before it touches memory that kernel may write, so the gaps between a graph's ~250 small
   launches are hidden. What no kernel writes is read before the wait (`pdl_early`,
-  `triton_ops.set_pdl`): the norms' weights and the attention's metadata. Not a bit changes.
+  `triton_base.set_pdl`): the norms' weights and the attention's metadata. Not a bit changes.
 - Fused (`fused=True`, opt-in with `specwire target --fused`, never with `exact`; measured SLOWER on
   the H200 for now — the fused GEMMs run too few programs, see bench/RESULTS.md): steps of at most
   `triton_fused.MAX_TOKENS` tokens fold the norm into the qkv and gate_up GEMMs and SiLU·up
@@ -137,9 +137,10 @@ class TritonOps(TorchOps):
         pdl_early: bool = True,
     ) -> None:
         # imports triton: GPU machines only
-        from specwire.common.model import triton_fused, triton_ops
+        from specwire.common.model import triton_base, triton_fused, triton_ops, triton_tiles
 
         self._k = triton_ops
+        self._tiles = triton_tiles  # the GEMM's tile configs
         self._kf = triton_fused  # its bit-exact `qkv_rope_store`, in every mode
         self.exact = exact
         # Exact mode keeps the unfused path: its rows must come from the batch-invariant GEMM.
@@ -153,7 +154,7 @@ class TritonOps(TorchOps):
         if small_gemms not in ("triton", "cublas"):
             raise ValueError(f"small_gemms must be triton or cublas, not {small_gemms!r}")
         # Steps of at most BLOCK_M tokens run the projections with measured tiles on our GEMM,
-        # which is level with or faster than cuBLAS there (`triton_ops._TUNED`).
+        # which is level with or faster than cuBLAS there (`triton_tiles._TUNED`).
         self._small_on_triton = small_gemms == "triton"
         if exact:
             self.name = "triton-exact"
@@ -163,9 +164,9 @@ class TritonOps(TorchOps):
             self.name += "-cublas"
         if self._fused is None and not fuse_small:
             self.name += "-nofuse"
-        # Programmatic dependent launch for every kernel of ours (sm_90+; `triton_ops.set_pdl`):
+        # Programmatic dependent launch for every kernel of ours (sm_90+; `triton_base.set_pdl`):
         # a process-wide launch option, captured into each graph. Bits do not depend on it.
-        triton_ops.set_pdl(pdl, pdl_early)
+        triton_base.set_pdl(pdl, pdl_early)
         if not pdl:
             self.name += "-nopdl"
         elif not pdl_early:
@@ -202,8 +203,8 @@ class TritonOps(TorchOps):
         return (
             self._small_on_triton
             and x.dtype != torch.float32  # the tiles were measured in bf16
-            and x.shape[0] <= self._k.BLOCK_M
-            and self._k.tuned(*weight.shape)
+            and x.shape[0] <= self._tiles.BLOCK_M
+            and self._tiles.tuned(*weight.shape)
         )
 
     def _epilogue_ok(self, h: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -211,11 +212,11 @@ class TritonOps(TorchOps):
         (`triton_ops.gate_up_silu`, `triton_fused.qkv_rope_store`): where it is our GEMM with
         BLOCK_M-row tiles (exact mode's tiles for at most 16 rows) and no K split, and the
         `--fused` kernels do not take the step. Shapes only, as above."""
-        if not self._fuse_small or self._fuses(h) or h.shape[0] > self._k.BLOCK_M:
+        if not self._fuse_small or self._fuses(h) or h.shape[0] > self._tiles.BLOCK_M:
             return False
         if not (self.exact or self._small_gemm(h, weight)):
             return False
-        return self._k.linear_config(*weight.shape).split_k == 1
+        return self._tiles.linear_config(*weight.shape).split_k == 1
 
     def _fuses(self, x: torch.Tensor) -> bool:
         # A function of the shape only: the same choice at graph capture and at every replay.
@@ -248,7 +249,9 @@ class TritonOps(TorchOps):
         """Whether the RMSNorm before an epilogue GEMM (`_epilogue_ok`) rides in its prologue.
         Shapes only, as above."""
         k = x.shape[1]
-        return self._fuse_norm and self._k.norm_fuses(k, self._k.linear_config(weight.shape[0], k))
+        return self._fuse_norm and self._k.norm_fuses(
+            k, self._tiles.linear_config(weight.shape[0], k)
+        )
 
     def rope_in_qkv(self, x, weight):
         return self._epilogue_ok(x, weight)

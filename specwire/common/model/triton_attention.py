@@ -51,7 +51,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specwire.common.model.triton_ops import _grid_sync, _index, early_loads, launch_opts
+from specwire.common.model.triton_base import _grid_sync, _index, early_loads, launch_opts
 
 # One fixed launch configuration: these shape the numerics (tile and segment edges, merge
 # order), so they are constants, never tuned per batch shape.

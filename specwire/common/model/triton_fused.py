@@ -31,7 +31,7 @@ PTX has the same float instructions in the same order). `qkv_rope_store`'s GEMM 
 own loop on a tile of the same shape (only which weight rows feed a tile column differs).
 
 The GEMM kernels do not specialise on M: every M runs one binary per weight shape. The
-`--fused` ones use `triton_ops.linear_config`'s tiles (BLOCK_M 16, N tiles of 32 or 64, a K
+`--fused` ones use `triton_tiles.linear_config`'s tiles (BLOCK_M 16, N tiles of 32 or 64, a K
 split for long K with few N tiles, whose fp32 partials `triton_ops`' split-sum kernel adds in
 order). `TritonOps(fused=True)` routes steps of at most `MAX_TOKENS` tokens to them; wider
 steps, and the exact mode, keep the unfused path (cuBLAS, or the batch-invariant GEMM).
@@ -45,24 +45,24 @@ import triton
 import triton.language as tl
 
 from specwire.common.model.triton_attention import _check_cache
-from specwire.common.model.triton_ops import (
-    BLOCK_M,
-    LinearConfig,
+from specwire.common.model.triton_base import (
     _cast,
-    _dot,
     _exp,
     _f32,
     _grid_sync,
     _grid_wait,
     _index,
+    _rsqrt,
+    launch_opts,
+)
+from specwire.common.model.triton_ops import (
+    _dot,
     _norm_gemm_tile,
     _norm_operands,
     _rotate,
-    _rsqrt,
     _split_sum_kernel,
-    launch_opts,
-    linear_config,
 )
+from specwire.common.model.triton_tiles import BLOCK_M, LinearConfig, linear_config
 
 # Steps of up to this many tokens take the fused GEMMs: one row tile (BLOCK_M), where a GEMM is
 # weight-streaming and launch-bound. Wider steps re-read the weight per row tile and recompute

@@ -18,126 +18,31 @@ bits never depend on its batch:
   every `M` runs the same binary.
 
 The elementwise kernels mirror PyTorch's rounding (fp32 opmath, round to the tensor dtype after
-every eager op) so they are bitwise equal to the eager formulas they replace.
+every eager op) so they are bitwise equal to the eager formulas they replace. What all our
+kernel modules share (PDL launches, the rounding helpers) is in `triton_base`; the GEMM's tile
+configs per weight shape in `triton_tiles`.
 """
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-# CUDA's expf/rsqrtf (what PyTorch's kernels call) are libdevice's; Triton's own tl.exp/tl.rsqrt
-# are faster approximations that would round differently. The interpreter has no libdevice.
-_INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
-
-
-def _gdc_supported() -> bool:
-    """Whether kernels may carry Hopper's grid dependency control (`griddepcontrol`, sm_90+)."""
-    if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
-        return False
-    return torch.cuda.get_device_capability() >= (9, 0)
-
-
-# Programmatic dependent launch (PDL). Every kernel of ours starts with `_grid_sync`: it waits
-# until the kernel before it in the stream has finished and its writes are visible, then lets
-# the kernel after it launch. Launched with PDL (`launch_opts`), a kernel's programs are placed
-# on the SMs while the previous kernel still runs and only wait at that point, so in a
-# graph of ~250 small kernels the launch latency between kernels is hidden. A kernel's bits do
-# not depend on it: the same instructions run after the wait. `set_pdl(False)` launches without
-# it (for side-by-side benchmarks); the wait is then a no-op.
-_GDC = tl.constexpr(_gdc_supported())
-_LAUNCH: dict[str, bool] = {"launch_pdl": True} if _GDC else {}
-# Early loads: what a kernel reads before its PDL wait, while the kernel before it still runs.
-# Only memory no kernel of the step writes qualifies: the norms' weights, and the attention's
-# metadata (query offsets, lengths, block table: copied in by the host before the step's first
-# kernel). Writes always follow the wait: a fresh buffer may reuse memory the previous kernel
-# still reads. Each GEMM program's first weight tile loaded early too was measured slower on
-# the H200 (SmolLM2 B=1 q=1 0.82 against 0.79 ms; Llama-3-8B level; round 16) and removed.
-_EARLY = {"on": True}
-
-
-def set_pdl(on: bool, early: bool = True) -> None:
-    """Launch our kernels with PDL (the default on sm_90+) or without, with the `early` loads
-    before the wait or after it. Graphs keep the choice made when they were captured. Neither
-    changes a bit: the same instructions compute the same values; only where the loads sit
-    around the wait moves."""
-    _LAUNCH.clear()
-    if on and _GDC:
-        _LAUNCH["launch_pdl"] = True
-    _EARLY["on"] = early
-
-
-def pdl_enabled() -> bool:
-    return bool(_LAUNCH)
-
-
-def launch_opts() -> dict[str, bool]:
-    """Keyword arguments for every launch of a kernel that begins with `_grid_sync`."""
-    return _LAUNCH
-
-
-def early_loads() -> bool:
-    """The `EARLY` constexpr of the kernels that load before their PDL wait (`set_pdl`)."""
-    return _EARLY["on"]
-
-
-@triton.jit
-def _grid_wait():
-    """PDL: wait until the previous kernel in the stream has finished and its writes are
-    visible. Must run before a kernel reads or writes memory another kernel touches."""
-    if _GDC:
-        gdc_wait()
-
-
-@triton.jit
-def _grid_release():
-    """PDL: let the next kernel's programs be placed once every program of this one has got
-    here (or exited). GEMMs call it after their K loop, not at their start: placed early, the
-    next kernel's programs pile onto the SMs that free first and stream their weights unevenly
-    (H200, Llama-3-8B B=1: 5.22 ms a step against 4.85 without PDL)."""
-    if _GDC:
-        gdc_launch_dependents()
-
-
-@triton.jit
-def _grid_sync():
-    """`_grid_wait`, then `_grid_release`: the start of a kernel that is one small wave."""
-    _grid_wait()
-    _grid_release()
-
-
-@triton.jit
-def _exp(x):
-    return tl.exp(x) if _INTERPRET else libdevice.exp(x)
-
-
-@triton.jit
-def _rsqrt(x):
-    return tl.rsqrt(x) if _INTERPRET else libdevice.rsqrt(x)
-
-
-@triton.jit
-def _cast(x, dtype: tl.constexpr):
-    """fp32 -> dtype, rounding to nearest even (the GPU's cvt.rn). The interpreter truncates
-    fp32 -> bf16, so there it gets the same rounding from bit arithmetic."""
-    if _INTERPRET and dtype == tl.bfloat16:
-        bits = x.to(tl.uint32, bitcast=True)
-        bits = bits + 0x7FFF + ((bits >> 16) & 1)
-        return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
-    else:
-        return x.to(dtype)
-
-
-@triton.jit
-def _f32(x):
-    return x.to(tl.float32)
-
+from specwire.common.model.triton_base import (
+    _INTERPRET,
+    _cast,
+    _exp,
+    _f32,
+    _grid_release,
+    _grid_sync,
+    _grid_wait,
+    _index,
+    _rsqrt,
+    early_loads,
+    launch_opts,
+)
+from specwire.common.model.triton_tiles import BLOCK_M, LinearConfig, linear_config
 
 # ---------------------------------------------------------------------------------------------
 # RMSNorm, with and without the residual add
@@ -339,75 +244,6 @@ def rope(
 # Batch-invariant linear: out = x @ weight.T (+ bias)
 # ---------------------------------------------------------------------------------------------
 
-BLOCK_M = 16  # tl.dot's minimum; fixed for every M (small M is the decode/verify regime)
-_TARGET_PROGRAMS = 264  # 2 per SM on the H200's 132 SMs, for the weight-streaming (small M) case
-
-
-@dataclass(frozen=True)
-class LinearConfig:
-    """Tile config of one weight shape. A function of (N, K) only: never of M."""
-
-    block_n: int
-    block_k: int
-    split_k: int  # K splits, each reduced by its own program into an fp32 workspace
-    k_per_split: int  # elements of K per split (a multiple of block_k)
-    num_warps: int = 4
-    num_stages: int = 4
-
-
-def _config(k: int, bn: int, bk: int, split: int, warps: int = 4, stages: int = 4):
-    """Tiles for a K of `k`: `split` ranges of whole K tiles (fewer when one would be empty)."""
-    iters = triton.cdiv(k, bk)
-    per_split = triton.cdiv(iters, split)
-    return LinearConfig(bn, bk, triton.cdiv(iters, per_split), per_split * bk, warps, stages)
-
-
-# Tiles measured fastest at M = 1 and 5 (one config for both, as the exact mode needs) by
-# `python3 bench/gemm_sweep.py` on the H200 (bench/RESULTS.md, round 13), for the projections of
-# the two reference models. Each is within 3 % of cuBLAS there or faster, so `TritonOps` runs these
-# shapes on our GEMM for steps of at most BLOCK_M tokens (`tuned`). Another GPU still gets valid
-# (if untuned) tiles; shapes not listed take `linear_config`'s rule.
-_TUNED: dict[tuple[int, int], LinearConfig] = {
-    # SmolLM2-135M: qkv, o_proj, gate_up, down (3.2 / 3.2 / 3.9 / 4.7 us; cuBLAS 3.6-3.7 /
-    # 3.6 / 4.1 / 5.0-5.1)
-    (960, 576): _config(576, 16, 128, 1, 4, 5),
-    (576, 576): _config(576, 16, 128, 1, 4, 5),
-    (3072, 576): _config(576, 32, 64, 1, 4, 5),
-    (576, 1536): _config(1536, 16, 128, 1, 4, 5),
-    # Llama-3-8B (15.7-15.8 / 12.0 / 56.6-57.0 / 30.9-31.4 us; cuBLAS 15.4-16.1 / 13.1-13.2 /
-    # 56.5-56.8 / 31.9-32.2)
-    (6144, 4096): _config(4096, 32, 128, 1, 4, 5),
-    (4096, 4096): _config(4096, 32, 128, 2, 4, 5),
-    (28672, 4096): _config(4096, 32, 128, 1, 4, 3),
-    (4096, 14336): _config(14336, 32, 128, 3, 4, 4),
-}
-
-
-def tuned(n: int, k: int) -> bool:
-    """Whether weight shape [N, K] has measured tiles (`_TUNED`)."""
-    return (n, k) in _TUNED
-
-
-def linear_config(n: int, k: int) -> LinearConfig:
-    """The measured tiles of a `_TUNED` shape. Otherwise a rule: small-M calls are
-    weight-bandwidth-bound, so spread the weight over enough programs to keep every SM
-    streaming: 64-wide N tiles, 32-wide when N is small, and a K split when there are still too
-    few tiles and K is long enough for each split to stay efficient (at least 8 K iterations, so
-    the pipeline reaches its steady state). num_stages 4 keeps 3 weight tiles in flight per
-    program; with 4 warps and at most 20 KB a stage, two or more programs fit on an SM. The
-    sweep found the rule within a few per cent of the best tiles except for wide N (Llama's
-    gate_up: 66.7 us against 56.6) and the smallest weights (SmolLM2: 10-25 % behind)."""
-    if (n, k) in _TUNED:
-        return _TUNED[(n, k)]
-    block_k = next((b for b in (128, 64, 32) if k % b == 0), 64)
-    block_n = 64 if triton.cdiv(n, 64) >= _TARGET_PROGRAMS // 2 else 32
-    tiles_n = triton.cdiv(n, block_n)
-    k_iters = triton.cdiv(k, block_k)
-    split = 1
-    if tiles_n < _TARGET_PROGRAMS and k >= 2048:
-        split = max(1, min(triton.cdiv(_TARGET_PROGRAMS, tiles_n), k_iters // 8))
-    return _config(k, block_n, block_k, split)
-
 
 @triton.jit
 def _dot(a, b, acc, FP32_IEEE: tl.constexpr):
@@ -419,16 +255,6 @@ def _dot(a, b, acc, FP32_IEEE: tl.constexpr):
         return tl.dot(a, b, acc, input_precision="ieee")
     else:
         return tl.dot(a, b, acc)
-
-
-@triton.jit
-def _index(x):
-    """A loop bound. The interpreter hands a nested call's int arguments over as 1-element
-    arrays, which `range` refuses; compiled, this is the identity."""
-    if _INTERPRET:
-        return int(x.handle.data.reshape(-1)[0])  # plain Python: interpreted only
-    else:
-        return x
 
 
 @triton.jit
