@@ -28,11 +28,11 @@ def _gdc_supported() -> bool:
 # Programmatic dependent launch (PDL). Every kernel of ours calls `_grid_sync` (a GEMM:
 # `_grid_wait`, and `_grid_release` after its K loop) before it touches memory the kernel
 # before it may write: it waits until that kernel has finished and its writes are visible,
-# then lets the kernel after it launch. Launched with PDL (`launch_opts`), a kernel's programs are placed
-# on the SMs while the previous kernel still runs and only wait at that point, so in a
-# graph of ~250 small kernels the launch latency between kernels is hidden. A kernel's bits do
-# not depend on it: the same instructions run after the wait. `set_pdl(False)` launches without
-# it (for side-by-side benchmarks); the wait is then a no-op.
+# then lets the kernel after it launch. Launched with PDL (`launch_opts`), a kernel's programs
+# are placed on the SMs while the previous kernel still runs and only wait at that point, so
+# in a graph of ~250 small kernels the launch latency between kernels is hidden. A kernel's
+# bits do not depend on it: the same instructions run after the wait. `set_pdl(False)`
+# launches without it (for side-by-side benchmarks); the wait is then a no-op.
 _GDC = tl.constexpr(_gdc_supported())
 _LAUNCH: dict[str, bool] = {"launch_pdl": True} if _GDC else {}
 # Early loads: what a kernel reads before its PDL wait, while the kernel before it still runs.
