@@ -311,7 +311,15 @@ def bench_shape(
             for p in args.pdl
             for nrm in args.fuse_norm
         ]
-    for fused, small_gemms, fuse_small, pdl, fuse_norm, mode in variants:  # in turn
+    if len(args.seg_group_max) > 1:  # each variant again per attention segment grouping
+        variants = [v + (g,) for g in args.seg_group_max for v in variants]
+    else:
+        variants = [v + (args.seg_group_max[0],) for v in variants]
+    for fused, small_gemms, fuse_small, pdl, fuse_norm, mode, seg_max in variants:  # in turn
+        if seg_max is not None:
+            from specwire.common.model import triton_attention  # needs Triton: only when asked
+
+            triton_attention.SEG_GROUP_MAX = seg_max
         compiled = None
         if mode == "off":
             ops = make_ops(
@@ -328,9 +336,10 @@ def bench_shape(
         else:
             compiled = CompiledOps(model, mode)
             compiled.attach()
-        if model.ops.name in measured:  # e.g. exact or SDPA: fusion does not apply
+        tag = f"-seg{seg_max}" if len(args.seg_group_max) > 1 else ""
+        if model.ops.name + tag in measured:  # e.g. exact or SDPA: fusion does not apply
             continue
-        measured.add(model.ops.name)
+        measured.add(model.ops.name + tag)
         log(f"{name}: attention backend {model.attention.name}, ops {model.ops.name}")
         t0 = time.perf_counter()
         runners = build_runners(
@@ -344,9 +353,9 @@ def bench_shape(
         for batch in args.batches:
             for k in args.ks:
                 runner = runners[k] if k in runners else next(iter(runners.values()))
-                results.append(
-                    measure_case(name, model, kv, runner, batch, k, mode, compiled, args)
-                )
+                result = measure_case(name, model, kv, runner, batch, k, mode, compiled, args)
+                result["ops"] += tag
+                results.append(result)
         del runners  # their graphs and pools, before the next variant captures its own
         if compiled is not None:
             compiled.detach()
@@ -451,6 +460,13 @@ def main() -> int:
         "--fuse-small on): off (the default, what the target runs) | on | on,off (ops column "
         "'...-norm')",
     )
+    ap.add_argument(
+        "--seg-group-max",
+        default="",
+        help="comma list: the most key segments one Triton attention program walks "
+        "(triton_attention.SEG_GROUP_MAX; 1: one segment a program), side by side (ops column "
+        "'...-segN'); the numerics are the same. Default: the module's",
+    )
     ap.add_argument("--tag", default="", help="suffix of the output file names")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     ap.add_argument("--out", required=True)
@@ -458,6 +474,7 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     args.batches = [int(x) for x in args.batches.split(",")]
+    args.seg_group_max = [int(x) for x in args.seg_group_max.split(",") if x] or [None]
     args.ks = [int(x) for x in args.ks.split(",")]
     args.fused = [{"on": True, "off": False}[x] for x in args.fused.split(",")]
     args.fuse_small = [{"on": True, "off": False}[x] for x in args.fuse_small.split(",")]
