@@ -145,8 +145,9 @@ class RemoteDrafter(Drafter):
         self.connection = RemoteConnection(
             self.config, self.security, self.name, vocab_size, tokenizer_fingerprint
         )
-        # The connection's lock, shared: it guards the connection's state, `_step` and the
-        # counters, so a step reads the one and updates the other atomically.
+        # The connection's lock, shared: a step reads the connection's state and sends in one
+        # critical section, and waits on it for the reply the reader thread hands over. The
+        # step number and the counters are the executor thread's alone (`counters` copies).
         self._cv = self.connection.cv
         self._step = 0
         self._notices: set[grpc.Future] = set()  # unary finished notices in flight
@@ -179,27 +180,23 @@ class RemoteDrafter(Drafter):
         in flight or the connection is down (the next step then asks the usual way)."""
         self.patience.committed(time.monotonic())
         self._take_answered()
-        live = [r for r in requests if not r.finished and r.useful_drafts > 0]
+        if self._prefetch is not None:  # still unanswered: nothing more goes out meanwhile
+            return
+        live = [(r, n) for r in requests if not r.finished and (n := r.useful_drafts) > 0]
         if not live:
             return
         conn = self.connection
         with self._cv:
-            if (
-                not conn.connected
-                or conn.lost_sync
-                or conn.inflight is not None
-                or self._prefetch is not None
-            ):
+            if not conn.connected or conn.lost_sync or conn.inflight is not None:
                 return
-            self._step += 1
-            step = self._step
-        msg, sent = self._build(step, live, budget=lambda r: r.useful_drafts)
+        self._step += 1
+        step = self._step
+        msg, sent = self._build(step, live)
         if self.mode == "stream":
             with self._cv:
                 stream = conn.send(msg)  # in flight as `step` (the message's)
-                if stream is None:
-                    return
-            self._prefetch = _Prefetch(step, sent, stream, None, time.monotonic())
+            if stream is not None:
+                self._prefetch = _Prefetch(step, sent, stream, None, time.monotonic())
         else:
             future = conn.stub.Draft.future(msg, timeout=self.config.deadline_ms / 1000 + 1.0)
             self._prefetch = pre = _Prefetch(step, sent, None, future, time.monotonic())
@@ -211,15 +208,17 @@ class RemoteDrafter(Drafter):
         pre = self._prefetch
         if pre is None:
             return
-        conn = self.connection
         if pre.future is not None:
-            answered = pre.future.done()
+            if pre.future.done():
+                self._use_prefetch(pre)
+                return
         else:
-            with self._cv:  # answered, or the stream broke (no reply will come)
-                answered = conn.reply(pre.step) is not None or not conn.is_open(pre.stream)
-        if answered:
-            self._use_prefetch(pre)
-        elif time.monotonic() - pre.since > self.config.deadline_ms / 1000:
+            with self._cv:  # its reply, or None: the stream broke (no reply will come)
+                reply = self._stream_reply(pre.step, pre.stream, 0.0, patient=True)
+            if reply is not _PENDING:
+                self._keep_prefetched(pre, reply)
+                return
+        if time.monotonic() - pre.since > self.config.deadline_ms / 1000:
             self._prefetch = None
             if pre.future is not None:
                 pre.future.cancel()
@@ -233,6 +232,11 @@ class RemoteDrafter(Drafter):
         if reply is _PENDING:
             self._count("deferred")
             return False
+        self._keep_prefetched(pre, reply)
+        return True
+
+    def _keep_prefetched(self, pre: _Prefetch, reply: Reply | None) -> None:
+        """The `submit` is over: keep its reply's proposals (None: late or failed)."""
         self._prefetch = None
         if reply is not None:
             arrived = pre.answered_at if pre.future is not None else self.connection.reply_at
@@ -240,7 +244,6 @@ class RemoteDrafter(Drafter):
                 self.patience.replied(arrived - pre.since)
             self._apply(reply, pre.sent)
             self._count("prefetched")
-        return True
 
     def _collect(self, pre: _Prefetch, wait_s: float | None = None):
         """The reply to a `submit`, waiting at most the step deadline (None if late/failed),
@@ -285,10 +288,10 @@ class RemoteDrafter(Drafter):
             if reply is not None:
                 return reply
             if not self.connection.is_open(stream):
-                return self._count("failed", locked=True)
+                return self._count("failed")
             left = end - time.monotonic()
             if left <= 0:
-                return _PENDING if patient else self._count("late", locked=True)
+                return _PENDING if patient else self._count("late")
             self._cv.wait(left)
 
     def prepare_draft_tokens(
@@ -302,9 +305,7 @@ class RemoteDrafter(Drafter):
     def _prepare(self, requests: Sequence[Request]) -> None:
         for r in requests:
             r.draft_tokens, r.draft_probs = [], None
-        with self._cv:
-            lost = self.connection.take_lost_sync()
-        if lost:  # the connection was lost: every sequence goes out from token 0 next time
+        if self.connection.take_lost_sync():  # every sequence goes out from token 0 next time
             self.sessions.resync_all()
         self._take_answered()
         requests = [r for r in requests if not self._from_run(r)]
@@ -341,7 +342,7 @@ class RemoteDrafter(Drafter):
         if inflight or self._prefetch is not None:
             # the drafter has not answered an earlier message yet: skip, keep the deltas
             return self._count("late" if requests else None)
-        msg, sent = self._build(step, requests)
+        msg, sent = self._build(step, [(r, r.draft_budget) for r in requests])
         t0 = time.monotonic()
         reply = self._exchange_stream(msg) if self.mode == "stream" else self._exchange_unary(msg)
         if reply is not None and requests:
@@ -367,25 +368,22 @@ class RemoteDrafter(Drafter):
             self._count("branched" if where == "branch" else "lookahead")
         return True
 
-    def _build(self, step: int, requests: Sequence[Request], budget=None):
-        """The message for `requests` (each asking `_ask(budget(r))` tokens, default budget
-        its `draft_budget`), with the finished notices pending. The two message types are
+    def _build(self, step: int, budgets: Sequence[tuple[Request, int]]):
+        """The message for the requests of `budgets` (request, drafts it may use: each asks
+        `_ask(budget)` tokens), with the finished notices pending. The two message types are
         field for field the same (drafter.proto)."""
-        budget = budget or (lambda r: r.draft_budget)
         kind = drafter_pb2.DraftStreamRequest if self.mode == "stream" else drafter_pb2.DraftRequest
         msg = kind(step=step, want_probs=self.want_probs)
-        per_position = branches_per_position(self.branches, len(requests))
-        sent = self.sessions.write_updates(
-            msg, requests, lambda r: self._ask(budget(r)), per_position
-        )
-        return msg, sent
+        per_position = branches_per_position(self.branches, len(budgets))
+        asks = [(r, self._ask(budget)) for r, budget in budgets]
+        return msg, self.sessions.write_updates(msg, asks, per_position)
 
     def _exchange_stream(self, msg: drafter_pb2.DraftStreamRequest) -> Reply | None:
         end = time.monotonic() + self.config.deadline_ms / 1000
         with self._cv:
             stream = self.connection.send(msg)
             if stream is None:
-                return self._count("failed", locked=True)
+                return self._count("failed")
             if not msg.sequences or all(s.finished for s in msg.sequences):
                 return None  # only `finished` notices: nothing to wait for
             return self._stream_reply(msg.step, stream, end)
@@ -454,14 +452,10 @@ class RemoteDrafter(Drafter):
         self._notices.add(future)  # held until done; a lost notice only leaves it to the TTL
         future.add_done_callback(self._notices.discard)
 
-    def _count(self, name: str | None, locked: bool = False) -> None:
-        if name is None:
-            return
-        if locked:
+    def _count(self, name: str | None) -> None:
+        """Bump a counter (executor thread only: the one writer, so no lock)."""
+        if name is not None:
             self._counters[name] += 1
-        else:
-            with self._cv:
-                self._counters[name] += 1
 
     def counters(self) -> dict[str, int]:
         """`COUNTERS`: late (no reply by the deadline, or not asked because an earlier message

@@ -96,11 +96,6 @@ class RemoteConnection:
         """The connection was lost since the last `take_lost_sync`."""
         return self._lost_sync
 
-    def take_lost_sync(self) -> bool:
-        """`lost_sync`, cleared: the caller re-sends every sequence from base_len 0."""
-        lost, self._lost_sync = self._lost_sync, False
-        return lost
-
     @property
     def inflight(self) -> int | None:
         """Stream mode: the step sent and not yet answered (None: the stream is free)."""
@@ -141,6 +136,16 @@ class RemoteConnection:
         return self._reply_at
 
     # -- the lifecycle (each takes `cv` itself) -----------------------------------------------
+
+    def take_lost_sync(self) -> bool:
+        """`lost_sync`, cleared: the caller re-sends every sequence from base_len 0. Takes
+        `cv` itself, and only when it is set (every step asks; a flag set just after the
+        unlocked read is seen by the next step, as one set just after a locked read would)."""
+        if not self._lost_sync:
+            return False
+        with self.cv:
+            lost, self._lost_sync = self._lost_sync, False
+        return lost
 
     def _handshake(self, timeout_s: float, wait: bool = True) -> drafter_pb2.GetInfoResponse:
         """See `remote_channel.handshake`; raises UserError."""

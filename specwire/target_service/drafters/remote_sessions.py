@@ -198,36 +198,36 @@ class RemoteSessions(ResourceManager):
         return run.tokens[m : m + budget], probs, where
 
     def write_updates(
-        self,
-        msg: Any,
-        requests: Sequence[Request],
-        ask: Callable[[Request], int],
-        per_position: int,
+        self, msg: Any, asks: Sequence[tuple[Request, int]], per_position: int
     ) -> Sent:
         """Add to `msg` (a DraftRequest or DraftStreamRequest) the finished notices pending
-        and one update per request: the tokens committed since what the drafter holds, asking
-        for `ask(r)` drafts and, when `per_position`, branches. The requests count as synced
-        from here on."""
+        and one update per (request, drafts to ask for) of `asks`: the tokens committed since
+        what the drafter holds, and when `per_position`, branches. The requests count as
+        synced from here on."""
+        add = msg.sequences.add
         for rid in self.take_finished():
-            msg.sequences.add(request_id=rid, finished=True)
+            add(request_id=rid, finished=True)
         sent: Sent = {}
-        for r in requests:
+        synced = self.synced
+        for r, k in asks:
+            rid = r.request_id
             n = r.num_settled_tokens  # a plain step's submit: the next step is in flight
-            base = self.synced_len(r.request_id)
-            base = base if base <= n else 0
-            k = ask(r)
-            msg.sequences.add(
-                request_id=r.request_id,
+            base = synced.get(rid, 0)
+            if base > n:
+                base = 0
+            branches = per_position if k else 0
+            add(
+                request_id=rid,
                 base_len=base,
                 new_tokens=r.tokens_between(base, n),
                 max_draft_tokens=k,
-                max_branches=per_position if k else 0,
-                branch_positions=min(BRANCH_POSITIONS, k + 1) if per_position and k else 0,
+                max_branches=branches,
+                branch_positions=min(BRANCH_POSITIONS, k + 1) if branches else 0,
             )
             # Optimistic: if this message is lost, the drafter answers resync (or the stream
             # breaks and everything restarts from 0); lengths only grow, so nothing goes wrong.
-            self.synced[r.request_id] = n
-            sent[r.request_id] = (n, k)
+            synced[rid] = n
+            sent[rid] = (n, k)
         return sent
 
     def apply(self, reply: Any, sent: Sent) -> list[str]:
