@@ -64,6 +64,7 @@ from specwire.common.model.llama import LlamaModel  # noqa: E402
 from specwire.common.model.triton_backend import make_backend, make_ops  # noqa: E402
 from specwire.target_service.request import Request  # noqa: E402
 from specwire.target_service.resources.kv_cache import KVCacheManager  # noqa: E402
+from specwire.target_service.runner.graphs import TokenGraphs  # noqa: E402
 from specwire.target_service.runner.model_runner import ModelRunner, RunnerConfig  # noqa: E402
 from specwire.target_service.scheduler import Row  # noqa: E402
 
@@ -311,15 +312,11 @@ def bench_shape(
             for p in args.pdl
             for nrm in args.fuse_norm
         ]
-    if len(args.seg_group_max) > 1:  # each variant again per attention segment grouping
-        variants = [v + (g,) for g in args.seg_group_max for v in variants]
-    else:
-        variants = [v + (args.seg_group_max[0],) for v in variants]
-    for fused, small_gemms, fuse_small, pdl, fuse_norm, mode, seg_max in variants:  # in turn
-        if seg_max is not None:
-            from specwire.common.model import triton_attention  # needs Triton: only when asked
-
-            triton_attention.SEG_GROUP_MAX = seg_max
+    # each variant once per graph row layout (`TokenGraphs.trim_rows`)
+    variants = [v + (trim,) for trim in args.graph_rows for v in variants]
+    for fused, small_gemms, fuse_small, pdl, fuse_norm, mode, trim in variants:  # in turn
+        TokenGraphs.trim_rows = trim
+        tag = "" if trim else "-fullrows"
         compiled = None
         if mode == "off":
             ops = make_ops(
@@ -336,7 +333,6 @@ def bench_shape(
         else:
             compiled = CompiledOps(model, mode)
             compiled.attach()
-        tag = f"-seg{seg_max}" if len(args.seg_group_max) > 1 else ""
         if model.ops.name + tag in measured:  # e.g. exact or SDPA: fusion does not apply
             continue
         measured.add(model.ops.name + tag)
@@ -461,11 +457,11 @@ def main() -> int:
         "'...-norm')",
     )
     ap.add_argument(
-        "--seg-group-max",
-        default="",
-        help="comma list: the most key segments one Triton attention program walks "
-        "(triton_attention.SEG_GROUP_MAX; 1: one segment a program), side by side (ops column "
-        "'...-segN'); the numerics are the same. Default: the module's",
+        "--graph-rows",
+        default="trim",
+        help="comma list of trim | full: a graph bucket of T tokens attends over min(T, max "
+        "rows) rows (trim, what the target runs) or the largest batch's rows (full: the layout "
+        "before round 17; ops column '...-fullrows'), side by side",
     )
     ap.add_argument("--tag", default="", help="suffix of the output file names")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
@@ -474,7 +470,9 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     args.batches = [int(x) for x in args.batches.split(",")]
-    args.seg_group_max = [int(x) for x in args.seg_group_max.split(",") if x] or [None]
+    if not set(args.graph_rows.split(",")) <= {"trim", "full"}:
+        ap.error(f"--graph-rows takes a comma list of trim, full, not {args.graph_rows!r}")
+    args.graph_rows = [x == "trim" for x in args.graph_rows.split(",")]
     args.ks = [int(x) for x in args.ks.split(",")]
     args.fused = [{"on": True, "off": False}[x] for x in args.fused.split(",")]
     args.fuse_small = [{"on": True, "off": False}[x] for x in args.fuse_small.split(",")]

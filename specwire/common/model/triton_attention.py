@@ -11,10 +11,7 @@ All kernels are CUDA-graph capturable: launch grids and the workspace are functi
   of the grid is `ceil(table width * block size / SEGMENT)`, an upper bound from the block
   table's static width, and a program whose segment starts past its queries' last key exits.
   So a 1-token decode at 1024 keys runs 8 segments × KVH programs side by side instead of
-  walking 1024 keys in KVH programs. A large step, whose grid already fills the GPU, gives
-  each program 2 or 4 consecutive segments instead (`segment_group`): it walks them as one
-  software-pipelined loop, the next segment's K/V loads in flight during this one's math, and
-  still writes one partial per segment, computed exactly as alone.
+  walking 1024 keys in KVH programs.
 - Query blocks: grid axis 0 is `T // BLOCK_Q + B + 1`, an upper bound on their number. Row r's
   blocks are numbered from `cu[r] // BLOCK_Q + r` on; a program finds its row by a FANOUT-ary
   search of `cu_seqlens_q` (one dependent load for up to 127 rows) and exits when its block
@@ -73,16 +70,6 @@ SEGMENT = 128
 KEY_TILE = 128
 TILE_BYTES = 32 * 1024
 NUM_WARPS = 4
-# Segments per program (`segment_group`): grouped only while the grid keeps at least
-# PROGRAMS_PER_GROUP programs (an upper bound: query blocks include padding rows; ~3 per SM),
-# at most SEG_GROUP_MAX segments each. A grouping never changes the numerics, only the
-# schedule. Measured on the H200 (`bench/attention_kernel.py --seg-groups 1,2,4`, ctx 1024):
-# Llama-3-8B heads B=32 q=5 78 -> 71 -> 65 us with 1, 2, 4 segments a program, B=8 q=5 21 ->
-# 19 (2), SmolLM2 B=32 q=5 17 -> 15 (2); a lone row stays at 1. A third pipeline stage was
-# slower everywhere (shared memory: fewer programs per SM), as was flattening the grid with
-# the KV head fastest (level).
-SEG_GROUP_MAX = 4
-PROGRAMS_PER_GROUP = 400
 # fp32 queries take the exact `ieee` products, which Triton builds from FMAs, not tensor cores,
 # and which spill at 4 warps beyond 32-key tiles: 64-key tiles on 8 warps compile without
 # spills for every D <= 128 (80-128 registers). The launch configuration is thus a function of
@@ -205,7 +192,6 @@ def _paged_attention_kernel(
     FANOUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     EARLY: tl.constexpr,
-    SEG_GROUP: tl.constexpr,
 ):
     # PDL: with EARLY, everything up to the early exits reads only the step's metadata
     # (query offsets, lengths, block table), which no kernel writes: done while the qkv GEMM
@@ -213,7 +199,7 @@ def _paged_attention_kernel(
     if not EARLY:
         _grid_sync()
     pid = tl.program_id(0)
-    seg = tl.program_id(1) * SEG_GROUP  # this program's first segment
+    seg = tl.program_id(1)
     kvh = tl.program_id(2)
 
     # Row of this query block: the largest r in [0, B] with cu[r] // BLOCK_Q + r <= pid (strictly
@@ -288,22 +274,11 @@ def _paged_attention_kernel(
     )
     q_pos = ctx - qlen + qi  # sees keys 0..q_pos
 
-    # The program walks the key tiles of segments seg..seg + SEG_GROUP - 1 (up to its queries'
-    # last key) as one loop, so that the loads of a segment's K/V are issued while the one
-    # before it is computed. Each segment's partial starts from the same (-inf, 0, 0) state
-    # (selected back at the segment's first tile) and is stored after its last tile: exactly
-    # what a program of one segment computes, so SEG_GROUP never changes a bit.
     m_i = tl.full([BLOCK_Q * GROUP_P], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_Q * GROUP_P], tl.float32)
     acc = tl.zeros([BLOCK_Q * GROUP_P, BLOCK_D], tl.float32)
-    walk_stop = tl.minimum(seg_start + SEG_GROUP * SEGMENT, num_keys)
-    for tile_start in range(_index(seg_start), _index(walk_stop), TILE):
-        tile_seg = tile_start // SEGMENT
-        seg_stop = tl.minimum((tile_seg + 1) * SEGMENT, num_keys)
-        first = tile_start % SEGMENT == 0
-        m_i = tl.where(first, float("-inf"), m_i)
-        l_i = tl.where(first, 0.0, l_i)
-        acc = tl.where(first, 0.0, acc)
+    seg_stop = tl.minimum(seg_start + SEGMENT, num_keys)
+    for tile_start in range(_index(seg_start), _index(seg_stop), TILE):
         k_pos = tile_start + offs_t
         k_ok = k_pos < seg_stop
         slot = blk.to(tl.int64) * stride_cb + (k_pos % block_size) * stride_cs + kvh * stride_ch
@@ -319,7 +294,7 @@ def _paged_attention_kernel(
         )  # [TILE, BLOCK_D]
         # The next tile's block ids now, so that their load overlaps this tile's math.
         next_pos = k_pos + TILE
-        blk = tl.load(table + next_pos // block_size, mask=next_pos < walk_stop, other=0)
+        blk = tl.load(table + next_pos // block_size, mask=next_pos < seg_stop, other=0)
         s = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION) * qk_scale
         visible = row_ok[:, None] & (k_pos[None, :] <= q_pos[:, None])
         s = tl.where(visible, s, float("-inf"))
@@ -333,21 +308,11 @@ def _paged_attention_kernel(
             p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION
         )
         m_i = m_new
-        # The segment's last tile: its partial, as masked stores (no branch in the loop).
-        done = row_ok & (tile_start + TILE >= seg_stop)
-        part = (tile_seg.to(tl.int64) * num_tokens + tok) * num_heads + head  # [M] workspace row
-        tl.store(
-            part_acc_ptr + part[:, None] * head_dim + offs_d[None, :],
-            acc,
-            mask=done[:, None] & d_ok[None, :],
-        )
-        tl.store(part_m_ptr + part, m_i, mask=done)
-        tl.store(part_l_ptr + part, l_i, mask=done)
-    if seg_start >= num_keys:  # segment 0 of queries that see no key: the empty partial
-        part = tok * num_heads + head
-        tl.store(part_acc_ptr + part[:, None] * head_dim + offs_d[None, :], acc, mask=io_mask)
-        tl.store(part_m_ptr + part, m_i, mask=row_ok)
-        tl.store(part_l_ptr + part, l_i, mask=row_ok)
+
+    part = (seg.to(tl.int64) * num_tokens + tok) * num_heads + head  # [M] workspace row
+    tl.store(part_acc_ptr + part[:, None] * head_dim + offs_d[None, :], acc, mask=io_mask)
+    tl.store(part_m_ptr + part, m_i, mask=row_ok)
+    tl.store(part_l_ptr + part, l_i, mask=row_ok)
 
 
 @triton.jit
@@ -463,7 +428,6 @@ def paged_attention(
     seq_lens: torch.Tensor,  # [B] int32: row r's context length including its new tokens
     scale: float,
     out: torch.Tensor | None = None,  # [T, H, D]
-    seg_group: int | None = None,  # segments per program; None: `segment_group`'s choice
 ) -> torch.Tensor:  # [T, H, D], q's dtype unless `out` says otherwise
     """Causal attention of every row's queries over its paged context, in two launches.
 
@@ -499,10 +463,7 @@ def paged_attention(
     part_acc, part_m, part_l = workspace.split([rows * d, rows, rows])
     nseg = torch.empty(t, dtype=torch.int32, device=q.device)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32: ignored for 16-bit
-    q_blocks = t // block_q + b + 1
-    if seg_group is None:
-        seg_group = segment_group(q_blocks * kvh, segments)
-    _paged_attention_kernel[(q_blocks, triton.cdiv(segments, seg_group), kvh)](
+    _paged_attention_kernel[(t // block_q + b + 1, segments, kvh)](
         q,
         kv_cache,
         block_tables,
@@ -532,7 +493,6 @@ def paged_attention(
         FANOUT=SEARCH_FANOUT,
         DOT_PRECISION=precision,
         EARLY=early_loads(),
-        SEG_GROUP=seg_group,
         num_warps=warps,
         num_stages=NUM_STAGES,
         enable_fp_fusion=FP_FUSION,
@@ -558,21 +518,6 @@ def paged_attention(
         **launch_opts(),
     )
     return out
-
-
-def segment_group(blocks: int, segments: int) -> int:
-    """Segments per attention program, for a grid of `blocks` (query block, KV head) pairs ×
-    `segments`: the most, up to SEG_GROUP_MAX, that still leave PROGRAMS_PER_GROUP programs.
-    A program walks its segments as one pipelined loop, so a large step keeps several K/V tiles
-    in flight per program; a small one keeps every segment its own program, spread over the
-    SMs. Numerics do not depend on it (each segment's partial is computed alone)."""
-    group = 1
-    while (
-        group < min(SEG_GROUP_MAX, segments)
-        and blocks * triton.cdiv(segments, 2 * group) >= PROGRAMS_PER_GROUP
-    ):
-        group *= 2
-    return group
 
 
 def _key_tile_and_warps(dtype: torch.dtype, block_d: int) -> tuple[int, int]:

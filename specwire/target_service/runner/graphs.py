@@ -150,19 +150,31 @@ class TokenGraphs:
         if step.num_rows > self.max_rows or len(step.logit_rows) > self.max_logit_rows:
             return None
         for t in self.buckets:
-            if t >= step.num_tokens and t in self.graphs:
+            if t >= step.num_tokens and t in self.graphs and step.num_rows <= self._rows_for(t):
                 return t if len(step.logit_rows) <= self._logit_rows_for(t) else None
         return None
+
+    # Rows per bucket: min(bucket, max_rows) (True), or max_rows for every bucket (False: what
+    # the graphs did before round 17; `bench/verify_step.py --graph-rows` compares the two).
+    trim_rows = True
+
+    def _rows_for(self, bucket: int) -> int:
+        """Rows a bucket's graph attends over: a row has at least one token, so a step of at
+        most `bucket` tokens has at most that many (rows of none take a larger bucket). The
+        attention grid grows with its rows (`paged_attention`: one query block per row at
+        least), so a small step's graph keeps no idle programs for the largest batch."""
+        return min(bucket, self.max_rows) if self.trim_rows else self.max_rows
 
     def _run(self, bucket: int, twin: int) -> torch.Tensor:
         n_logits = self._logit_rows_for(bucket)
         self.longs.upload(twin)
         self.ints.upload(twin)
+        rows = self._rows_for(bucket)  # rows past the step's own: empty, cu = its tokens
         meta = AttentionMetadata(
             slot_mapping=self.slots[:bucket],
-            block_tables=self.tables,
-            context_lens=self.seq_lens,
-            cu_seqlens_q=self.cu,
+            block_tables=self.tables[:rows],
+            context_lens=self.seq_lens[:rows],
+            cu_seqlens_q=self.cu[: rows + 1],
         )
         # Tokens the previous step computed and this one feeds: gathered from its argmax
         # (still in `self.argmax`) before this step overwrites it; unused entries hit scratch.
