@@ -13,6 +13,16 @@ weight-streaming floor at 4.8 TB/s.
 It answers one question per shape: is there one config (a function of N and K only, as the
 exact mode needs) that beats cuBLAS at every M swept, and by how much? Prints a table per
 shape, the best config over all M, and writes gemm_sweep.{md,json} to --out.
+
+`--wide` (with e.g. `--ms 32,64,160,256`) sweeps `triton_ops.linear_wide` instead: tiles of
+32-128 rows whose choice may depend on M (non-exact steps wider than 16 rows, which run cuBLAS
+unless `triton_tiles._WIDE` has tiles for them), beside cuBLAS and the current choice. Each
+row also names the fastest config that keeps the exact GEMM's K order (its K tile and split)
+and whether its output equals the exact mode's `linear` bit for bit (if so, the exact mode
+could take it too). Writes gemm_sweep_wide.{md,json}. `--wide --exact-order` sweeps only
+configs in the exact GEMM's K order and checks every one of them bit for bit against the
+exact `linear` (gemm_sweep_exact_order.{md,json}): the exact mode's wide tiles
+(`triton_tiles._EXACT_WIDE`).
 """
 
 from __future__ import annotations
@@ -34,7 +44,13 @@ from layer_ops import EPS, HBM_BYTES_PER_US, MODELS, ROTATE_BYTES, graph_us  # n
 
 from specwire.common.model import triton_fused as fused  # noqa: E402
 from specwire.common.model import triton_ops as ops  # noqa: E402
-from specwire.common.model.triton_tiles import LinearConfig, linear_config  # noqa: E402
+from specwire.common.model.triton_tiles import (  # noqa: E402
+    LinearConfig,
+    WideConfig,
+    _wide,
+    linear_config,
+    wide_config,
+)
 
 BLOCK_N = (16, 32, 64, 128)
 BLOCK_K = (64, 128, 256)
@@ -59,6 +75,103 @@ def candidates(n: int, k: int) -> list[LinearConfig]:
             continue
         out.append(LinearConfig(bn, bk, split, per * bk, warps, stages))
     return out
+
+
+def candidates_wide(n: int, k: int) -> list[WideConfig]:
+    out = []
+    grid = itertools.product((32, 64, 128), (64, 128, 256), (64, 128), (1, 2, 4), (4, 8), (3, 4))
+    for bm, bn, bk, split, warps, stages in grid:
+        if bm == 32 and (warps != 4 or bn == 256):
+            continue
+        if (bm * bk + bk * bn) * 2 * stages > 200 * 1024:  # shared memory
+            continue
+        if bm * bn // (32 * warps) > 128:  # the fp32 accumulator alone would fill the registers
+            continue
+        iters = -(-k // bk)
+        if split > 1 and iters // split < 4:
+            continue
+        c = _wide(k, bm, bn, bk, split, warps, stages)
+        if c.split_k == split and c not in out:
+            out.append(c)
+    return out
+
+
+def candidates_exact_order(n: int, k: int) -> list[WideConfig]:
+    """Row tiles, N tiles, warps and stages over the exact GEMM's own K order (its K tile and
+    split, `linear_config`)."""
+    c = linear_config(n, k)
+    out = []
+    for bm, bn, warps, stages in itertools.product((32, 64, 128), (64, 128, 256), (4, 8), (3, 4)):
+        if bm == 32 and (warps != 4 or bn == 256):
+            continue
+        if (bm * c.block_k + c.block_k * bn) * 2 * stages > 200 * 1024:  # shared memory
+            continue
+        if bm * bn // (32 * warps) > 128:  # the fp32 accumulator alone would fill the registers
+            continue
+        out.append(WideConfig(bm, bn, c.block_k, c.split_k, c.k_per_split, warps, stages))
+    return out
+
+
+def sweep_wide(model, op, n, k, ms, log, exact_order=False):
+    """`linear_wide` configs at each M beside cuBLAS (see the module docstring)."""
+    ws = _weights(n, k)
+    floor = n * k * 2 / HBM_BYTES_PER_US
+    cands = candidates_exact_order(n, k) if exact_order else candidates_wide(n, k)
+    exact_cfg = linear_config(n, k)
+    results = {"model": model, "op": op, "kind": "wide", "n": n, "k": k, "floor_us": floor,
+               "rows": []}  # fmt: skip
+    bf = dict(device="cuda", dtype=torch.bfloat16)
+    for m in ms:
+        x = torch.randn(m, k, **bf)
+        ref_us = graph_us([partial(F.linear, x, w) for w in ws])
+        exact_us = graph_us([partial(ops.linear, x, w, block_m=64) for w in ws])
+        times = {}
+        for c in cands:
+            try:
+                times[c] = graph_us([partial(ops.linear_wide, x, w, None, None, c) for w in ws])
+            except Exception as e:  # noqa: BLE001 (a config that does not launch: skip it)
+                log(f"  skip {c}: {type(e).__name__}: {str(e)[:80]}")
+        best = min(times, key=times.get)
+        err = ops.linear_wide(x, ws[0], None, None, best).float() - F.linear(x, ws[0]).float()
+        same_k = [
+            c
+            for c in times
+            if (c.block_k, c.k_per_split) == (exact_cfg.block_k, exact_cfg.k_per_split)
+        ]
+        ex = min(same_k, key=times.get) if same_k else None
+        want = ops.linear(x, ws[0], block_m=16)  # the exact mode's bits
+        bitwise = ex is not None and torch.equal(ops.linear_wide(x, ws[0], None, None, ex), want)
+        # every config in the exact K order, checked bit for bit (exact_order sweeps)
+        differ = [
+            _wkey(c)
+            for c in same_k
+            if exact_order and not torch.equal(ops.linear_wide(x, ws[0], None, None, c), want)
+        ]
+        cur = wide_config(n, k, m)
+        results["rows"].append({
+            "m": m, "ref_us": ref_us, "exact_us": exact_us, "best": _wkey(best),
+            "best_us": times[best], "current": _wkey(cur) if cur else "cublas",
+            "current_us": times.get(cur, ref_us) if cur else ref_us,
+            "times": {_wkey(c): t for c, t in times.items()},
+            "best_max_abs_diff": err.abs().max().item(),
+            "same_k_order": _wkey(ex) if ex else None,
+            "same_k_order_us": times[ex] if ex else None, "same_k_order_bitwise": bitwise,
+            "exact_order_configs": len(same_k), "exact_order_differ": differ,
+        })  # fmt: skip
+        r = results["rows"][-1]
+        log(
+            f"| {model} | {op} | {m} | {ref_us:.1f} | {r['current_us']:.1f} | {times[best]:.1f}"
+            f" | {_wkey(best)} | {exact_us:.1f} | {_wkey(ex) if ex else '-'} "
+            f"| {r['same_k_order_us'] or float('nan'):.1f} | {bitwise} | {floor:.2f} |"
+            + (f" {len(same_k) - len(differ)}/{len(same_k)} bitwise {differ[:3]} |" * exact_order)
+        )
+    ws.clear()
+    torch.cuda.empty_cache()
+    return results
+
+
+def _wkey(c: WideConfig) -> str:
+    return f"bm{c.block_m} bn{c.block_n} bk{c.block_k} s{c.split_k} w{c.num_warps} st{c.num_stages}"
 
 
 def gemm_shapes(cfg: dict) -> dict[str, tuple[int, int]]:
@@ -178,6 +291,10 @@ def main() -> int:
     ap.add_argument("--ops", default="qkv,o_proj,gate_up,down,norm_qkv,norm_gate_up,silu_down",
                     help="also: lm_head")  # fmt: skip
     ap.add_argument("--out", help="write gemm_sweep.md and .json here")
+    ap.add_argument("--wide", action="store_true", help="sweep linear_wide (see the docstring)")
+    ap.add_argument(
+        "--exact-order", action="store_true", help="--wide over the exact GEMM's K order only"
+    )
     args = ap.parse_args()
     ms = [int(v) for v in args.ms.split(",")]
     wanted = args.ops.split(",")
@@ -194,6 +311,8 @@ def main() -> int:
         "| best config | best max abs diff |")  # fmt: skip
     log("|---|---|---|---|---|---|---|---|---|---|")
     all_results = []
+    if args.wide:
+        return _main_wide(args, ms, wanted, log, lines, t0)
     for model in args.models.split(","):
         shapes = gemm_shapes(MODELS[model])
         cases = [(op, "linear", *shapes[op]) for op in shapes if op in wanted]
@@ -222,6 +341,29 @@ def main() -> int:
         out.mkdir(parents=True, exist_ok=True)
         (out / "gemm_sweep.md").write_text("\n".join(lines) + "\n")
         (out / "gemm_sweep.json").write_text(json.dumps(all_results, indent=1))
+    return 0
+
+
+def _main_wide(args, ms, wanted, log, lines, t0) -> int:
+    lines.clear()
+    log("| model | op | M | cuBLAS us | current us | best us | best config | exact linear us "
+        "| fastest in the exact K order | its us | bitwise = exact | floor us |")  # fmt: skip
+    log("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    results = []
+    for model in args.models.split(","):
+        for op, (n, k) in gemm_shapes(MODELS[model]).items():
+            if op in wanted:
+                try:
+                    results.append(sweep_wide(model, op, n, k, ms, log, args.exact_order))
+                except Exception as e:  # noqa: BLE001 (report, go on)
+                    log(f"| {model} | {op} | ERROR {type(e).__name__}: {str(e)[:200]} |")
+    print(f"({time.time() - t0:.0f} s)", flush=True)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        name = "gemm_sweep_exact_order" if args.exact_order else "gemm_sweep_wide"
+        (out / f"{name}.md").write_text("\n".join(lines) + "\n")
+        (out / f"{name}.json").write_text(json.dumps(results, indent=1))
     return 0
 
 

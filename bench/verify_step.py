@@ -20,9 +20,12 @@ otherwise RoPE in the K/V store. `TritonOps(fuse_small=False)` is the kernel seq
 them, ops column "...-nofuse"), side by side on the same model and cache. Both give the same
 logits bit for bit.
 
-`--small-gemms triton,cublas` measures the GEMMs of steps of at most 16 tokens on our Triton GEMM
-with tuned tiles (the default, `triton_tiles._TUNED`) and on cuBLAS (`small_gemms="cublas"`),
-side by side (ops column "triton" / "triton-cublas"; the exact mode always runs our GEMM).
+`--small-gemms triton,narrow,cublas` measures the GEMMs on our Triton GEMM with measured tiles
+(the default: `triton_tiles._TUNED` at most 16 tokens, `_WIDE` above where it beats cuBLAS,
+the exact mode's `exact_wide_config`), on ours at most 16 tokens only ("narrow": cuBLAS above;
+in exact mode 64-row mma.sync tiles above), and on cuBLAS (`small_gemms="cublas"`), side by
+side (ops column "triton" / "triton-narrow" / "triton-cublas"; the exact mode always runs our
+GEMM).
 
 `--compile off,default,max-autotune` (issue 8) adds `torch.compile` of the PyTorch math between
 two attention calls (`bench/compiled_ops.py`; "max-autotune" is torch.compile mode
@@ -429,8 +432,10 @@ def main() -> int:
     ap.add_argument(
         "--small-gemms",
         default="triton",
-        help="comma list of triton | cublas: who runs the tuned GEMMs of steps of at most 16 "
-        "tokens (bf16), side by side; triton (the default) is what the target runs",
+        help="comma list of triton | narrow | cublas: who runs the GEMMs (bf16), side by side: "
+        "triton (the default, what the target runs): our GEMM at <= 16 tokens and where "
+        "measured wide tiles beat cuBLAS, and the exact mode's wide tiles; narrow: our GEMM "
+        "only at <= 16 tokens (the exact mode: 64-row mma.sync tiles above); cublas",
     )
     ap.add_argument(
         "--fuse-small",
@@ -483,8 +488,8 @@ def main() -> int:
     args.fuse_norm = [{"on": True, "off": False}[x] for x in args.fuse_norm.split(",")]
     args.compile = [x.strip() for x in args.compile.split(",") if x.strip()]
     args.small_gemms = [x.strip() for x in args.small_gemms.split(",") if x.strip()]
-    if not args.small_gemms or set(args.small_gemms) - {"triton", "cublas"}:
-        ap.error("--small-gemms: use a comma list of triton, cublas")
+    if not args.small_gemms or set(args.small_gemms) - {"triton", "narrow", "cublas"}:
+        ap.error("--small-gemms: use a comma list of triton, narrow, cublas")
     bad = [x for x in args.compile if x != "off" and x not in COMPILE_MODES]
     if bad or not args.compile:
         ap.error(f"--compile: use a comma list of off, {', '.join(COMPILE_MODES)} (got {bad})")

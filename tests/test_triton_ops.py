@@ -137,6 +137,10 @@ def test_linear_matches_matmul(dtype, m, n, k):
     torch.testing.assert_close(ops.linear(x, w, b).float(), _linear_ref(x, w, b), **tol)
     for block_m in (32, 64):  # the larger row tiles (see `linear`) compute the same thing
         torch.testing.assert_close(ops.linear(x, w, block_m=block_m).float(), ref, **tol)
+    # ...and so do the exact mode's wide tiles and a free wide config (`linear_wide`)
+    for cfg in (tiles.exact_wide_config(n, k, 100), tiles._wide(k, 64, 64, 64, 2, 4, 3)):
+        got = ops.linear_wide(x, w, b, None, cfg).float()
+        torch.testing.assert_close(got, _linear_ref(x, w, b), **tol)
     # fp32 output (logits): the accumulator itself, no rounding to the input dtype
     out32 = ops.linear(x, w, out_dtype=torch.float32)
     assert out32.dtype == torch.float32
@@ -305,11 +309,33 @@ def test_gpu_linear_model_shapes(name, n, k, out_dtype):
 @on_gpu
 @pytest.mark.parametrize("name,n,k", GPU_SHAPES, ids=[s[0] for s in GPU_SHAPES])
 def test_gpu_block_m_keeps_bits(name, n, k):
-    """Larger row tiles (still mma.sync, see `linear`) must give every row the same bits."""
-    w, rows = _randn(n, k, seed=5, scale=k**-0.5), _randn(100, k, seed=7)
-    ref = ops.linear(rows, w)
+    """Larger row tiles (still mma.sync, see `linear`) must give every row the same bits, and
+    so must the exact mode's wide tiles (`exact_wide_config`: wgmma at 64 and 128 rows) at
+    every row count they serve, in bf16 and as fp32 logits."""
+    w, rows = _randn(n, k, seed=5, scale=k**-0.5), _randn(300, k, seed=7)
+    ref = ops.linear(rows[:100], w)
     for block_m in (32, 64):
-        assert torch.equal(ops.linear(rows, w, block_m=block_m), ref), f"block_m={block_m}"
+        assert torch.equal(ops.linear(rows[:100], w, block_m=block_m), ref), f"block_m={block_m}"
+    for out_dtype in (None, torch.float32):
+        ref = ops.linear(rows, w, out_dtype=out_dtype)  # 16-row tiles: the exact mode's bits
+        for m in (17, 40, 64, 65, 160, 300):
+            cfg = tiles.exact_wide_config(n, k, m)
+            got = ops.linear_wide(rows[-m:], w, None, out_dtype, cfg)
+            assert torch.equal(got, ref[-m:]), f"M={m} {cfg}"
+
+
+@pytest.mark.gpu
+@on_gpu
+@pytest.mark.parametrize("name,n,k", GPU_SHAPES, ids=[s[0] for s in GPU_SHAPES])
+def test_gpu_wide_tiles_match_matmul(name, n, k):
+    """The non-exact wide tiles (`triton_tiles._WIDE`) compute x @ w.T at the row counts they
+    serve (bits may differ from the exact GEMM's, as cuBLAS's do)."""
+    w, rows = _randn(n, k, seed=5, scale=k**-0.5), _randn(64, k, seed=7)
+    for m in (17, 40, 48, 64):
+        cfg = tiles.wide_config(n, k, m)
+        if cfg is not None:
+            got = ops.linear_wide(rows[:m], w, None, None, cfg).float()
+            torch.testing.assert_close(got, _linear_ref(rows[:m], w), rtol=1e-2, atol=1e-2)
 
 
 @pytest.mark.gpu

@@ -5,13 +5,17 @@
   RMSNorm with the residual add fused in, RoPE in place on the fused q/k buffer, SiLU·up — so a
   layer is ~11 kernels instead of ~25. GEMMs stay on cuBLAS, except in steps of at most 16
   tokens (16-bit) for weight shapes with measured tiles (`triton_tiles._TUNED`: the SmolLM2 and
-  Llama-3-8B projections), where our GEMM is level with cuBLAS or faster
-  (`small_gemms="cublas"` turns that off, for comparison)...
+  Llama-3-8B projections), where our GEMM is level with cuBLAS or faster, and in wider 16-bit
+  steps for the shapes and row ranges where measured tiles beat cuBLAS (`triton_tiles._WIDE`)
+  (`small_gemms="narrow"` keeps cuBLAS above 16 tokens, `"cublas"` everywhere, to compare)...
 - ...unless `exact=True`: then every GEMM (projections and LM head) is our batch-invariant
   Triton GEMM, whose rows are bitwise independent of how many rows the step has. With the
   Triton attention (numerics a function of the row only) and per-row norms, a position's logits
   are the same whether it is decoded alone or verified in a 1+K row in any batch: greedy bf16
-  with speculation equals greedy bf16 without it.
+  with speculation equals greedy bf16 without it. Steps wider than 16 rows (16-bit) run it on
+  larger row tiles (`triton_tiles.exact_wide_config`: wgmma where Triton picks it) over the
+  same K order, which gives every row the same bits (GPU test `test_gpu_block_m_keeps_bits`)
+  at a fraction of the cost of 64-row mma.sync tiles (`small_gemms="narrow"` keeps those).
 - Bit-exact fusions (`fuse_small=True`, the default; `False` gives the previous kernel sequence,
   for benchmarks): where a GEMM runs on our GEMM without a K split (steps of at most 16 tokens,
   see above; exact mode too), SiLU·up rides in the gate_up GEMM's epilogue
@@ -151,17 +155,22 @@ class TritonOps(TorchOps):
         # (`triton_ops.norm_fuses`); off by default (measured slower), True to compare.
         self._fuse_norm = fuse_small and fuse_norm
         self.fuse_rope = self._fused is not None or fuse_small
-        if small_gemms not in ("triton", "cublas"):
-            raise ValueError(f"small_gemms must be triton or cublas, not {small_gemms!r}")
+        if small_gemms not in ("triton", "narrow", "cublas"):
+            raise ValueError(f"small_gemms must be triton, narrow or cublas, not {small_gemms!r}")
         # Steps of at most BLOCK_M tokens run the projections with measured tiles on our GEMM,
-        # which is level with or faster than cuBLAS there (`triton_tiles._TUNED`).
-        self._small_on_triton = small_gemms == "triton"
+        # which is level with or faster than cuBLAS there (`triton_tiles._TUNED`); wider steps
+        # too where measured tiles beat cuBLAS (`_WIDE`), and the exact mode's on larger row
+        # tiles (`exact_wide_config`), unless "narrow".
+        self._small_on_triton = small_gemms != "cublas"
+        self._wide = small_gemms == "triton"
         if exact:
             self.name = "triton-exact"
         elif fused:
             self.name = "triton-fused"
         if not exact and small_gemms == "cublas":
             self.name += "-cublas"
+        if small_gemms == "narrow":
+            self.name += "-narrow"
         if self._fused is None and not fuse_small:
             self.name += "-nofuse"
         # Programmatic dependent launch for every kernel of ours (sm_90+; `triton_base.set_pdl`):
@@ -187,14 +196,21 @@ class TritonOps(TorchOps):
         return self._k.silu_mul(gate_up)
 
     def linear(self, x, weight, bias=None, out_dtype=None):
+        m = x.shape[0]
+        wide = self._wide and x.dtype != torch.float32 and m > self._tiles.BLOCK_M
         if self.exact:
+            if wide:  # the same K order on larger row tiles: the same bits (module docstring)
+                cfg = self._tiles.exact_wide_config(*weight.shape, m)
+                return self._k.linear_wide(x, weight, bias, out_dtype, cfg)
             # Row tiles of 16, 32 or 64 rows give every row the same bits (the same mma.sync
             # chain per row; GPU test test_gpu_block_m_keeps_bits); 64 re-reads the weight far
             # less for wide steps (H200: 1.5-1.7x faster at M >= 40).
-            block_m = 16 if x.shape[0] <= 16 else 64
+            block_m = 16 if m <= 16 else 64
             return self._k.linear(x, weight, bias, out_dtype=out_dtype, block_m=block_m)
         if self._small_gemm(x, weight):
             return self._k.linear(x, weight, bias, out_dtype=out_dtype)
+        if wide and (cfg := self._tiles.wide_config(*weight.shape, m)) is not None:
+            return self._k.linear_wide(x, weight, bias, out_dtype, cfg)
         return super().linear(x, weight, bias, out_dtype)
 
     def _small_gemm(self, x: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -42,7 +42,7 @@ from specwire.common.model.triton_base import (
     early_loads,
     launch_opts,
 )
-from specwire.common.model.triton_tiles import BLOCK_M, LinearConfig, linear_config
+from specwire.common.model.triton_tiles import BLOCK_M, LinearConfig, WideConfig, linear_config
 
 # ---------------------------------------------------------------------------------------------
 # RMSNorm, with and without the residual add
@@ -395,19 +395,44 @@ def linear(
     M only once the GPU test `test_gpu_block_m_keeps_bits` has passed on the target GPU.
 
     `config` overrides `linear_config(N, K)` (`bench/gemm_sweep.py` times candidates)."""
-    m, k = x.shape
-    n = weight.shape[0]
+    _check_linear(x, weight)
+    if block_m not in (16, 32, 64):
+        raise ValueError("block_m must be 16, 32 or 64 (mma.sync tiles)")
+    cfg = config or linear_config(*weight.shape)
+    warps = 2 if block_m == 64 else cfg.num_warps
+    return _launch_linear(x, weight, bias, out_dtype, block_m, cfg, warps)
+
+
+def linear_wide(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype | None,
+    config: WideConfig,
+) -> torch.Tensor:
+    """`x @ weight.T + bias` for non-exact steps wider than BLOCK_M rows, on `config`'s tiles
+    (`triton_tiles.wide_config`: measured per weight shape and row range). `linear`'s kernel,
+    but its row tile and warps are free, so Hopper's wgmma may run it: a row's bits may depend
+    on the row count, as they do under cuBLAS, which it replaces there."""
+    _check_linear(x, weight)
+    return _launch_linear(x, weight, bias, out_dtype, config.block_m, config, config.num_warps)
+
+
+def _check_linear(x: torch.Tensor, weight: torch.Tensor) -> None:
+    k = x.shape[1]
     if weight.shape[1] != k or weight.dtype != x.dtype or x.stride(-1) != 1:
         raise ValueError(f"linear: x {tuple(x.shape)} and weight {tuple(weight.shape)} mismatch")
     if weight.stride(-1) != 1:
         raise ValueError("linear wants weight [N, K] with unit last stride")
-    if block_m not in (16, 32, 64):
-        raise ValueError("block_m must be 16, 32 or 64 (mma.sync tiles)")
-    out_dtype = out_dtype or x.dtype
-    out = torch.empty((m, n), dtype=out_dtype, device=x.device)
+
+
+def _launch_linear(x, weight, bias, out_dtype, block_m: int, cfg, num_warps: int):
+    """`_linear_kernel` on `block_m`-row tiles and cfg's N/K tiles and split, then the split
+    sum in split order."""
+    (m, k), n = x.shape, weight.shape[0]
+    out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     if m == 0:
         return out
-    cfg = config or linear_config(n, k)
     has_bias = bias is not None
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, cfg.block_n), cfg.split_k)
     target = out if cfg.split_k == 1 else torch.empty((cfg.split_k, m, n), dtype=torch.float32,
@@ -419,7 +444,7 @@ def linear(
         cfg.k_per_split,
         HAS_BIAS=has_bias and cfg.split_k == 1, FP32_IEEE=x.dtype == torch.float32,
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        num_warps=2 if block_m == 64 else cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=num_warps, num_stages=cfg.num_stages,
         **launch_opts(),
     )  # fmt: skip
     if cfg.split_k > 1:

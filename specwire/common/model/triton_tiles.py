@@ -1,6 +1,10 @@
-"""Tile configs of the batch-invariant GEMM (`triton_ops.linear` and the GEMMs with epilogues):
-one config per weight shape (N, K), never per M, which is what keeps a row's bits independent
-of its batch.
+"""Tile configs of our GEMMs.
+
+- `LinearConfig` (`triton_ops.linear` and the GEMMs with epilogues, the batch-invariant GEMM):
+  one config per weight shape (N, K), never per M, which is what keeps a row's bits
+  independent of its batch.
+- `WideConfig` (`triton_ops.linear_wide`, non-exact steps wider than BLOCK_M rows): a config
+  per weight shape and row range, measured against cuBLAS, which those steps run otherwise.
 """
 
 from __future__ import annotations
@@ -77,3 +81,141 @@ def linear_config(n: int, k: int) -> LinearConfig:
     if tiles_n < _TARGET_PROGRAMS and k >= 2048:
         split = max(1, min(triton.cdiv(_TARGET_PROGRAMS, tiles_n), k_iters // 8))
     return _config(k, block_n, block_k, split)
+
+
+@dataclass(frozen=True)
+class WideConfig:
+    """Tiles of a non-exact GEMM over more than BLOCK_M rows: a function of (N, K) and the
+    row range (bits may depend on M here, as under cuBLAS)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int
+    k_per_split: int
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+def _wide(k: int, bm: int, bn: int, bk: int, split: int, warps: int, stages: int) -> WideConfig:
+    c = _config(k, bn, bk, split, warps, stages)
+    return WideConfig(bm, bn, bk, c.split_k, c.k_per_split, warps, stages)
+
+
+# Per weight shape: (largest M, tiles) by increasing M, where our GEMM beat cuBLAS by 3 % or
+# more on the H200 (`python3 bench/gemm_sweep.py --wide [--exact-order]`, bench/RESULTS.md round
+# 18; µs ours / cuBLAS at the M measured). A shape or an M past its last range keeps cuBLAS,
+# which won every projection measured above 64 rows but Llama-3-8B's o_proj at 96.
+_WIDE: dict[tuple[int, int], tuple[tuple[int, WideConfig], ...]] = {
+    # Llama-3-8B o_proj (M=24: 11.4 / 13.4, 32: 11.6 / 13.6, 48: 11.7 / 14.0; 64: level)
+    (4096, 4096): ((48, _wide(4096, 64, 64, 128, 2, 4, 4)),),
+    # Llama-3-8B down (M=24: 31.8 / 33.1, 32: 31.7 / 33.5, 48: 32.4 / 33.8, 64: 32.9 / 35.3)
+    (4096, 14336): ((64, _wide(14336, 64, 128, 128, 3, 4, 4)),),
+    # Llama-3-8B LM head (M=24: 240 / 254, 48: 251 / 258)
+    (128256, 4096): ((32, _wide(4096, 32, 128, 128, 1, 4, 3)),),
+    # SmolLM2-135M down (M=32: 4.3 / 5.1, 64: 4.5 / 5.1), LM head (M=24: 16.2 / 17.0, 48: 17.1
+    # / 18.3)
+    (576, 1536): ((64, _wide(1536, 64, 64, 64, 4, 8, 4)),),
+    (49152, 576): ((32, _wide(576, 32, 128, 64, 1, 4, 3)), (64, _wide(576, 64, 128, 64, 1, 8, 3))),
+}
+
+# The exact mode's row tile, N tile, warps and stages per weight shape and row range (largest
+# M by increasing M), over its own K order: the fastest measured by `gemm_sweep.py --wide
+# --exact-order` at M = 24 / 48 / 96 / 160 / 256 / 512, each range reaching halfway to the next.
+# Shapes not listed take `exact_wide_config`'s rule.
+_T = tuple[int, int, int, int]
+_RANGES = (32, 64, 128, 192, 384, 1 << 30)
+
+
+def _ranges(*tiles: _T) -> tuple[tuple[int, _T], ...]:
+    return tuple(zip(_RANGES, tiles, strict=True))
+
+
+_EXACT_WIDE: dict[tuple[int, int], tuple[tuple[int, _T], ...]] = {
+    # Llama-3-8B: qkv, o_proj, gate_up, down, LM head; at M=160: 30.6 / 22.1 / 119.8 / 68.6 /
+    # 523 µs against 77.9 / 45.4 / 219.0 / 113.3 / 911 on 64-row mma.sync tiles
+    (6144, 4096): _ranges(
+        (64, 64, 4, 4),
+        (64, 64, 4, 4),
+        (64, 128, 8, 4),
+        (128, 128, 8, 3),
+        (128, 128, 8, 3),
+        (128, 64, 8, 4),
+    ),  # fmt: skip
+    (4096, 4096): _ranges(
+        (64, 64, 8, 4),
+        (64, 64, 4, 4),
+        (64, 128, 4, 4),
+        (128, 128, 4, 3),
+        (128, 128, 4, 3),
+        (128, 128, 4, 3),
+    ),  # fmt: skip
+    (28672, 4096): _ranges(
+        (32, 128, 4, 3),
+        (64, 128, 4, 4),
+        (128, 128, 8, 3),
+        (64, 128, 4, 4),
+        (128, 128, 8, 3),
+        (128, 128, 8, 3),
+    ),  # fmt: skip
+    (4096, 14336): _ranges(
+        (64, 128, 4, 4),
+        (64, 128, 4, 4),
+        (128, 128, 4, 3),
+        (64, 128, 4, 4),
+        (64, 128, 4, 4),
+        (128, 128, 4, 3),
+    ),  # fmt: skip
+    (128256, 4096): _ranges(
+        (32, 128, 4, 3),
+        (64, 128, 8, 4),
+        (128, 128, 8, 3),
+        (64, 128, 4, 4),
+        (128, 128, 8, 3),
+        (128, 128, 8, 3),
+    ),  # fmt: skip
+    # SmolLM2-135M: qkv and o_proj (3.9 against 5.1-5.5 µs), gate_up, down, LM head
+    (960, 576): _ranges(*[(64, 64, 4, 4)] * 6),
+    (576, 576): _ranges(*[(64, 64, 4, 4)] * 6),
+    (3072, 576): _ranges(
+        (64, 64, 8, 4),
+        (64, 64, 8, 4),
+        (64, 64, 8, 4),
+        (128, 64, 8, 4),
+        (128, 64, 8, 4),
+        (128, 128, 8, 4),
+    ),  # fmt: skip
+    (576, 1536): _ranges(*[(64, 64, 4, 4)] * 6),
+    (49152, 576): _ranges(
+        (32, 128, 4, 3),
+        (64, 128, 8, 3),
+        (128, 64, 8, 3),
+        (64, 128, 8, 3),
+        (128, 128, 8, 3),
+        (128, 128, 8, 3),
+    ),  # fmt: skip
+}
+
+
+def wide_config(n: int, k: int, m: int) -> WideConfig | None:
+    """The measured tiles for an M-row GEMM on weight [N, K] (M > BLOCK_M), or None: cuBLAS."""
+    for max_m, cfg in _WIDE.get((n, k), ()):
+        if m <= max_m:
+            return cfg
+    return None
+
+
+def exact_wide_config(n: int, k: int, m: int) -> WideConfig:
+    """Tiles of the exact mode's GEMM over M > BLOCK_M rows: `linear_config(n, k)`'s K tile
+    and split (the K order, hence every row's bits) on a larger row tile, which reads the
+    weight from L2 fewer times. wgmma and the 16-row mma.sync chain give the same bits here
+    (GPU test `test_gpu_block_m_keeps_bits`; `gemm_sweep.py --wide --exact-order` checked every
+    candidate bit for bit at six row counts on both reference models). Measured tiles for the
+    reference shapes (`_EXACT_WIDE`); otherwise 64x64 tiles, or 128x128 ones when M > 64 and N
+    is wide enough to keep the SMs busy with them."""
+    c = linear_config(n, k)
+    tiles = next((t for max_m, t in _EXACT_WIDE.get((n, k), ()) if m <= max_m), None)
+    if tiles is None:
+        tiles = (128, 128, 8, 3) if m > 64 and n >= 4096 else (64, 64, 4, 4)
+    bm, bn, warps, stages = tiles
+    return WideConfig(bm, bn, c.block_k, c.split_k, c.k_per_split, warps, stages)
