@@ -13,9 +13,11 @@ block size 16, every row with `--ctx` tokens of context: B decode rows (q = 1), 
 Each number is GPU time per call: 10 calls captured in one CUDA graph, replayed after warm-up,
 timed with CUDA events, median of 20 replays. The SDPA ragged path (mixed step) loops over
 rows on the host and is eager-only in the runner, so it is timed eagerly (marked `*`).
-Then the target rows again under other key segments and key tiles (VARIANTS), without SDPA.
+Then the B >= 8 rows under 1, 2 and 4 segments walked per program (`--seg-groups`; the
+numerics are the same), and the target rows under other key segments and key tiles
+(VARIANTS), without SDPA.
 
-    python bench/attention_kernel.py [--ctx 1024] [--out DIR]
+    python bench/attention_kernel.py [--ctx 1024] [--seg-groups 1,2,4] [--no-variants] [--out DIR]
 """
 
 from __future__ import annotations
@@ -72,10 +74,14 @@ def time_us(fn: Callable[[], object], graph: bool = True) -> float:
 
 
 def case(
-    heads: tuple[int, int, int], rows: list[tuple[int, int]], pad: int, sdpa: bool = True
+    heads: tuple[int, int, int],
+    rows: list[tuple[int, int]],
+    pad: int,
+    sdpa: bool = True,
+    seg_group: int | None = None,
 ) -> dict:
     """Time one step of `rows` [(qlen, ctx)] with `pad` padding tokens at the end; `sdpa`:
-    time the SDPA path too."""
+    time the SDPA path too; `seg_group`: segments per program (None: the module's choice)."""
     h, kvh, d = heads
     dev, dtype = torch.device("cuda"), torch.bfloat16
     counts = [-(-ctx // BLOCK_SIZE) for _, ctx in rows]
@@ -105,10 +111,10 @@ def case(
 
     def triton_step():
         store_kv(k, v, cache, slot_mapping)
-        paged_attention(q, cache, block_tables, cu, seq_lens, scale, out=out)
+        paged_attention(q, cache, block_tables, cu, seq_lens, scale, out=out, seg_group=seg_group)
 
     def attn_only():
-        paged_attention(q, cache, block_tables, cu, seq_lens, scale, out=out)
+        paged_attention(q, cache, block_tables, cu, seq_lens, scale, out=out, seg_group=seg_group)
 
     # The SDPA path knows no padding: it gets the real rows and tokens only. Its ragged layout
     # (mixed steps) loops over rows on the host and is eager-only in the runner: timed eagerly.
@@ -148,6 +154,17 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--out", help="folder for attention_kernel.{json,md}")
+    ap.add_argument(
+        "--seg-groups",
+        default="1,2,4",
+        help="segments per program to compare on the B >= 8 steps (numerics unchanged)",
+    )
+    ap.add_argument(
+        "--stages",
+        default="",
+        help="software-pipeline stages to compare, e.g. 2,3; '': the module's",
+    )
+    ap.add_argument("--no-variants", action="store_true", help="skip the SEGMENT/KEY_TILE sweep")
     args = ap.parse_args()
     ctx = args.ctx
     steps: list[tuple[str, list[tuple[int, int]], int]] = []
@@ -164,9 +181,11 @@ def main() -> int:
     ]
     results: list[dict] = []
 
-    def run(name: str, label: str, rows: list[tuple[int, int]], pad: int, tag: str = "") -> None:
+    def run(
+        name: str, label: str, rows: list[tuple[int, int]], pad: int, tag: str = "", group=None
+    ) -> None:
         try:
-            r = case(HEADS[name], rows, pad, sdpa=not tag)
+            r = case(HEADS[name], rows, pad, sdpa=not tag, seg_group=group)
         except Exception as e:  # keep going: one failure must not hide the other rows
             results.append({"heads": name, "step": label, "variant": tag, "error": repr(e)})
             print(f"{name} {label} {tag}: FAILED {e!r}", flush=True)
@@ -183,9 +202,22 @@ def main() -> int:
     for name in HEADS:
         for label, rows, pad in steps:
             run(name, label, rows, pad)
+    stages = [int(n) for n in args.stages.split(",") if n] or [triton_attention.NUM_STAGES]
+    kept = triton_attention.NUM_STAGES
+    try:
+        for n in stages:
+            triton_attention.NUM_STAGES = n
+            for group in [int(g) for g in args.seg_groups.split(",") if g]:
+                tag = f" ({group} seg/program, {n} stages)"
+                for name in HEADS:
+                    for b in (8, 32, 64):
+                        for qlen in (1, 5):
+                            run(name, f"B={b} q={qlen}", [(qlen, ctx)] * b, 0, tag, group)
+    finally:
+        triton_attention.NUM_STAGES = kept
     default = (triton_attention.SEGMENT, triton_attention.KEY_TILE)
     try:
-        for segment, tile in VARIANTS:
+        for segment, tile in [] if args.no_variants else VARIANTS:
             triton_attention.SEGMENT, triton_attention.KEY_TILE = segment, tile
             for name, b, qlen in VARIANT_STEPS:
                 tag = f" (segment {segment}, tile {tile})"

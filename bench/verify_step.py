@@ -212,7 +212,7 @@ def build_runners(
             RunnerConfig(
                 max_batch_size=max_b,
                 max_draft_len=k,
-                max_context_len=args.ctx + max_k + BLOCK_SIZE,
+                max_context_len=args.max_context_len or args.ctx + max_k + BLOCK_SIZE,
                 block_size=BLOCK_SIZE,
                 dummy_block=KVCacheManager.DUMMY_BLOCK,
                 cuda_graphs=graphs,
@@ -315,11 +315,19 @@ def bench_shape(
             for p in args.pdl
             for nrm in args.fuse_norm
         ]
-    # each variant once per graph row layout (`TokenGraphs.trim_rows`)
-    variants = [v + (trim,) for trim in args.graph_rows for v in variants]
-    for fused, small_gemms, fuse_small, pdl, fuse_norm, mode, trim in variants:  # in turn
+    # each variant once per graph row layout (`TokenGraphs.trim_rows`) and attention segment
+    # grouping
+    variants = [
+        v + (trim, g) for trim in args.graph_rows for g in args.seg_group_max for v in variants
+    ]
+    for fused, small_gemms, fuse_small, pdl, fuse_norm, mode, trim, seg_max in variants:
         TokenGraphs.trim_rows = trim
         tag = "" if trim else "-fullrows"
+        if seg_max is not None:
+            from specwire.common.model import triton_attention  # needs Triton: only when asked
+
+            triton_attention.SEG_GROUP_MAX = seg_max
+            tag += f"-seg{seg_max}" if len(args.seg_group_max) > 1 else ""
         compiled = None
         if mode == "off":
             ops = make_ops(
@@ -409,6 +417,13 @@ def main() -> int:
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--ks", default="0,4")
     ap.add_argument("--ctx", type=int, default=1024)
+    ap.add_argument(
+        "--max-context-len",
+        type=int,
+        default=0,
+        help="the runner's max context, which sets the block tables' width and so the attention "
+        "grid's segment axis (0: just enough for --ctx; the target's default is 2048)",
+    )
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
@@ -468,6 +483,20 @@ def main() -> int:
         "rows) rows (trim, what the target runs) or the largest batch's rows (full: the layout "
         "before round 17; ops column '...-fullrows'), side by side",
     )
+    ap.add_argument(
+        "--seg-group-max",
+        default="",
+        help="comma list: the most key segments one Triton attention program walks "
+        "(triton_attention.SEG_GROUP_MAX; 1: one segment a program), side by side (ops column "
+        "'...-segN'); the numerics are the same. Default: the module's",
+    )
+    ap.add_argument(
+        "--seg-group-floor",
+        type=int,
+        default=-1,
+        help="triton_attention.GROUP_ROW_HEADS for this run: the fewest (row, KV head) pairs a "
+        "step's grid needs before segments are grouped (-1: the module's)",
+    )
     ap.add_argument("--tag", default="", help="suffix of the output file names")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     ap.add_argument("--out", required=True)
@@ -478,6 +507,11 @@ def main() -> int:
     if not set(args.graph_rows.split(",")) <= {"trim", "full"}:
         ap.error(f"--graph-rows takes a comma list of trim, full, not {args.graph_rows!r}")
     args.graph_rows = [x == "trim" for x in args.graph_rows.split(",")]
+    args.seg_group_max = [int(x) for x in args.seg_group_max.split(",") if x] or [None]
+    if args.seg_group_floor >= 0:
+        from specwire.common.model import triton_attention  # needs Triton: only when asked
+
+        triton_attention.GROUP_ROW_HEADS = args.seg_group_floor
     args.ks = [int(x) for x in args.ks.split(",")]
     args.fused = [{"on": True, "off": False}[x] for x in args.fused.split(",")]
     args.fuse_small = [{"on": True, "off": False}[x] for x in args.fuse_small.split(",")]

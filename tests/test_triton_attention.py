@@ -119,9 +119,13 @@ class PagedSequences:
             torch.tensor([r.ctx for r in rows], dtype=torch.int32, device=DEVICE),
         )
 
-    def run(self, rows: list[Row], pad_tokens: int = 0, extra_blocks: int = 0) -> torch.Tensor:
+    def run(
+        self, rows: list[Row], pad_tokens: int = 0, extra_blocks: int = 0, seg_group=None
+    ) -> torch.Tensor:
         q, tables, cu, seq_lens = self.batch(rows, pad_tokens, extra_blocks)
-        return paged_attention(q, self.cache, tables, cu, seq_lens, _scale(q)).cpu()
+        return paged_attention(
+            q, self.cache, tables, cu, seq_lens, _scale(q), seg_group=seg_group
+        ).cpu()
 
 
 def _slots(table: list[int], n: int, block_size: int) -> torch.Tensor:
@@ -227,6 +231,36 @@ def test_output_depends_on_the_row_alone(shape, dtype, split):
     # Sequence 2 (137 tokens): positions 123..127 end at the 128-key segment edge (default) or
     # sit in the 4th of 32-key segments.
     _check_row_invariance(seqs, 2, 128, others)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_segments_walked_per_program_change_no_bit(dtype, split):
+    """A program may walk several segments (`seg_group`, chosen by the step's size): each
+    segment's partial is still computed alone, so every output bit is the same for 1, 2, 3 or
+    4 segments a program, over rows that span one to five segments, a wider block table and
+    padding."""
+    seqs = PagedSequences(MIXED_LENGTHS, *SMALL_SHAPES[0], 16, dtype, seed=2)
+    rows = [Row(0, 1, 20), Row(None, 0, 0), Row(2, 37, 137), Row(1, 5, 40), Row(5, 5, 35)]
+    one = seqs.run(rows, pad_tokens=2, extra_blocks=3, seg_group=1)
+    real = sum(r.qlen for r in rows)
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(one[:real].double(), reference(seqs, rows), atol=tol, rtol=tol)
+    for group in (2, 3, 4):
+        grouped = seqs.run(rows, pad_tokens=2, extra_blocks=3, seg_group=group)
+        assert torch.equal(grouped, one), group
+
+
+def test_segment_group_keeps_small_steps_spread_and_groups_large_ones():
+    """One segment a program while the step has few (row, KV head) pairs or grouping would
+    leave too few programs; more (up to the maximum) as the grid grows."""
+    group = triton_attention.segment_group
+    many, pairs = triton_attention.PROGRAMS_PER_GROUP, triton_attention.GROUP_ROW_HEADS
+    assert group(16, 8, 8) == 1  # a lone Llama decode row: 2 query blocks x 8 KV heads
+    assert group(10 * many, 8, 8 * 8) == 1  # a bucket of 8 rows (Llama: 64 pairs), however long
+    assert group(10 * many, 8, 32 * 3) == 1  # SmolLM2's 3 KV heads x 32 rows
+    assert group(many, 1, pairs) == 1  # one segment: nothing to group
+    assert group(many, 8, pairs) == triton_attention.SEG_GROUP_MAX  # Llama: a 32-row bucket
+    assert group(many // 4, 8, pairs) == 2
 
 
 def test_positions_past_several_default_segments_depend_on_the_row_alone():

@@ -11,7 +11,10 @@ All kernels are CUDA-graph capturable: launch grids and the workspace are functi
   of the grid is `ceil(table width * block size / SEGMENT)`, an upper bound from the block
   table's static width, and a program whose segment starts past its queries' last key exits.
   So a 1-token decode at 1024 keys runs 8 segments × KVH programs side by side instead of
-  walking 1024 keys in KVH programs.
+  walking 1024 keys in KVH programs. A large step (`GROUP_ROW_HEADS` row × KV-head pairs) has
+  fewer programs on the segment axis, P, each walking segments s, s + P, s + 2P, ...
+  (`segment_group`) as one software-pipelined loop, the next segment's K/V loads in flight
+  during this one's math; it still writes one partial per segment, computed exactly as alone.
 - Query blocks: grid axis 0 is `T // BLOCK_Q + B + 1`, an upper bound on their number. Row r's
   blocks are numbered from `cu[r] // BLOCK_Q + r` on; a program finds its row by a FANOUT-ary
   search of `cu_seqlens_q` (one dependent load for up to 127 rows) and exits when its block
@@ -70,6 +73,21 @@ SEGMENT = 128
 KEY_TILE = 128
 TILE_BYTES = 32 * 1024
 NUM_WARPS = 4
+# Segments per program (`segment_group`): grouped only in a grid of at least GROUP_ROW_HEADS
+# (row, KV head) pairs (rows as the launch sees them: a graph bucket's, an upper bound on the
+# real ones), and only while the grid keeps PROGRAMS_PER_GROUP programs (~3 per SM), at most
+# SEG_GROUP_MAX segments each (the segment axis then has P = ceil(segments / group) programs,
+# each walking every P-th segment). A grouping never changes the numerics, only the schedule.
+# H200, verify_step graph replays side by side (round 18): Llama-3-8B B=32 q=5 8.30 -> 8.05
+# ms, B=32 q=1 6.83 -> 6.70, B=8 q=5 5.51 -> 5.45; SmolLM2 (never grouped) unchanged. Without
+# the floor, lone rows and SmolLM2's 8-row steps got slower (round 17: a bucket of 8 Llama rows,
+# 64 pairs; SmolLM2 B=8 q=5 in a 32-row bucket, 96 pairs). The grouped loop is a compile-time
+# path of its own (GROUPED): the one-segment loop with its stores after it is what SmolLM2's
+# steps need (with the grouped loop at P = segments they were up to 14 % slower). A third
+# pipeline stage was slower everywhere, flattening the grid with the KV head fastest level.
+SEG_GROUP_MAX = 4
+PROGRAMS_PER_GROUP = 400
+GROUP_ROW_HEADS = 256
 # fp32 queries take the exact `ieee` products, which Triton builds from FMAs, not tensor cores,
 # and which spill at 4 warps beyond 32-key tiles: 64-key tiles on 8 warps compile without
 # spills for every D <= 128 (80-128 registers). The launch configuration is thus a function of
@@ -192,6 +210,7 @@ def _paged_attention_kernel(
     FANOUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     EARLY: tl.constexpr,
+    GROUPED: tl.constexpr,
 ):
     # PDL: with EARLY, everything up to the early exits reads only the step's metadata
     # (query offsets, lengths, block table), which no kernel writes: done while the qkv GEMM
@@ -199,7 +218,8 @@ def _paged_attention_kernel(
     if not EARLY:
         _grid_sync()
     pid = tl.program_id(0)
-    seg = tl.program_id(1)
+    seg = tl.program_id(1)  # this program's first segment; its others: seg + P, seg + 2P, ...
+    seg_step = tl.num_programs(1)  # P (`segment_group`)
     kvh = tl.program_id(2)
 
     # Row of this query block: the largest r in [0, B] with cu[r] // BLOCK_Q + r <= pid (strictly
@@ -277,42 +297,100 @@ def _paged_attention_kernel(
     m_i = tl.full([BLOCK_Q * GROUP_P], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_Q * GROUP_P], tl.float32)
     acc = tl.zeros([BLOCK_Q * GROUP_P, BLOCK_D], tl.float32)
-    seg_stop = tl.minimum(seg_start + SEGMENT, num_keys)
-    for tile_start in range(_index(seg_start), _index(seg_stop), TILE):
-        k_pos = tile_start + offs_t
-        k_ok = k_pos < seg_stop
-        slot = blk.to(tl.int64) * stride_cb + (k_pos % block_size) * stride_cs + kvh * stride_ch
-        k = tl.load(
-            cache_ptr + slot[None, :] + offs_d[:, None],
-            mask=k_ok[None, :] & d_ok[:, None],
-            other=0.0,
-        )  # [BLOCK_D, TILE]
-        v = tl.load(
-            cache_ptr + stride_ckv + slot[:, None] + offs_d[None, :],
-            mask=k_ok[:, None] & d_ok[None, :],
-            other=0.0,
-        )  # [TILE, BLOCK_D]
-        # The next tile's block ids now, so that their load overlaps this tile's math.
-        next_pos = k_pos + TILE
-        blk = tl.load(table + next_pos // block_size, mask=next_pos < seg_stop, other=0)
-        s = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION) * qk_scale
-        visible = row_ok[:, None] & (k_pos[None, :] <= q_pos[:, None])
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        # A query that has seen no key yet keeps m = -inf; subtract 0 then, not -inf (NaN).
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_ref[:, None])
-        alpha = tl.exp2(m_i - m_ref)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(
-            p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION
+    if not GROUPED:  # one segment a program (P = segments)
+        seg_stop = tl.minimum(seg_start + SEGMENT, num_keys)
+        for tile_start in range(_index(seg_start), _index(seg_stop), TILE):
+            k_pos = tile_start + offs_t
+            m_i, l_i, acc, blk = _attend_tile(
+                q, q_pos, row_ok, d_ok, offs_t, offs_d, blk, k_pos, k_pos < seg_stop,
+                k_pos + TILE, seg_stop, cache_ptr, table, block_size, kvh,
+                stride_cb, stride_cs, stride_ch, stride_ckv, qk_scale, m_i, l_i, acc,
+                DOT_PRECISION,
+            )  # fmt: skip
+        part = (seg.to(tl.int64) * num_tokens + tok) * num_heads + head  # [M] workspace row
+        tl.store(part_acc_ptr + part[:, None] * head_dim + offs_d[None, :], acc, mask=io_mask)
+        tl.store(part_m_ptr + part, m_i, mask=row_ok)
+        tl.store(part_l_ptr + part, l_i, mask=row_ok)
+        return
+    # GROUPED: the program walks the key tiles of segments seg, seg + P, seg + 2P, ... (those
+    # that start before its queries' last key) as one loop, so that the loads of a segment's
+    # K/V are issued while the one before it is computed. Each segment's partial starts from
+    # the same (-inf, 0, 0) state (selected back at the segment's first tile) and is stored
+    # after its last tile: exactly what a program of one segment computes, so P never changes
+    # a bit. Strided, not consecutive: a table wider than the contexts leaves no program
+    # without a segment while another walks several.
+    tiles_per_seg = SEGMENT // TILE
+    mine = (tl.cdiv(num_keys, SEGMENT) - seg + seg_step - 1) // seg_step  # my segments
+    tile_start = seg_start
+    for i in range(0, _index(mine * tiles_per_seg)):
+        tile_seg = tile_start // SEGMENT
+        seg_stop = tl.minimum((tile_seg + 1) * SEGMENT, num_keys)
+        first = tile_start % SEGMENT == 0
+        m_i = tl.where(first, float("-inf"), m_i)
+        l_i = tl.where(first, 0.0, l_i)
+        acc = tl.where(first, 0.0, acc)
+        # the next tile of this segment, or the first of the segment P on
+        next_start = tl.where(
+            (i + 1) % tiles_per_seg == 0, (tile_seg + seg_step) * SEGMENT, tile_start + TILE
         )
-        m_i = m_new
+        k_pos = tile_start + offs_t
+        m_i, l_i, acc, blk = _attend_tile(
+            q, q_pos, row_ok, d_ok, offs_t, offs_d, blk, k_pos, k_pos < seg_stop,
+            next_start + offs_t, num_keys, cache_ptr, table, block_size, kvh,
+            stride_cb, stride_cs, stride_ch, stride_ckv, qk_scale, m_i, l_i, acc, DOT_PRECISION,
+        )  # fmt: skip
+        # The segment's last tile: its partial, as masked stores (no branch in the loop). A
+        # segment's tiles past its last key (only with several tiles a segment) change nothing
+        # and store the same partial again.
+        done = row_ok & (tile_start + TILE >= seg_stop)
+        part = (tile_seg.to(tl.int64) * num_tokens + tok) * num_heads + head  # [M] workspace row
+        tl.store(
+            part_acc_ptr + part[:, None] * head_dim + offs_d[None, :],
+            acc,
+            mask=done[:, None] & d_ok[None, :],
+        )
+        tl.store(part_m_ptr + part, m_i, mask=done)
+        tl.store(part_l_ptr + part, l_i, mask=done)
+        tile_start = next_start
+    if seg_start >= num_keys:  # segment 0 of queries that see no key: the empty partial
+        part = tok * num_heads + head
+        tl.store(part_acc_ptr + part[:, None] * head_dim + offs_d[None, :], acc, mask=io_mask)
+        tl.store(part_m_ptr + part, m_i, mask=row_ok)
+        tl.store(part_l_ptr + part, l_i, mask=row_ok)
 
-    part = (seg.to(tl.int64) * num_tokens + tok) * num_heads + head  # [M] workspace row
-    tl.store(part_acc_ptr + part[:, None] * head_dim + offs_d[None, :], acc, mask=io_mask)
-    tl.store(part_m_ptr + part, m_i, mask=row_ok)
-    tl.store(part_l_ptr + part, l_i, mask=row_ok)
+
+@triton.jit
+def _attend_tile(
+    q, q_pos, row_ok, d_ok, offs_t, offs_d, blk, k_pos, k_ok, next_pos, next_stop,
+    cache_ptr, table, block_size, kvh, stride_cb, stride_cs, stride_ch, stride_ckv, qk_scale,
+    m_i, l_i, acc, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """One key tile (positions k_pos, valid where k_ok, in blocks `blk`) folded into the online
+    softmax state (m_i, l_i, acc); also loads the block ids of the next tile (positions
+    next_pos, below next_stop) so that their load overlaps this tile's math."""
+    slot = blk.to(tl.int64) * stride_cb + (k_pos % block_size) * stride_cs + kvh * stride_ch
+    k = tl.load(
+        cache_ptr + slot[None, :] + offs_d[:, None],
+        mask=k_ok[None, :] & d_ok[:, None],
+        other=0.0,
+    )  # [BLOCK_D, TILE]
+    v = tl.load(
+        cache_ptr + stride_ckv + slot[:, None] + offs_d[None, :],
+        mask=k_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )  # [TILE, BLOCK_D]
+    blk = tl.load(table + next_pos // block_size, mask=next_pos < next_stop, other=0)
+    s = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION) * qk_scale
+    visible = row_ok[:, None] & (k_pos[None, :] <= q_pos[:, None])
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # A query that has seen no key yet keeps m = -inf; subtract 0 then, not -inf (NaN).
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_ref[:, None])
+    alpha = tl.exp2(m_i - m_ref)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
+    return m_new, l_i, acc, blk
 
 
 @triton.jit
@@ -428,6 +506,7 @@ def paged_attention(
     seq_lens: torch.Tensor,  # [B] int32: row r's context length including its new tokens
     scale: float,
     out: torch.Tensor | None = None,  # [T, H, D]
+    seg_group: int | None = None,  # segments per program; None: `segment_group`'s choice
 ) -> torch.Tensor:  # [T, H, D], q's dtype unless `out` says otherwise
     """Causal attention of every row's queries over its paged context, in two launches.
 
@@ -463,7 +542,10 @@ def paged_attention(
     part_acc, part_m, part_l = workspace.split([rows * d, rows, rows])
     nseg = torch.empty(t, dtype=torch.int32, device=q.device)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32: ignored for 16-bit
-    _paged_attention_kernel[(t // block_q + b + 1, segments, kvh)](
+    q_blocks = t // block_q + b + 1
+    if seg_group is None:
+        seg_group = segment_group(q_blocks * kvh, segments, b * kvh)
+    _paged_attention_kernel[(q_blocks, triton.cdiv(segments, seg_group), kvh)](  # P: axis 1
         q,
         kv_cache,
         block_tables,
@@ -493,6 +575,7 @@ def paged_attention(
         FANOUT=SEARCH_FANOUT,
         DOT_PRECISION=precision,
         EARLY=early_loads(),
+        GROUPED=seg_group > 1,
         num_warps=warps,
         num_stages=NUM_STAGES,
         enable_fp_fusion=FP_FUSION,
@@ -518,6 +601,23 @@ def paged_attention(
         **launch_opts(),
     )
     return out
+
+
+def segment_group(blocks: int, segments: int, row_heads: int) -> int:
+    """Segments per attention program, for a grid of `blocks` (query block, KV head) pairs ×
+    `segments` over `row_heads` (row, KV head) pairs: 1 below GROUP_ROW_HEADS pairs, else the
+    most, up to SEG_GROUP_MAX, that still leave PROGRAMS_PER_GROUP programs. A program walks
+    its segments as one pipelined loop, so a large step keeps several K/V tiles in flight per
+    program; a small one keeps every segment its own program, spread over the SMs. Numerics do
+    not depend on it (each segment's partial is computed alone)."""
+    group = 1
+    while (
+        row_heads >= GROUP_ROW_HEADS
+        and group < min(SEG_GROUP_MAX, segments)
+        and blocks * triton.cdiv(segments, 2 * group) >= PROGRAMS_PER_GROUP
+    ):
+        group *= 2
+    return group
 
 
 def _key_tile_and_warps(dtype: torch.dtype, block_d: int) -> tuple[int, int]:
