@@ -5,13 +5,19 @@
   independent of its batch.
 - `WideConfig` (`triton_ops.linear_wide`, non-exact steps wider than BLOCK_M rows): a config
   per weight shape and row range, measured against cuBLAS, which those steps run otherwise.
+
+Plain Python (no Triton import), so the tables are checked on any machine
+(`tests/test_gemm_tiles.py`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import triton
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
 
 BLOCK_M = 16  # tl.dot's minimum; fixed for every M (small M is the decode/verify regime)
 _TARGET_PROGRAMS = 264  # 2 per SM on the H200's 132 SMs, for the weight-streaming (small M) case
@@ -31,9 +37,9 @@ class LinearConfig:
 
 def _config(k: int, bn: int, bk: int, split: int, warps: int = 4, stages: int = 4):
     """Tiles for a K of `k`: `split` ranges of whole K tiles (fewer when one would be empty)."""
-    iters = triton.cdiv(k, bk)
-    per_split = triton.cdiv(iters, split)
-    return LinearConfig(bn, bk, triton.cdiv(iters, per_split), per_split * bk, warps, stages)
+    iters = _cdiv(k, bk)
+    per_split = _cdiv(iters, split)
+    return LinearConfig(bn, bk, _cdiv(iters, per_split), per_split * bk, warps, stages)
 
 
 # Tiles measured fastest at M = 1 and 5 (one config for both, as the exact mode needs) by
@@ -74,12 +80,12 @@ def linear_config(n: int, k: int) -> LinearConfig:
     if (n, k) in _TUNED:
         return _TUNED[(n, k)]
     block_k = next((b for b in (128, 64, 32) if k % b == 0), 64)
-    block_n = 64 if triton.cdiv(n, 64) >= _TARGET_PROGRAMS // 2 else 32
-    tiles_n = triton.cdiv(n, block_n)
-    k_iters = triton.cdiv(k, block_k)
+    block_n = 64 if _cdiv(n, 64) >= _TARGET_PROGRAMS // 2 else 32
+    tiles_n = _cdiv(n, block_n)
+    k_iters = _cdiv(k, block_k)
     split = 1
     if tiles_n < _TARGET_PROGRAMS and k >= 2048:
-        split = max(1, min(triton.cdiv(_TARGET_PROGRAMS, tiles_n), k_iters // 8))
+        split = max(1, min(_cdiv(_TARGET_PROGRAMS, tiles_n), k_iters // 8))
     return _config(k, block_n, block_k, split)
 
 

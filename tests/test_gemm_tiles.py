@@ -1,0 +1,72 @@
+"""The GEMM tile tables (`triton_tiles`): plain Python, so they are checked without a GPU.
+
+What must hold for every shape and row count the target can ask for: the exact mode's wide
+tiles keep the exact GEMM's K order (its K tile and split, hence every row's bits: the GPU test
+`test_gpu_block_m_keeps_bits` checks the bits themselves), every config fits the shared memory
+and registers it was measured within, and the row ranges are ordered so that a lookup takes
+the tiles measured for that range.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from specwire.common.model import triton_tiles as tiles
+
+SHAPES = sorted(set(tiles._EXACT_WIDE) | set(tiles._WIDE) | set(tiles._TUNED))
+OTHER_SHAPES = [(72, 200), (2048, 2048), (14336, 5120), (151936, 896)]  # rule-only shapes
+ROW_COUNTS = [17, 24, 32, 33, 40, 64, 65, 96, 128, 129, 160, 192, 193, 256, 384, 385, 1024, 4096]
+SMEM_BYTES = 200 * 1024  # what the sweeps allowed (`bench/gemm_sweep.py`)
+
+
+def _smem(cfg) -> int:
+    return (cfg.block_m * cfg.block_k + cfg.block_k * cfg.block_n) * 2 * cfg.num_stages
+
+
+def _covers_k(cfg, k: int) -> None:
+    assert cfg.k_per_split % cfg.block_k == 0
+    # every K element in some split, and no split empty
+    assert cfg.split_k * cfg.k_per_split >= k > (cfg.split_k - 1) * cfg.k_per_split
+
+
+@pytest.mark.parametrize("n,k", SHAPES + OTHER_SHAPES)
+def test_exact_wide_tiles_keep_the_exact_k_order(n, k):
+    exact = tiles.linear_config(n, k)
+    for m in ROW_COUNTS:
+        cfg = tiles.exact_wide_config(n, k, m)
+        order = (cfg.block_k, cfg.split_k, cfg.k_per_split)
+        assert order == (exact.block_k, exact.split_k, exact.k_per_split), (m, cfg)
+        assert cfg.block_m in (32, 64, 128) and cfg.num_warps in (4, 8)
+        assert _smem(cfg) <= SMEM_BYTES, (m, cfg)
+        assert cfg.block_m * cfg.block_n // (32 * cfg.num_warps) <= 128, (m, cfg)  # fp32 acc
+
+
+@pytest.mark.parametrize("n,k", SHAPES + OTHER_SHAPES)
+def test_wide_tiles_cover_k_and_fit(n, k):
+    for m in ROW_COUNTS:
+        cfg = tiles.wide_config(n, k, m)
+        if cfg is None:  # cuBLAS
+            assert (n, k) not in tiles._WIDE or m > tiles._WIDE[(n, k)][-1][0]
+            continue
+        _covers_k(cfg, k)
+        assert _smem(cfg) <= SMEM_BYTES, (m, cfg)
+
+
+def test_row_ranges_increase_and_lookups_take_their_range():
+    for table in (tiles._WIDE, tiles._EXACT_WIDE):
+        for shape, ranges in table.items():
+            limits = [max_m for max_m, _ in ranges]
+            assert limits == sorted(set(limits)) and limits[0] > tiles.BLOCK_M, shape
+    # the first range's tiles at its limit, the next range's one row past it
+    n, k = (4096, 4096)
+    (first, first_tiles), (_, second_tiles) = tiles._EXACT_WIDE[(n, k)][:2]
+    assert tiles.exact_wide_config(n, k, first).block_n == first_tiles[1]
+    assert tiles.exact_wide_config(n, k, first + 1).block_n == second_tiles[1]
+    assert tiles.exact_wide_config(n, k, first + 1).num_warps == second_tiles[2]
+
+
+def test_tuned_tiles_cover_k():
+    for (n, k), cfg in tiles._TUNED.items():
+        _covers_k(cfg, k)
+        assert tiles.linear_config(n, k) == cfg and tiles.tuned(n, k)
+    assert not tiles.tuned(72, 200)
