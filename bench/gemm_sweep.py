@@ -47,9 +47,9 @@ from specwire.common.model import triton_ops as ops  # noqa: E402
 from specwire.common.model.triton_tiles import (  # noqa: E402
     LinearConfig,
     WideConfig,
-    _wide,
     linear_config,
     wide_config,
+    wide_tiles,
 )
 
 BLOCK_N = (16, 32, 64, 128)
@@ -81,17 +81,10 @@ def candidates_wide(n: int, k: int) -> list[WideConfig]:
     out = []
     grid = itertools.product((32, 64, 128), (64, 128, 256), (64, 128), (1, 2, 4), (4, 8), (3, 4))
     for bm, bn, bk, split, warps, stages in grid:
-        if bm == 32 and (warps != 4 or bn == 256):
+        if split > 1 and -(-k // bk) // split < 4:  # at least 4 K tiles a split
             continue
-        if (bm * bk + bk * bn) * 2 * stages > 200 * 1024:  # shared memory
-            continue
-        if bm * bn // (32 * warps) > 128:  # the fp32 accumulator alone would fill the registers
-            continue
-        iters = -(-k // bk)
-        if split > 1 and iters // split < 4:
-            continue
-        c = _wide(k, bm, bn, bk, split, warps, stages)
-        if c.split_k == split and c not in out:
+        c = wide_tiles(k, bm, bn, bk, split, warps, stages)
+        if c.fits() and c.split_k == split and c not in out:
             out.append(c)
     return out
 
@@ -100,16 +93,11 @@ def candidates_exact_order(n: int, k: int) -> list[WideConfig]:
     """Row tiles, N tiles, warps and stages over the exact GEMM's own K order (its K tile and
     split, `linear_config`)."""
     c = linear_config(n, k)
-    out = []
-    for bm, bn, warps, stages in itertools.product((32, 64, 128), (64, 128, 256), (4, 8), (3, 4)):
-        if bm == 32 and (warps != 4 or bn == 256):
-            continue
-        if (bm * c.block_k + c.block_k * bn) * 2 * stages > 200 * 1024:  # shared memory
-            continue
-        if bm * bn // (32 * warps) > 128:  # the fp32 accumulator alone would fill the registers
-            continue
-        out.append(WideConfig(bm, bn, c.block_k, c.split_k, c.k_per_split, warps, stages))
-    return out
+    grid = itertools.product((32, 64, 128), (64, 128, 256), (4, 8), (3, 4))
+    cands = [
+        WideConfig(bm, bn, c.block_k, c.split_k, c.k_per_split, w, st) for bm, bn, w, st in grid
+    ]
+    return [cfg for cfg in cands if cfg.fits()]
 
 
 def sweep_wide(model, op, n, k, ms, log, exact_order=False):
@@ -307,12 +295,12 @@ def main() -> int:
 
     t0 = time.time()
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
+    if args.wide:
+        return _main_wide(args, ms, wanted, log, lines, t0)
     log("| model | op | kernel | M | reference us | current config us | best us | floor us "
         "| best config | best max abs diff |")  # fmt: skip
     log("|---|---|---|---|---|---|---|---|---|---|")
     all_results = []
-    if args.wide:
-        return _main_wide(args, ms, wanted, log, lines, t0)
     for model in args.models.split(","):
         shapes = gemm_shapes(MODELS[model])
         cases = [(op, "linear", *shapes[op]) for op in shapes if op in wanted]
@@ -345,7 +333,6 @@ def main() -> int:
 
 
 def _main_wide(args, ms, wanted, log, lines, t0) -> int:
-    lines.clear()
     log("| model | op | M | cuBLAS us | current us | best us | best config | exact linear us "
         "| fastest in the exact K order | its us | bitwise = exact | floor us |")  # fmt: skip
     log("|---|---|---|---|---|---|---|---|---|---|---|---|")

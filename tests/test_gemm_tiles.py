@@ -16,11 +16,6 @@ from specwire.common.model import triton_tiles as tiles
 SHAPES = sorted(set(tiles._EXACT_WIDE) | set(tiles._WIDE) | set(tiles._TUNED))
 OTHER_SHAPES = [(72, 200), (2048, 2048), (14336, 5120), (151936, 896)]  # rule-only shapes
 ROW_COUNTS = [17, 24, 32, 33, 40, 64, 65, 96, 128, 129, 160, 192, 193, 256, 384, 385, 1024, 4096]
-SMEM_BYTES = 200 * 1024  # what the sweeps allowed (`bench/gemm_sweep.py`)
-
-
-def _smem(cfg) -> int:
-    return (cfg.block_m * cfg.block_k + cfg.block_k * cfg.block_n) * 2 * cfg.num_stages
 
 
 def _covers_k(cfg, k: int) -> None:
@@ -37,8 +32,7 @@ def test_exact_wide_tiles_keep_the_exact_k_order(n, k):
         order = (cfg.block_k, cfg.split_k, cfg.k_per_split)
         assert order == (exact.block_k, exact.split_k, exact.k_per_split), (m, cfg)
         assert cfg.block_m in (32, 64, 128) and cfg.num_warps in (4, 8)
-        assert _smem(cfg) <= SMEM_BYTES, (m, cfg)
-        assert cfg.block_m * cfg.block_n // (32 * cfg.num_warps) <= 128, (m, cfg)  # fp32 acc
+        assert cfg.fits(), (m, cfg)  # shared memory and registers
 
 
 @pytest.mark.parametrize("n,k", SHAPES + OTHER_SHAPES)
@@ -49,7 +43,7 @@ def test_wide_tiles_cover_k_and_fit(n, k):
             assert (n, k) not in tiles._WIDE or m > tiles._WIDE[(n, k)][-1][0]
             continue
         _covers_k(cfg, k)
-        assert _smem(cfg) <= SMEM_BYTES, (m, cfg)
+        assert cfg.fits(), (m, cfg)
 
 
 def test_row_ranges_increase_and_lookups_take_their_range():
@@ -63,6 +57,14 @@ def test_row_ranges_increase_and_lookups_take_their_range():
     assert tiles.exact_wide_config(n, k, first).block_n == first_tiles[1]
     assert tiles.exact_wide_config(n, k, first + 1).block_n == second_tiles[1]
     assert tiles.exact_wide_config(n, k, first + 1).num_warps == second_tiles[2]
+
+
+def test_fits_rejects_tiles_past_the_shared_memory_or_registers():
+    ok = tiles.wide_tiles(4096, 128, 128, 128, 1, 8, 3)  # 192 KiB, 64 registers
+    assert ok.fits()
+    assert not tiles.wide_tiles(4096, 128, 128, 128, 1, 8, 4).fits()  # 256 KiB of stages
+    assert not tiles.wide_tiles(4096, 128, 256, 64, 1, 4, 3).fits()  # 256 accumulator registers
+    assert not tiles.wide_tiles(4096, 32, 64, 64, 1, 8, 3).fits()  # 32 rows on 8 warps
 
 
 def test_tuned_tiles_cover_k():

@@ -138,7 +138,7 @@ def test_linear_matches_matmul(dtype, m, n, k):
     for block_m in (32, 64):  # the larger row tiles (see `linear`) compute the same thing
         torch.testing.assert_close(ops.linear(x, w, block_m=block_m).float(), ref, **tol)
     # ...and so do the exact mode's wide tiles and a free wide config (`linear_wide`)
-    for cfg in (tiles.exact_wide_config(n, k, 100), tiles._wide(k, 64, 64, 64, 2, 4, 3)):
+    for cfg in (tiles.exact_wide_config(n, k, 100), tiles.wide_tiles(k, 64, 64, 64, 2, 4, 3)):
         got = ops.linear_wide(x, w, b, None, cfg).float()
         torch.testing.assert_close(got, _linear_ref(x, w, b), **tol)
     # fp32 output (logits): the accumulator itself, no rounding to the input dtype

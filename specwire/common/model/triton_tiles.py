@@ -102,8 +102,22 @@ class WideConfig:
     num_warps: int = 4
     num_stages: int = 3
 
+    def fits(self) -> bool:
+        """Whether the tiles stay within what they were measured within: the pipeline's
+        shared memory (SMEM_BYTES) and an fp32 accumulator of at most 128 registers a thread;
+        32-row tiles on 4 warps only, at most 128 columns."""
+        smem = (self.block_m + self.block_n) * self.block_k * 2 * self.num_stages
+        regs = self.block_m * self.block_n // (32 * self.num_warps)
+        narrow_ok = self.block_m != 32 or (self.num_warps == 4 and self.block_n <= 128)
+        return smem <= SMEM_BYTES and regs <= 128 and narrow_ok
 
-def _wide(k: int, bm: int, bn: int, bk: int, split: int, warps: int, stages: int) -> WideConfig:
+
+SMEM_BYTES = 200 * 1024  # of the H200's 227 KiB a block may use: what the sweeps allowed
+
+
+def wide_tiles(k: int, bm: int, bn: int, bk: int, split: int, warps: int, stages: int):
+    """A `WideConfig` for a K of `k`: `split` ranges of whole K tiles (fewer when one would be
+    empty), as `_config` splits them."""
     c = _config(k, bn, bk, split, warps, stages)
     return WideConfig(bm, bn, bk, c.split_k, c.k_per_split, warps, stages)
 
@@ -114,15 +128,18 @@ def _wide(k: int, bm: int, bn: int, bk: int, split: int, warps: int, stages: int
 # which won every projection measured above 64 rows but Llama-3-8B's o_proj at 96.
 _WIDE: dict[tuple[int, int], tuple[tuple[int, WideConfig], ...]] = {
     # Llama-3-8B o_proj (M=24: 11.4 / 13.4, 32: 11.6 / 13.6, 48: 11.7 / 14.0; 64: level)
-    (4096, 4096): ((48, _wide(4096, 64, 64, 128, 2, 4, 4)),),
+    (4096, 4096): ((48, wide_tiles(4096, 64, 64, 128, 2, 4, 4)),),
     # Llama-3-8B down (M=24: 31.8 / 33.1, 32: 31.7 / 33.5, 48: 32.4 / 33.8, 64: 32.9 / 35.3)
-    (4096, 14336): ((64, _wide(14336, 64, 128, 128, 3, 4, 4)),),
+    (4096, 14336): ((64, wide_tiles(14336, 64, 128, 128, 3, 4, 4)),),
     # Llama-3-8B LM head (M=24: 240 / 254, 48: 251 / 258)
-    (128256, 4096): ((32, _wide(4096, 32, 128, 128, 1, 4, 3)),),
+    (128256, 4096): ((32, wide_tiles(4096, 32, 128, 128, 1, 4, 3)),),
     # SmolLM2-135M down (M=32: 4.3 / 5.1, 64: 4.5 / 5.1), LM head (M=24: 16.2 / 17.0, 48: 17.1
     # / 18.3)
-    (576, 1536): ((64, _wide(1536, 64, 64, 64, 4, 8, 4)),),
-    (49152, 576): ((32, _wide(576, 32, 128, 64, 1, 4, 3)), (64, _wide(576, 64, 128, 64, 1, 8, 3))),
+    (576, 1536): ((64, wide_tiles(1536, 64, 64, 64, 4, 8, 4)),),
+    (49152, 576): (
+        (32, wide_tiles(576, 32, 128, 64, 1, 4, 3)),
+        (64, wide_tiles(576, 64, 128, 64, 1, 8, 3)),
+    ),
 }
 
 # The exact mode's row tile, N tile, warps and stages per weight shape and row range (largest
