@@ -33,7 +33,7 @@ fi
 if [ "${PART:-all}" != kernels ]; then
 serve serving_bf16 150 --configs none,ngram,remote-ngram --concurrency 1,8,32,64
 serve serving_fp32 110 --dtype float32 --configs none,ngram --concurrency 1,8,32,64
-serve serving_bf16_exact 110 --target-arg=--exact --configs none,ngram --concurrency 1,8,32,64
+serve serving_bf16_exact 110 --target-arg=--exact=on --configs none,ngram --concurrency 1,8,32,64
 fi
 tar czf "$OUT/results.tgz" -C "$OUT" r
 for f in "$R"/*.log; do tail -45 "$f"; done > "$OUT/tails.log"

@@ -57,6 +57,11 @@ CONFIGS = {
     "none-inproc": "none",
     "ngram-inproc": "ngram",
     "remote-ngram-inproc": "remote",
+    "none-exact": "none",
+    "ngram-exact": "ngram",
+    "remote-ngram-exact": "remote",
+    "none-noexact": "none",
+    "ngram-noexact": "ngram",
 }
 REMOTE_DRAFTERS = {  # service --drafter
     "remote-ngram": "ngram",
@@ -67,6 +72,7 @@ REMOTE_DRAFTERS = {  # service --drafter
     "remote-ngram-nobranch": "ngram",
     "remote-ngram-proc": "ngram",
     "remote-ngram-inproc": "ngram",
+    "remote-ngram-exact": "ngram",
 }
 TWO_BATCH_ROWS = 32  # where the simulated device broke even (bench/RESULTS.md, round 8)
 TARGET_READY = r"specwire target listening on (\S+):(\d+)"
@@ -192,6 +198,10 @@ def running_config(config: str, args: argparse.Namespace) -> Iterator[Server]:
             cmd += ["--engine-process", "on"]
         if config.endswith("-inproc"):
             cmd += ["--engine-process", "off"]
+        if config.endswith("-exact"):
+            cmd += ["--exact", "on"]  # batch-invariant kernels (GPU): what they cost served
+        if config.endswith("-noexact"):
+            cmd += ["--exact", "off"]  # (the default, auto, is on for SmolLM2 in bf16)
         proc, m = start_service(cmd, _env(), TARGET_READY, timeout=args.ready_timeout, cwd=ROOT)
         procs.append(proc)
         commands.append(cmd)

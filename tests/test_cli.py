@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from procs import output_tail, running_service, wait_until
 
 from specwire.common.cli import build_parser
@@ -139,6 +140,9 @@ def test_help_names_each_flags_variable(command: str, flags: dict) -> None:
         (["generate", "--prompt", "x"], {"SPECWIRE_TARGET": "h:1"}, "target", "h:1"),
         (["target"], {"SPECWIRE_LOG_LEVEL": "debug"}, "log_level", "DEBUG"),
         (["target"], {"SPECWIRE_LOG_FORMAT": "json"}, "log_format", "json"),
+        (["target"], {}, "exact", "auto"),
+        (["target", "--exact", "on"], {"SPECWIRE_EXACT": "off"}, "exact", "on"),
+        (["target"], {"SPECWIRE_EXACT": "off"}, "exact", "off"),
         (["target"], {}, "fused", False),
         (["target"], {"SPECWIRE_FUSED": "1"}, "fused", True),
         (["target"], {}, "drafter_lookahead", -1),
@@ -166,13 +170,44 @@ def test_bad_variables_are_one_line_errors(monkeypatch, env, message) -> None:
         build_parser()
 
 
-@pytest.mark.parametrize("flag", ["exact", "fused"])
-def test_gpu_kernel_flags_without_the_triton_kernels_are_one_line_errors(flag) -> None:
+@pytest.mark.parametrize(("flag", "named"), [("exact", "--exact on"), ("fused", "--fused")])
+def test_gpu_kernel_flags_without_the_triton_kernels_are_one_line_errors(flag, named) -> None:
     from specwire.common.model.attention import TorchPagedAttention
     from specwire.common.model.triton_backend import make_ops
 
-    with pytest.raises(UserError, match=f"--{flag} needs the Triton kernels"):
+    with pytest.raises(UserError, match=f"{named} needs the Triton kernels"):
         make_ops(TorchPagedAttention(2, 1, 8, 16), **{flag: True})
+
+
+def test_exact_auto_is_on_only_where_it_was_measured_cheap() -> None:
+    """`--exact auto` (the default): the exact mode for bf16/fp16 models of at most
+    EXACT_AUTO_MAX_HIDDEN hidden units on the Triton kernels (measured <= 10 % there); never
+    on the CPU's SDPA, in fp32 (lossless as it is) or against an explicit --fused; `on` and
+    `off` are what they say."""
+    from types import SimpleNamespace
+
+    from specwire.common.model.triton_backend import EXACT_AUTO_MAX_HIDDEN, resolve_exact
+
+    triton, sdpa = SimpleNamespace(name="triton"), SimpleNamespace(name="sdpa")
+    small, large = 576, EXACT_AUTO_MAX_HIDDEN + 1
+    bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
+    assert resolve_exact("auto", triton, bf16, small, fused=False)
+    assert resolve_exact("auto", triton, fp16, EXACT_AUTO_MAX_HIDDEN, fused=False)
+    assert not resolve_exact("auto", triton, bf16, large, fused=False)  # Llama-3-8B: +41 %
+    assert not resolve_exact("auto", triton, fp32, small, fused=False)
+    assert not resolve_exact("auto", sdpa, bf16, small, fused=False)
+    assert not resolve_exact("auto", triton, bf16, small, fused=True)
+    assert resolve_exact("on", triton, bf16, large, fused=False)
+    assert resolve_exact("on", sdpa, fp32, small, fused=False)  # make_ops then refuses it
+    assert not resolve_exact("off", triton, bf16, small, fused=False)
+
+
+def test_exact_must_be_auto_on_or_off() -> None:
+    with pytest.raises(UserError, match="--exact must be auto, on or off, got 'yes'"):
+        TargetConfig(exact="yes")
+    proc = specwire("target", "--exact")  # the old switch now takes a value
+    assert proc.returncode == 2
+    assert "--exact: expected one argument" in proc.stderr.decode()
 
 
 def test_a_negative_lookahead_other_than_auto_is_refused() -> None:

@@ -40,7 +40,12 @@ ENGINE_FLAGS = {
     "attention": Flag(
         "auto (triton on CUDA, sdpa on CPU) | triton | sdpa", choices=("auto", "triton", "sdpa")
     ),
-    "exact": Flag("GPU: batch-invariant kernels, so bf16 output with speculation equals without"),
+    "exact": Flag(
+        "GPU: batch-invariant kernels, so bf16 output with speculation equals without: on | off"
+        " | auto (on for bf16/fp16 models of hidden size <= 1024, where it was measured to cost"
+        " <= 10%%)",
+        choices=("auto", "on", "off"),
+    ),
     "fused": Flag(
         "GPU, experimental: norms and SiLU·up folded into Triton GEMMs for steps of <= 16 tokens"
         " (slower than the default on the H200 so far: bench/RESULTS.md)"

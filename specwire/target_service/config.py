@@ -33,7 +33,10 @@ class TargetConfig:
     # the device runs the other (greedy requests). 0 = never (until measured on a GPU).
     two_batch_rows: int = 0
     attention: str = "auto"  # auto (triton on CUDA, sdpa on CPU) | triton | sdpa
-    exact: bool = False  # batch-invariant GEMMs: bf16 speculation token-exact (GPU)
+    # Batch-invariant GEMMs, so bf16 speculation is token-exact (GPU): on | off | auto (on for
+    # bf16/fp16 models of at most `EXACT_AUTO_MAX_HIDDEN` hidden units, where it was measured
+    # to cost <= 10 %: `triton_backend.resolve_exact`).
+    exact: str = "auto"
     fused: bool = False  # experimental: norms and SiLU·up folded into Triton GEMMs (GPU)
     draft_policy: str = "adaptive"  # adaptive (needs CUDA graphs' cost table) | static
     max_batch_size: int = 16
@@ -85,6 +88,8 @@ class TargetConfig:
             raise UserError("--max-num-tokens must be at least 1 + --max-draft-len")
         if self.attention not in ("auto", "triton", "sdpa"):
             raise UserError(f"--attention must be auto, triton or sdpa, got {self.attention!r}")
+        if self.exact not in ("auto", "on", "off"):
+            raise UserError(f"--exact must be auto, on or off, got {self.exact!r}")
         if self.draft_policy not in ("adaptive", "static"):
             raise UserError(f"--draft-policy must be adaptive or static, got {self.draft_policy!r}")
         if self.drafter_mode not in ("stream", "unary"):

@@ -18,7 +18,7 @@ from specwire.common.drafters import NGramDrafter, load_model_drafter
 from specwire.common.drafting import check_compatible
 from specwire.common.errors import UserError
 from specwire.common.model.loader import LoadedModel, load_model
-from specwire.common.model.triton_backend import make_backend, make_ops
+from specwire.common.model.triton_backend import make_backend, make_ops, resolve_exact
 from specwire.common.tokenizer import Tokenizer
 from specwire.target_service.config import TargetConfig
 from specwire.target_service.draft_policy import DraftLengthPolicy
@@ -304,7 +304,9 @@ def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine
         resources.add(drafter.spec_resource_manager)
     # 4. runner: attention backend, warm-up and graph capture
     model.set_attention(make_backend(cfg.attention, model, kv_caches.device))
-    model.set_ops(make_ops(model.attention, exact=cfg.exact, fused=cfg.fused))
+    hidden, dtype = loaded.config.hidden_size, model.lm_head.weight.dtype
+    exact = resolve_exact(cfg.exact, model.attention, dtype, hidden, cfg.fused)
+    model.set_ops(make_ops(model.attention, exact=exact, fused=cfg.fused))
     runner = ModelRunner(
         model,
         kv_caches,
@@ -348,8 +350,8 @@ def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine
         two_batch_rows=cfg.two_batch_rows,
     )
     log.info(
-        "engine ready: model=%s device=%s drafter=%s K=%d graphs=%s attention=%s ops=%s policy=%s"
-        " overlap=%s two-batch-rows=%d",
+        "engine ready: model=%s device=%s drafter=%s K=%d graphs=%s attention=%s ops=%s exact=%s"
+        " policy=%s overlap=%s two-batch-rows=%d",
         cfg.model,
         cfg.device,
         cfg.drafter,
@@ -357,6 +359,7 @@ def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine
         runner.graphs is not None,
         model.attention.name,
         model.ops.name,
+        f"{'on' if exact else 'off'} ({cfg.exact})",
         "adaptive" if policy.adaptive else "static",
         cfg.overlap,
         cfg.two_batch_rows,

@@ -91,6 +91,30 @@ def make_backend(kind: str, model, device: torch.device):
     raise UserError(f"unknown attention backend {kind!r} (use auto, triton or sdpa)")
 
 
+# `--exact auto` turns the exact mode on for models no wider than this (hidden units), in bf16
+# or fp16 with the Triton kernels. Measured on the H200 (bench/RESULTS.md, rounds 18-19):
+# SmolLM2-135M (576) costs <= 3 % in every verify step and nothing measurable served (c = 1,
+# 8, 32), while Llama-3-8B's shape (4096) costs +41 % at B=32 q=5, where cuBLAS beats our
+# batch-invariant tiles on 160-row GEMMs. Between the two nothing was measured; up to 1024
+# (SmolLM2-360M's 960) the GEMMs stay as small as SmolLM2's are, latency-bound rather than
+# compute-bound. Larger models keep it opt-in (`--exact on`).
+EXACT_AUTO_MAX_HIDDEN = 1024
+
+
+def resolve_exact(mode: str, attention, dtype: torch.dtype, hidden_size: int, fused: bool) -> bool:
+    """Whether the model runs the exact mode: `--exact on|off`, or auto (see
+    EXACT_AUTO_MAX_HIDDEN). fp32 needs no exact mode (its speculation is lossless as it is),
+    and auto yields to an explicit `--fused`, which the exact mode would ignore."""
+    if mode != "auto":
+        return mode == "on"
+    return (
+        attention.name == "triton"
+        and dtype in (torch.bfloat16, torch.float16)
+        and hidden_size <= EXACT_AUTO_MAX_HIDDEN
+        and not fused
+    )
+
+
 def make_ops(
     attention,
     exact: bool = False,
@@ -124,6 +148,6 @@ def make_ops(
             pdl_early=pdl_early,
         )
     if exact or fused:
-        flag = "--exact" if exact else "--fused"
+        flag = "--exact on" if exact else "--fused"
         raise UserError(f"{flag} needs the Triton kernels (--device cuda --attention triton)")
     return TorchOps()
