@@ -236,8 +236,8 @@ def test_output_depends_on_the_row_alone(shape, dtype, split):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_segments_walked_per_program_change_no_bit(dtype, split):
     """A program may walk several segments (`seg_group`, chosen by the step's size): each
-    segment's partial is still computed alone, so every output bit is the same for 1, 2, 3 or
-    4 segments a program, over rows that span one to five segments, a wider block table and
+    segment's partial is still computed alone, so every output bit is the same for 1, 2, 3, 4
+    or 8 segments a program, over rows that span one to five segments, a wider block table and
     padding."""
     seqs = PagedSequences(MIXED_LENGTHS, *SMALL_SHAPES[0], 16, dtype, seed=2)
     rows = [Row(0, 1, 20), Row(None, 0, 0), Row(2, 37, 137), Row(1, 5, 40), Row(5, 5, 35)]
@@ -245,7 +245,7 @@ def test_segments_walked_per_program_change_no_bit(dtype, split):
     real = sum(r.qlen for r in rows)
     tol = TOLERANCE[dtype]
     torch.testing.assert_close(one[:real].double(), reference(seqs, rows), atol=tol, rtol=tol)
-    for group in (2, 3, 4):
+    for group in (2, 3, 4, 8):
         grouped = seqs.run(rows, pad_tokens=2, extra_blocks=3, seg_group=group)
         assert torch.equal(grouped, one), group
 

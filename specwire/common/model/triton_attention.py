@@ -79,13 +79,15 @@ NUM_WARPS = 4
 # SEG_GROUP_MAX segments each (the segment axis then has P = ceil(segments / group) programs,
 # each walking every P-th segment). A grouping never changes the numerics, only the schedule.
 # H200, verify_step graph replays side by side (round 18): Llama-3-8B B=32 q=5 8.30 -> 8.05
-# ms, B=32 q=1 6.83 -> 6.70, B=8 q=5 5.51 -> 5.45; SmolLM2 (never grouped) unchanged. Without
+# ms, B=32 q=1 6.83 -> 6.70, B=8 q=5 5.51 -> 5.45; SmolLM2 (never grouped) unchanged. Up to
+# 8 segments a program (round 19, attention_kernel.py, attention + combine a layer): B=32
+# q=5 66.1 -> 63.8 us, B=64 q=5 126.0 -> 122.7; steps that group fewer are unchanged. Without
 # the floor, lone rows and SmolLM2's 8-row steps got slower (round 17: a bucket of 8 Llama rows,
 # 64 pairs; SmolLM2 B=8 q=5 in a 32-row bucket, 96 pairs). The grouped loop is a compile-time
 # path of its own (GROUPED): the one-segment loop with its stores after it is what SmolLM2's
 # steps need (with the grouped loop at P = segments they were up to 14 % slower). A third
 # pipeline stage was slower everywhere, flattening the grid with the KV head fastest level.
-SEG_GROUP_MAX = 4
+SEG_GROUP_MAX = 8
 PROGRAMS_PER_GROUP = 400
 GROUP_ROW_HEADS = 256
 # fp32 queries take the exact `ieee` products, which Triton builds from FMAs, not tensor cores,
