@@ -13,7 +13,7 @@ For every output that differs, at its first differing position p we record:
   numeric path, q = prefix length; which token it picks is recorded too),
 - fp32 gap: the same prefill with the fp32 model, when float32 is among --dtypes.
 
-    python bench/bf16_divergence.py --device cuda --out DIR
+    python bench/bf16_divergence.py --device cuda --out DIR      # [--exact auto|on] (default off)
     python bench/bf16_divergence.py --device cpu --model tiny-random --dtypes float32 \
         --num-humaneval 4 --num-lossless 4 --max-new-tokens 16 --out /tmp/div
 """
@@ -230,6 +230,12 @@ def main() -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtypes", default="bfloat16,float32")
     ap.add_argument("--no-cuda-graphs", action="store_true")
+    ap.add_argument(
+        "--exact",
+        default="off",
+        choices=("auto", "on", "off"),
+        help="the target's exact mode; off (the default here): the divergence it removes",
+    )
     ap.add_argument("--num-humaneval", type=int, default=40)
     ap.add_argument("--num-lossless", type=int, default=50)
     ap.add_argument("--max-new-tokens", type=int, default=96)

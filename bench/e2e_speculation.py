@@ -69,6 +69,7 @@ def make_engine(
         max_num_tokens=args.max_num_tokens,
         max_context_len=max_context_len,
         block_size=BLOCK_SIZE,
+        exact=getattr(args, "exact", "auto"),
         progress=False,
     )
     return build_engine(cfg, loaded=loaded)
@@ -166,6 +167,7 @@ def main() -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
     ap.add_argument("--no-cuda-graphs", action="store_true")
+    ap.add_argument("--exact", default="auto", choices=("auto", "on", "off"), help="the target's")
     ap.add_argument("--num-prompts", type=int, default=40)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--ks", default="4,8", help="n-gram draft lengths to compare with none")
