@@ -200,6 +200,8 @@ def test_exact_auto_is_on_only_where_it_was_measured_cheap() -> None:
     assert resolve_exact("on", triton, bf16, large, fused=False)
     assert resolve_exact("on", sdpa, fp32, small, fused=False)  # make_ops then refuses it
     assert not resolve_exact("off", triton, bf16, small, fused=False)
+    # The flag's help states the limit (the CLI does not import the model code for it).
+    assert f"hidden size <= {EXACT_AUTO_MAX_HIDDEN}" in ENGINE_FLAGS["exact"].help
 
 
 def test_exact_must_be_auto_on_or_off() -> None:
