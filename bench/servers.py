@@ -35,7 +35,8 @@ from procs import free_port, output_tail, start_service, stop_service  # noqa: E
 # service with unary calls (--drafter-mode unary) instead of the stream; "-2b" runs
 # speculative steps as two alternating halves from TWO_BATCH_ROWS requests on
 # (--two-batch-rows); "-p0" never waits for drafts asked for as the previous step committed
-# (--drafter-patience-ms 0: a late reply serves the steps after); "-proc" runs the engine in a
+# (--drafter-patience-ms 0: a late reply serves the steps after), "-pwait" always waits for
+# them up to the deadline (--drafter-patience-ms = the 50 ms deadline); "-proc" runs the engine in a
 # process of its own (--engine-process on: the default on CUDA), "-inproc" in the target's
 # (--engine-process off); "-nobranch" asks the drafter
 # for no branches (--drafter-branches 0), to measure them side by side.
@@ -50,6 +51,7 @@ CONFIGS = {
     "remote-ngram-2b": "remote",
     "remote-ngram-p0": "remote",
     "remote-ngram-unary-p0": "remote",
+    "remote-ngram-pwait": "remote",
     "remote-ngram-nobranch": "remote",
     "none-proc": "none",
     "ngram-proc": "ngram",
@@ -69,6 +71,7 @@ REMOTE_DRAFTERS = {  # service --drafter
     "remote-ngram-2b": "ngram",
     "remote-ngram-p0": "ngram",
     "remote-ngram-unary-p0": "ngram",
+    "remote-ngram-pwait": "ngram",
     "remote-ngram-nobranch": "ngram",
     "remote-ngram-proc": "ngram",
     "remote-ngram-inproc": "ngram",
@@ -190,6 +193,8 @@ def running_config(config: str, args: argparse.Namespace) -> Iterator[Server]:
             cmd += ["--drafter-mode", "unary"]
         if config.endswith("-p0"):
             cmd += ["--drafter-patience-ms", "0"]
+        if config.endswith("-pwait"):
+            cmd += ["--drafter-patience-ms", "50", "--drafter-deadline-ms", "50"]
         if config.endswith("-2b"):
             cmd += ["--two-batch-rows", str(TWO_BATCH_ROWS)]
         if config.endswith("-nobranch"):
