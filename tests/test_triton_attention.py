@@ -276,11 +276,13 @@ def test_positions_past_several_default_segments_depend_on_the_row_alone():
     torch.testing.assert_close(out.double(), reference(seqs, rows), atol=tol, rtol=tol)
 
 
-def test_segments_merge_in_order_0_1_2(monkeypatch):
-    """The combine folds a query's segment partials first to last. Weights are all 1 here
-    (zero query: equal scores), so the output is the fp32 sum of the per-segment value sums
-    2^24, 1, 1, 1 in merge order over 64 keys: first to last gives 2^24 (each +1 rounds away),
-    last to first 2^24 + 4, pairwise 2^24 + 2."""
+@pytest.mark.parametrize("seg_group", [1, 2, 3, 4])
+def test_segments_merge_in_order_0_1_2(monkeypatch, seg_group):
+    """The combine folds a query's segment partials first to last, however many segments a
+    program walked (`seg_group`). Weights are all 1 here (zero query: equal scores), so the
+    output is the fp32 sum of the per-segment value sums 2^24, 1, 1, 1 in merge order over 64
+    keys: first to last gives 2^24 (each +1 rounds away), last to first 2^24 + 4, pairwise
+    2^24 + 2."""
     monkeypatch.setattr(triton_attention, "SEGMENT", 16)
     monkeypatch.setattr(triton_attention, "KEY_TILE", 16)
     heads, kv_heads, dim, bs = 4, 2, 32, 16
@@ -297,6 +299,7 @@ def test_segments_merge_in_order_0_1_2(monkeypatch):
         torch.tensor([0, 1], dtype=torch.int32, device=DEVICE),
         torch.tensor([64], dtype=torch.int32, device=DEVICE),
         _scale(q),
+        seg_group=seg_group,
     ).cpu()
     assert torch.equal(out, torch.full_like(out, 2.0**24 / 64))
 
