@@ -181,25 +181,40 @@ def test_gpu_kernel_flags_without_the_triton_kernels_are_one_line_errors(flag, n
 
 def test_exact_auto_is_on_only_where_it_was_measured_cheap() -> None:
     """`--exact auto` (the default): the exact mode for bf16/fp16 models of at most
-    EXACT_AUTO_MAX_HIDDEN hidden units on the Triton kernels (measured <= 10 % there); never
-    on the CPU's SDPA, in fp32 (lossless as it is) or against an explicit --fused; `on` and
-    `off` are what they say."""
+    EXACT_AUTO_MAX_HIDDEN hidden units on the Triton kernels whose GEMM shapes all have
+    measured exact tiles (SmolLM2-135M: measured <= 10 % there); not for a shape without them
+    (the tiny test model; SmolLM2-360M's measured +17 %), never on the CPU's SDPA, in fp32
+    (lossless as it is) or against an explicit --fused; `on` and `off` are what they say."""
+    from dataclasses import replace
     from types import SimpleNamespace
 
+    from specwire.common.model.config import LLAMA3_8B, SMOLLM2_135M, TINY_RANDOM
+    from specwire.common.model.llama import LlamaModel
     from specwire.common.model.triton_backend import EXACT_AUTO_MAX_HIDDEN, resolve_exact
 
+    def shapes(cfg):
+        with torch.device("meta"):  # shapes only, no weights
+            return LlamaModel(cfg).gemm_shapes()
+
+    smol, tiny, llama = shapes(SMOLLM2_135M), shapes(TINY_RANDOM), shapes(LLAMA3_8B)
+    smol_360m = shapes(
+        replace(SMOLLM2_135M, hidden_size=960, intermediate_size=2560, num_heads=15, num_kv_heads=5)
+    )
     triton, sdpa = SimpleNamespace(name="triton"), SimpleNamespace(name="sdpa")
     small, large = 576, EXACT_AUTO_MAX_HIDDEN + 1
     bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
-    assert resolve_exact("auto", triton, bf16, small, fused=False)
-    assert resolve_exact("auto", triton, fp16, EXACT_AUTO_MAX_HIDDEN, fused=False)
-    assert not resolve_exact("auto", triton, bf16, large, fused=False)  # Llama-3-8B: +41 %
-    assert not resolve_exact("auto", triton, fp32, small, fused=False)
-    assert not resolve_exact("auto", sdpa, bf16, small, fused=False)
-    assert not resolve_exact("auto", triton, bf16, small, fused=True)
-    assert resolve_exact("on", triton, bf16, large, fused=False)
-    assert resolve_exact("on", sdpa, fp32, small, fused=False)  # make_ops then refuses it
-    assert not resolve_exact("off", triton, bf16, small, fused=False)
+    assert resolve_exact("auto", triton, bf16, small, smol, fused=False)
+    assert resolve_exact("auto", triton, fp16, small, smol, fused=False)
+    assert not resolve_exact("auto", triton, bf16, 64, tiny, fused=False)  # no measured tiles
+    assert not resolve_exact("auto", triton, bf16, 960, smol_360m, fused=False)  # +17 %
+    assert not resolve_exact("auto", triton, bf16, 4096, llama, fused=False)  # tiles, +41 %
+    assert not resolve_exact("auto", triton, bf16, large, smol, fused=False)
+    assert not resolve_exact("auto", triton, fp32, small, smol, fused=False)
+    assert not resolve_exact("auto", sdpa, bf16, small, smol, fused=False)
+    assert not resolve_exact("auto", triton, bf16, small, smol, fused=True)
+    assert resolve_exact("on", triton, bf16, 64, tiny, fused=False)
+    assert resolve_exact("on", sdpa, fp32, small, smol, fused=False)  # make_ops then refuses it
+    assert not resolve_exact("off", triton, bf16, small, smol, fused=False)
     # The flag's help states the limit (the CLI does not import the model code for it).
     assert f"hidden size <= {EXACT_AUTO_MAX_HIDDEN}" in ENGINE_FLAGS["exact"].help
 

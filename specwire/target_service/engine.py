@@ -305,7 +305,7 @@ def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine
     # 4. runner: attention backend, warm-up and graph capture
     model.set_attention(make_backend(cfg.attention, model, kv_caches.device))
     hidden, dtype = loaded.config.hidden_size, model.lm_head.weight.dtype
-    exact = resolve_exact(cfg.exact, model.attention, dtype, hidden, cfg.fused)
+    exact = resolve_exact(cfg.exact, model.attention, dtype, hidden, model.gemm_shapes(), cfg.fused)
     model.set_ops(make_ops(model.attention, exact=exact, fused=cfg.fused))
     runner = ModelRunner(
         model,

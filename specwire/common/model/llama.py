@@ -173,6 +173,14 @@ class LlamaModel(nn.Module):
         self.rotary = Rotary(cfg, -(-positions // block_size) * block_size)
         self.ops = TorchOps()
 
+    def gemm_shapes(self) -> list[tuple[int, int]]:
+        """(N, K) of every weight the ops multiply by: one layer's projections (all layers
+        have the same) and the LM head."""
+        layer = self.layers[0]  # a config has at least one
+        projections = (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
+        weights = [p.weight for p in projections] + [self.lm_head.weight]
+        return [(w.shape[0], w.shape[1]) for w in weights]
+
     def set_ops(self, ops) -> None:
         """Swap the ops (`TorchOps`, `TritonOps`, `TritonOps(exact=True)`) for every layer."""
         self.ops = ops

@@ -91,26 +91,39 @@ def make_backend(kind: str, model, device: torch.device):
     raise UserError(f"unknown attention backend {kind!r} (use auto, triton or sdpa)")
 
 
-# `--exact auto` turns the exact mode on for models no wider than this (hidden units), in bf16
-# or fp16 with the Triton kernels. Measured on the H200 (bench/RESULTS.md, rounds 18-19):
-# SmolLM2-135M (576) costs <= 3 % in every verify step and nothing measurable served (c = 1,
-# 8, 32), while Llama-3-8B's shape (4096) costs +41 % at B=32 q=5, where cuBLAS beats our
-# batch-invariant tiles on 160-row GEMMs. Between the two nothing was measured; up to 1024
-# (SmolLM2-360M's 960) the GEMMs stay as small as SmolLM2's are, latency-bound rather than
-# compute-bound. Larger models keep it opt-in (`--exact on`).
+# `--exact auto` turns the exact mode on, in bf16 or fp16 with the Triton kernels, for models
+# no wider than this (hidden units) whose GEMM weight shapes all have measured exact tiles
+# (`triton_tiles.exact_tiles_measured`). Measured on the H200 (bench/RESULTS.md, rounds
+# 18-20), exact / default verify step: SmolLM2-135M (576, measured tiles) <= 1.03 at every
+# batch and nothing measurable served (c = 1, 8, 32); Llama-3-8B (4096, measured tiles) 1.41
+# at B=32 q=5, where cuBLAS beats our batch-invariant tiles on 160-row GEMMs. On default tiles
+# (round 20): SmolLM2-360M's shape (960) 1.17, Qwen2.5-1.5B's (1536) 1.29, Llama-3.2-1B's
+# (2048) 1.50 at B=32 q=5 (0.84-1.09 in their other steps). So hidden size alone does not
+# make it cheap: the tiles do. Other models keep it opt-in (`--exact on`).
 EXACT_AUTO_MAX_HIDDEN = 1024
 
 
-def resolve_exact(mode: str, attention, dtype: torch.dtype, hidden_size: int, fused: bool) -> bool:
+def resolve_exact(
+    mode: str,
+    attention,
+    dtype: torch.dtype,
+    hidden_size: int,
+    gemm_shapes: list[tuple[int, int]],
+    fused: bool,
+) -> bool:
     """Whether the model runs the exact mode: `--exact on|off`, or auto (see
-    EXACT_AUTO_MAX_HIDDEN). fp32 needs no exact mode (its speculation is lossless as it is),
-    and auto yields to an explicit `--fused`, which the exact mode would ignore."""
+    EXACT_AUTO_MAX_HIDDEN; `gemm_shapes`: `LlamaModel.gemm_shapes`). fp32 needs no exact mode
+    (its speculation is lossless as it is), and auto yields to an explicit `--fused`, which
+    the exact mode would ignore."""
+    from specwire.common.model.triton_tiles import exact_tiles_measured
+
     if mode != "auto":
         return mode == "on"
     return (
         attention.name == "triton"
         and dtype in (torch.bfloat16, torch.float16)
         and hidden_size <= EXACT_AUTO_MAX_HIDDEN
+        and exact_tiles_measured(gemm_shapes)
         and not fused
     )
 

@@ -220,6 +220,13 @@ _EXACT_WIDE: dict[tuple[int, int], tuple[tuple[int, _T], ...]] = {
 }
 
 
+def exact_tiles_measured(shapes: list[tuple[int, int]]) -> bool:
+    """Whether the exact mode's GEMM has measured wide tiles (`_EXACT_WIDE`) for every weight
+    shape (N, K) of a model. Elsewhere it runs default tiles, which cost SmolLM2-360M's shape
+    +17 % at B=32 q=5 on the H200 (bench/RESULTS.md, round 20)."""
+    return bool(shapes) and all(s in _EXACT_WIDE for s in shapes)
+
+
 def wide_config(n: int, k: int, m: int) -> WideConfig | None:
     """The measured tiles for an M-row GEMM on weight [N, K] (M > BLOCK_M), or None: cuBLAS."""
     for max_m, cfg in _WIDE.get((n, k), ()):
