@@ -40,7 +40,17 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from layer_ops import EPS, HBM_BYTES_PER_US, MODELS, ROTATE_BYTES, graph_us  # noqa: E402
+from layer_ops import EPS, HBM_BYTES_PER_US, ROTATE_BYTES, graph_us  # noqa: E402
+from layer_ops import MODELS as LAYER_MODELS  # noqa: E402
+
+# The reference models, and the shapes between them that verify_step.py measured the exact
+# mode on (round 20: no measured tiles yet), for sweeping their tiles (`--models`).
+MODELS = {
+    **LAYER_MODELS,
+    "smollm2-360m": dict(hidden=960, heads=15, kv_heads=5, head_dim=64, inter=2560, vocab=49152),
+    "qwen2.5-1.5b": dict(hidden=1536, heads=12, kv_heads=2, head_dim=128, inter=8960, vocab=151936),
+    "llama3.2-1b": dict(hidden=2048, heads=32, kv_heads=8, head_dim=64, inter=8192, vocab=128256),
+}
 
 from specwire.common.model import triton_fused as fused  # noqa: E402
 from specwire.common.model import triton_ops as ops  # noqa: E402
@@ -274,7 +284,7 @@ def _key(c: LinearConfig) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", default="smollm2,llama3-8b")
+    ap.add_argument("--models", default="smollm2,llama3-8b", help=", ".join(MODELS))
     ap.add_argument("--ms", default="1,5", help="row counts (decode/verify steps)")
     ap.add_argument("--ops", default="qkv,o_proj,gate_up,down,norm_qkv,norm_gate_up,silu_down",
                     help="also: lm_head")  # fmt: skip
