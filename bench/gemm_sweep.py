@@ -43,13 +43,33 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from layer_ops import EPS, HBM_BYTES_PER_US, ROTATE_BYTES, graph_us  # noqa: E402
 from layer_ops import MODELS as LAYER_MODELS  # noqa: E402
 
+from specwire.common.model.config import (  # noqa: E402
+    LLAMA3_2_1B,
+    QWEN2_5_1_5B,
+    SMOLLM2_360M,
+    ModelConfig,
+)
+
+
+def _dims(cfg: ModelConfig) -> dict:
+    """A model config in `layer_ops.MODELS`' terms."""
+    return dict(
+        hidden=cfg.hidden_size,
+        heads=cfg.num_heads,
+        kv_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim,
+        inter=cfg.intermediate_size,
+        vocab=cfg.vocab_size,
+    )
+
+
 # The reference models, and the shapes between them that verify_step.py measured the exact
 # mode on (round 20: no measured tiles yet), for sweeping their tiles (`--models`).
 MODELS = {
     **LAYER_MODELS,
-    "smollm2-360m": dict(hidden=960, heads=15, kv_heads=5, head_dim=64, inter=2560, vocab=49152),
-    "qwen2.5-1.5b": dict(hidden=1536, heads=12, kv_heads=2, head_dim=128, inter=8960, vocab=151936),
-    "llama3.2-1b": dict(hidden=2048, heads=32, kv_heads=8, head_dim=64, inter=8192, vocab=128256),
+    "smollm2-360m": _dims(SMOLLM2_360M),
+    "qwen2.5-1.5b": _dims(QWEN2_5_1_5B),
+    "llama3.2-1b": _dims(LLAMA3_2_1B),
 }
 
 from specwire.common.model import triton_fused as fused  # noqa: E402

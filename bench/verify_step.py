@@ -53,7 +53,6 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -63,7 +62,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from compiled_ops import MODES as COMPILE_MODES  # noqa: E402  (bench/, next to this file)
 from compiled_ops import CompiledOps, check_logits  # noqa: E402
 
-from specwire.common.model.config import LLAMA3_8B, SMOLLM2_135M, TINY_RANDOM, ModelConfig  # noqa: E402
+from specwire.common.model.config import (  # noqa: E402
+    LLAMA3_2_1B,
+    LLAMA3_8B,
+    QWEN2_5_1_5B,
+    SMOLLM2_135M,
+    SMOLLM2_360M,
+    TINY_RANDOM,
+    ModelConfig,
+)
 from specwire.common.model.llama import LlamaModel  # noqa: E402
 from specwire.common.model.triton_backend import make_backend, make_ops  # noqa: E402
 from specwire.target_service.request import Request  # noqa: E402
@@ -76,39 +83,11 @@ SHAPES: dict[str, ModelConfig] = {
     "tiny": TINY_RANDOM,
     "smollm2": SMOLLM2_135M,
     "llama3-8b": LLAMA3_8B,
-    # Shapes between those two, to measure what the exact mode costs where `--exact auto`'s
-    # size rule (hidden <= 1024) draws its line: published configs of SmolLM2-360M (hidden
-    # 960), Qwen2.5-1.5B (1536) and Llama-3.2-1B (2048). Our exact GEMM has measured tiles
-    # only for the two shapes above; these run on its default tiles, as a user's model would.
-    "smollm2-360m": replace(
-        SMOLLM2_135M,
-        hidden_size=960,
-        intermediate_size=2560,
-        num_layers=32,
-        num_heads=15,
-        num_kv_heads=5,
-    ),
-    "qwen2.5-1.5b": replace(
-        LLAMA3_8B,
-        vocab_size=151936,
-        hidden_size=1536,
-        intermediate_size=8960,
-        num_layers=28,
-        num_heads=12,
-        num_kv_heads=2,
-        rope_theta=1000000.0,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=True,
-    ),
-    "llama3.2-1b": replace(
-        LLAMA3_8B,
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_layers=16,
-        num_heads=32,
-        head_dim=64,
-        tie_word_embeddings=True,
-    ),
+    # Shapes between those two, to measure what the exact mode costs around `--exact auto`'s
+    # size line (hidden <= 1024) where its GEMM has no measured tiles, as a user's model would.
+    "smollm2-360m": SMOLLM2_360M,
+    "qwen2.5-1.5b": QWEN2_5_1_5B,
+    "llama3.2-1b": LLAMA3_2_1B,
 }
 HBM_BYTES_PER_S = 4.8e12
 BLOCK_SIZE = 16

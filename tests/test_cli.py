@@ -185,10 +185,9 @@ def test_exact_auto_is_on_only_where_it_was_measured_cheap() -> None:
     measured exact tiles (SmolLM2-135M: measured <= 10 % there); not for a shape without them
     (the tiny test model; SmolLM2-360M's measured +17 %), never on the CPU's SDPA, in fp32
     (lossless as it is) or against an explicit --fused; `on` and `off` are what they say."""
-    from dataclasses import replace
     from types import SimpleNamespace
 
-    from specwire.common.model.config import LLAMA3_8B, SMOLLM2_135M, TINY_RANDOM
+    from specwire.common.model.config import LLAMA3_8B, SMOLLM2_135M, SMOLLM2_360M, TINY_RANDOM
     from specwire.common.model.llama import LlamaModel
     from specwire.common.model.triton_backend import EXACT_AUTO_MAX_HIDDEN, resolve_exact
 
@@ -197,9 +196,7 @@ def test_exact_auto_is_on_only_where_it_was_measured_cheap() -> None:
             return LlamaModel(cfg).gemm_shapes()
 
     smol, tiny, llama = shapes(SMOLLM2_135M), shapes(TINY_RANDOM), shapes(LLAMA3_8B)
-    smol_360m = shapes(
-        replace(SMOLLM2_135M, hidden_size=960, intermediate_size=2560, num_heads=15, num_kv_heads=5)
-    )
+    smol_360m = shapes(SMOLLM2_360M)
     triton, sdpa = SimpleNamespace(name="triton"), SimpleNamespace(name="sdpa")
     small, large = 576, EXACT_AUTO_MAX_HIDDEN + 1
     bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32

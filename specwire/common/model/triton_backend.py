@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from specwire.common.model.attention import AttentionMetadata, AttentionShape
+from specwire.common.model.triton_tiles import exact_tiles_measured
 
 
 class TritonPagedAttention(AttentionShape):
@@ -115,8 +116,6 @@ def resolve_exact(
     EXACT_AUTO_MAX_HIDDEN; `gemm_shapes`: `LlamaModel.gemm_shapes`). fp32 needs no exact mode
     (its speculation is lossless as it is), and auto yields to an explicit `--fused`, which
     the exact mode would ignore."""
-    from specwire.common.model.triton_tiles import exact_tiles_measured
-
     if mode != "auto":
         return mode == "on"
     return (
