@@ -32,12 +32,24 @@ from compiled_ops import MODES as COMPILE_MODES  # noqa: E402  (bench/, next to 
 from compiled_ops import CompiledOps  # noqa: E402
 
 from specwire.common.model.attention import AttentionMetadata, TorchPagedAttention  # noqa: E402
-from specwire.common.model.config import LLAMA3_8B, SMOLLM2_135M  # noqa: E402
+from specwire.common.model.config import (  # noqa: E402
+    LLAMA3_2_1B,
+    LLAMA3_8B,
+    QWEN2_5_1_5B,
+    SMOLLM2_135M,
+    SMOLLM2_360M,
+)
 from specwire.common.model.llama import LlamaModel  # noqa: E402
 from specwire.common.model.ops import TorchOps, TritonOps  # noqa: E402
 from specwire.common.model.triton_backend import TritonPagedAttention  # noqa: E402
 
-SHAPES = {"smollm2": SMOLLM2_135M, "llama3-8b": LLAMA3_8B}
+SHAPES = {
+    "smollm2": SMOLLM2_135M,
+    "llama3-8b": LLAMA3_8B,
+    "smollm2-360m": SMOLLM2_360M,
+    "qwen2.5-1.5b": QWEN2_5_1_5B,
+    "llama3.2-1b": LLAMA3_2_1B,
+}
 BS = 16
 
 

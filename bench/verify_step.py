@@ -47,6 +47,7 @@ Commands: bench/README.md.
 from __future__ import annotations
 
 import argparse
+import collections
 import gc
 import json
 import statistics
@@ -187,6 +188,30 @@ def time_ms(
     return statistics.median(samples)
 
 
+PROFILE = False  # --profile
+
+
+def profile_replay(replay: Callable[[], object], label: str, top: int = 12) -> None:
+    """Log one graph replay's kernels by device time (the PyTorch profiler sees the kernels
+    inside a replayed graph): what separates two variants' replay ms."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        replay()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    names: collections.Counter = collections.Counter(e.name for e in kernels)
+    micros: collections.Counter = collections.Counter()
+    for e in kernels:
+        micros[e.name] += e.time_range.elapsed_us()
+    span = max(e.time_range.end for e in kernels) - min(e.time_range.start for e in kernels)
+    log(f"profile {label}: {len(kernels)} kernels, {sum(micros.values()):.0f} us busy, "
+        f"{span:.0f} us first start to last end")  # fmt: skip
+    for kernel, us in micros.most_common(top):
+        log(f"  {names[kernel]:5d} {us:9.1f} {us / names[kernel]:7.2f}  {kernel[:90]}")
+
+
 def measure(
     runner: ModelRunner, rows: list[Row], tables: list[list[int]], iters: int, device: torch.device
 ) -> tuple[float, float | None, float | None, float, tuple | None]:
@@ -199,6 +224,8 @@ def measure(
         graph = time_ms(lambda: runner.forward(rows, tables), iters, device)
         assert runner.forward(rows, tables).graph == key, "forward did not replay the graph"
         replay = time_ms(runner.graphs.graphs[key].replay, iters, device, per_call=5)
+        if PROFILE:
+            profile_replay(runner.graphs.graphs[key].replay, f"{runner.model.ops.name} {key}")
     prep = time_ms(lambda: prepare(rows, tables), iters, device)  # host work, GPU idle
     return eager, graph, replay, prep, key
 
@@ -510,10 +537,15 @@ def main() -> int:
         help="triton_attention.GROUP_ROW_HEADS for this run: the fewest (row, KV head) pairs a "
         "step's grid needs before segments are grouped (-1: the module's)",
     )
+    ap.add_argument(
+        "--profile", action="store_true", help="log each graph replay's kernels by device time"
+    )
     ap.add_argument("--tag", default="", help="suffix of the output file names")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    global PROFILE
+    PROFILE = args.profile
     if args.threads:
         torch.set_num_threads(args.threads)
     args.batches = [int(x) for x in args.batches.split(",")]

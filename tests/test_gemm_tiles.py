@@ -14,7 +14,7 @@ import pytest
 from specwire.common.model import triton_tiles as tiles
 
 SHAPES = sorted(set(tiles._EXACT_WIDE) | set(tiles._WIDE) | set(tiles._TUNED))
-OTHER_SHAPES = [(72, 200), (2048, 2048), (14336, 5120), (151936, 896)]  # rule-only shapes
+OTHER_SHAPES = [(72, 200), (2560, 2560), (14336, 5120), (151936, 896)]  # rule-only shapes
 ROW_COUNTS = [17, 24, 32, 33, 40, 64, 65, 96, 128, 129, 160, 192, 193, 256, 384, 385, 1024, 4096]
 
 
@@ -44,6 +44,22 @@ def test_wide_tiles_cover_k_and_fit(n, k):
             continue
         _covers_k(cfg, k)
         assert cfg.fits(), (m, cfg)
+
+
+def test_rule_only_shapes_are_not_in_the_tables():
+    for shape in OTHER_SHAPES:
+        assert shape not in tiles._EXACT_WIDE and shape not in tiles._WIDE, shape
+
+
+def test_shapes_measured_cheap_have_measured_exact_tiles():
+    """`--exact auto`'s shapes (`exact_measured_cheap`) all run measured wide tiles; measured
+    tiles alone are not enough (SmolLM2-360M's shape has them and stays out: +16 %)."""
+    assert tiles._EXACT_CHEAP and tiles._EXACT_CHEAP <= set(tiles._EXACT_WIDE)
+    assert tiles.exact_measured_cheap(sorted(tiles._EXACT_CHEAP))
+    smollm2_360m = [(1600, 960), (960, 960), (5120, 960), (960, 2560), (49152, 960)]
+    assert all(s in tiles._EXACT_WIDE for s in smollm2_360m)
+    assert not tiles.exact_measured_cheap(smollm2_360m)
+    assert not tiles.exact_measured_cheap([])
 
 
 def test_row_ranges_increase_and_lookups_take_their_range():

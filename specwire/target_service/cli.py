@@ -42,8 +42,8 @@ ENGINE_FLAGS = {
     ),
     "exact": Flag(
         "GPU: batch-invariant kernels, so bf16 output with speculation equals without: on | off"
-        " | auto (on for bf16/fp16 models of hidden size <= 1024 whose GEMM shapes have measured"
-        " tiles, i.e. SmolLM2-135M, where it was measured to cost <= 10%%)",
+        " | auto (on for bf16/fp16 models of hidden size <= 1024 whose GEMM shapes are of a model"
+        " it was measured to cost <= 10%% on, i.e. SmolLM2-135M)",
         choices=("auto", "on", "off"),
     ),
     "fused": Flag(

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from specwire.common.model.attention import AttentionMetadata, AttentionShape
-from specwire.common.model.triton_tiles import exact_tiles_measured
+from specwire.common.model.triton_tiles import exact_measured_cheap
 
 
 class TritonPagedAttention(AttentionShape):
@@ -93,14 +93,15 @@ def make_backend(kind: str, model, device: torch.device):
 
 
 # `--exact auto` turns the exact mode on, in bf16 or fp16 with the Triton kernels, for models
-# no wider than this (hidden units) whose GEMM weight shapes all have measured exact tiles
-# (`triton_tiles.exact_tiles_measured`). Measured on the H200 (bench/RESULTS.md, rounds
-# 18-20), exact / default verify step: SmolLM2-135M (576, measured tiles) <= 1.03 at every
-# batch and nothing measurable served (c = 1, 8, 32); Llama-3-8B (4096, measured tiles) 1.41
-# at B=32 q=5, where cuBLAS beats our batch-invariant tiles on 160-row GEMMs. On default tiles
-# (round 20): SmolLM2-360M's shape (960) 1.17, Qwen2.5-1.5B's (1536) 1.29, Llama-3.2-1B's
-# (2048) 1.50 at B=32 q=5 (0.84-1.09 in their other steps). So hidden size alone does not
-# make it cheap: the tiles do. Other models keep it opt-in (`--exact on`).
+# no wider than this (hidden units) whose GEMM weight shapes are all of a model the exact mode
+# was measured cheap on (`triton_tiles.exact_measured_cheap`). Measured on the H200
+# (bench/RESULTS.md, rounds 18-21), exact / default verify step: SmolLM2-135M (576) <= 1.03 at
+# every batch and nothing measurable served (c = 1, 8, 32); Llama-3-8B (4096) 1.41 at B=32
+# q=5, where cuBLAS beats our batch-invariant tiles on 160-row GEMMs. With measured exact
+# tiles too (round 21), at B=32 q=5: SmolLM2-360M's shape (960) 1.16, Qwen2.5-1.5B's (1536)
+# 1.19, Llama-3.2-1B's (2048) 1.32 (0.83-1.05 in their steps of 1 and 8 rows). So neither
+# hidden size nor tiles make it cheap; only a measurement does. Other models keep it opt-in
+# (`--exact on`).
 EXACT_AUTO_MAX_HIDDEN = 1024
 
 
@@ -122,7 +123,7 @@ def resolve_exact(
         attention.name == "triton"
         and dtype in (torch.bfloat16, torch.float16)
         and hidden_size <= EXACT_AUTO_MAX_HIDDEN
-        and exact_tiles_measured(gemm_shapes)
+        and exact_measured_cheap(gemm_shapes)
         and not fused
     )
 
