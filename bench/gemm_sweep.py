@@ -313,7 +313,16 @@ def main() -> int:
     ap.add_argument(
         "--exact-order", action="store_true", help="--wide over the exact GEMM's K order only"
     )
+    ap.add_argument(
+        "--masked-k",
+        action="store_true",
+        help="our GEMMs mask their K loads as before round 21 (triton_ops.UNMASKED_K off)",
+    )
     args = ap.parse_args()
+    if args.masked_k:
+        from specwire.common.model import triton_ops
+
+        triton_ops.UNMASKED_K = False
     ms = [int(v) for v in args.ms.split(",")]
     wanted = args.ops.split(",")
     lines: list[str] = []

@@ -538,6 +538,11 @@ def main() -> int:
         "step's grid needs before segments are grouped (-1: the module's)",
     )
     ap.add_argument(
+        "--masked-k",
+        action="store_true",
+        help="our GEMMs mask their K loads as before round 21 (triton_ops.UNMASKED_K off)",
+    )
+    ap.add_argument(
         "--profile", action="store_true", help="log each graph replay's kernels by device time"
     )
     ap.add_argument("--tag", default="", help="suffix of the output file names")
@@ -546,6 +551,10 @@ def main() -> int:
     args = ap.parse_args()
     global PROFILE
     PROFILE = args.profile
+    if args.masked_k:
+        from specwire.common.model import triton_ops
+
+        triton_ops.UNMASKED_K = False
     if args.threads:
         torch.set_num_threads(args.threads)
     args.batches = [int(x) for x in args.batches.split(",")]

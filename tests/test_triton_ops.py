@@ -327,6 +327,31 @@ def test_gpu_block_m_keeps_bits(name, n, k):
 @pytest.mark.gpu
 @on_gpu
 @pytest.mark.parametrize("name,n,k", GPU_SHAPES, ids=[s[0] for s in GPU_SHAPES])
+def test_gpu_unmasked_k_loads_keep_bits(name, n, k, monkeypatch):
+    """Loads without K masks (`EVEN_K`, where BLOCK_K divides K) are another binary, but must
+    give the masked loop's bits: the exact GEMM at 5 and 160 rows (narrow and wide tiles, bf16
+    and fp32 logits) and SiLU·up in the gate_up epilogue, each side by side with UNMASKED_K
+    off."""
+    w, rows = _randn(n, k, seed=5, scale=k**-0.5), _randn(160, k, seed=7)
+
+    def outputs() -> list[torch.Tensor]:
+        got = [ops.linear(rows[:5], w), ops.linear(rows[:5], w, out_dtype=torch.float32)]
+        got.append(ops.linear_wide(rows, w, None, None, tiles.exact_wide_config(n, k, 160)))
+        if n % 2 == 0 and tiles.linear_config(n, k).split_k == 1:
+            got.append(ops.gate_up_silu(rows[:5], w))
+        return got
+
+    if not ops.even_k(k, tiles.linear_config(n, k).block_k):
+        pytest.skip(f"BLOCK_K does not divide K={k}: its loads stay masked either way")
+    unmasked = outputs()
+    monkeypatch.setattr(ops, "UNMASKED_K", False)
+    for new, old in zip(unmasked, outputs(), strict=True):
+        assert torch.equal(new, old)
+
+
+@pytest.mark.gpu
+@on_gpu
+@pytest.mark.parametrize("name,n,k", GPU_SHAPES, ids=[s[0] for s in GPU_SHAPES])
 def test_gpu_wide_tiles_match_matmul(name, n, k):
     """The non-exact wide tiles (`triton_tiles._WIDE`) compute x @ w.T at the row counts they
     serve (bits may differ from the exact GEMM's, as cuBLAS's do)."""

@@ -61,6 +61,7 @@ from specwire.common.model.triton_ops import (
     _norm_operands,
     _rotate,
     _split_sum_kernel,
+    even_k,
 )
 from specwire.common.model.triton_tiles import BLOCK_M, LinearConfig, linear_config
 
@@ -397,7 +398,7 @@ def _qkv_rope_store_kernel(
     block_size, num_heads, num_kv_heads,
     HALF: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     FP32_IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr,
+    BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr, EVEN_K: tl.constexpr,
 ):  # fmt: skip
     _grid_wait()  # the GEMM tile (`_norm_gemm_tile`) releases after its K loop
     # `triton_ops._linear_kernel` without a K split over the weight rows of RoPE pairs: tile
@@ -413,7 +414,7 @@ def _qkv_rope_store_kernel(
     acc = _norm_gemm_tile(
         x_ptr, res_ptr, nw_ptr, new_res_ptr, w_ptr, rm, col, col < N, M, K, K,
         x_stride, res_stride, new_res_stride, w_stride, eps, pid_n == 0,
-        NORM, HAS_RESIDUAL, FP32_IEEE, BLOCK_M, BLOCK_N, BLOCK_K, NORM_BLOCK,
+        NORM, HAS_RESIDUAL, FP32_IEEE, BLOCK_M, BLOCK_N, BLOCK_K, NORM_BLOCK, EVEN_K,
     )  # fmt: skip
     if HAS_BIAS:
         acc += tl.load(b_ptr + col, mask=col < N, other=0.0).to(tl.float32)[None, :]
@@ -533,7 +534,7 @@ def _qkv_rope_store_launch(
         HAS_RESIDUAL=norm is not None and norm[0] is not None,
         FP32_IEEE=x.dtype == torch.float32,
         BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        NORM_BLOCK=triton.next_power_of_2(k),
+        NORM_BLOCK=triton.next_power_of_2(k), EVEN_K=even_k(k, cfg.block_k),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **launch_opts(),
     )  # fmt: skip

@@ -261,6 +261,7 @@ def _dot(a, b, acc, FP32_IEEE: tl.constexpr):
 def _gemm_tile(
     x_ptr, w_ptr, rm, rw, w_ok, M, K, K_PER_SPLIT, x_stride, w_stride,
     FP32_IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
 ):  # fmt: skip
     """The fp32 tile x[rm, ks] @ W[rw, ks].T over the K range ks of this program's split (grid
     axis 2; K_PER_SPLIT = K: no split): tile column j reads weight row rw[j] (masked by
@@ -271,7 +272,7 @@ def _gemm_tile(
     return _norm_gemm_tile(
         x_ptr, x_ptr, x_ptr, x_ptr, w_ptr, rm, rw, w_ok, M, K, K_PER_SPLIT,
         x_stride, 0, 0, w_stride, 0.0, False,
-        False, False, FP32_IEEE, BLOCK_M, BLOCK_N, BLOCK_K, 16,
+        False, False, FP32_IEEE, BLOCK_M, BLOCK_N, BLOCK_K, 16, EVEN_K,
     )  # fmt: skip
 
 
@@ -281,12 +282,17 @@ def _norm_gemm_tile(
     x_stride, res_stride, new_res_stride, w_stride, eps, write_res,
     NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, FP32_IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr,
+    EVEN_K: tl.constexpr,
 ):  # fmt: skip
     """`_gemm_tile`; with NORM, of rms_norm(x + residual) * nw instead of x (no K split): the
     RMSNorm kernel's arithmetic, bit for bit, folded into the GEMM. Each row's scale comes from
     `_inv_rms` on the whole row (loaded as the norm kernel loads it, NORM_BLOCK wide; the
     kernel must run `norm_warps(K)` warps), then each A tile is normalised elementwise as the
-    norm kernel does it. Where `write_res`, the rows of x + residual are stored too."""
+    norm kernel does it. Where `write_res`, the rows of x + residual are stored too.
+
+    EVEN_K (`even_k`: BLOCK_K divides K, hence every split's range): the loads carry no K mask,
+    only their row masks, so the compiler may move whole 16-byte vectors along K. Nothing
+    loaded changes (no K element was ever masked then), so neither does a bit."""
     k_start = tl.program_id(2) * K_PER_SPLIT
     k_end = tl.minimum(k_start + K_PER_SPLIT, K)
     rk = tl.arange(0, BLOCK_K)
@@ -308,7 +314,10 @@ def _norm_gemm_tile(
         r_ptrs = res_ptr + rm[:, None] * res_stride + (k_start + rk)[None, :]
         nw_ptrs = nw_ptr + k_start + rk
     for k in range(_index(k_start), _index(k_end), BLOCK_K):
-        kmask = (k + rk) < k_end
+        if EVEN_K:
+            kmask = rk >= 0  # all true, constant along K
+        else:
+            kmask = (k + rk) < k_end
         amask = (rm[:, None] < M) & kmask[None, :]
         a = tl.load(a_ptrs, mask=amask, other=0.0)
         if NORM:
@@ -335,7 +344,7 @@ def _linear_kernel(
     x_stride, w_stride, out_stride, out_split_stride,
     K_PER_SPLIT,
     HAS_BIAS: tl.constexpr, FP32_IEEE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
 ):  # fmt: skip
     _grid_wait()  # the GEMM tile (`_norm_gemm_tile`) releases after its K loop
     # Grid: (M tiles, N tiles, K splits). M tiles vary fastest, so the programs that read one
@@ -347,7 +356,7 @@ def _linear_kernel(
     rn = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = _gemm_tile(
         x_ptr, w_ptr, rm, rn, rn < N, M, K, K_PER_SPLIT, x_stride, w_stride,
-        FP32_IEEE, BLOCK_M, BLOCK_N, BLOCK_K,
+        FP32_IEEE, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
     )  # fmt: skip
     out_ptrs = out_ptr + pid_k * out_split_stride + rm[:, None] * out_stride + rn[None, :]
     omask = (rm[:, None] < M) & (rn[None, :] < N)
@@ -418,6 +427,14 @@ def linear_wide(
     return _launch_linear(x, weight, bias, out_dtype, config.block_m, config, config.num_warps)
 
 
+UNMASKED_K = True  # False: every GEMM masks its K loads as before (bench/gemm_sweep.py --masked-k)
+
+
+def even_k(k: int, block_k: int) -> bool:
+    """Whether a GEMM of K = `k` on `block_k` tiles loads without K masks (`EVEN_K`)."""
+    return UNMASKED_K and k % block_k == 0
+
+
 def _check_linear(x: torch.Tensor, weight: torch.Tensor) -> None:
     k = x.shape[1]
     if weight.shape[1] != k or weight.dtype != x.dtype or x.stride(-1) != 1:
@@ -444,6 +461,7 @@ def _launch_linear(x, weight, bias, out_dtype, block_m: int, cfg, num_warps: int
         cfg.k_per_split,
         HAS_BIAS=has_bias and cfg.split_k == 1, FP32_IEEE=x.dtype == torch.float32,
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        EVEN_K=even_k(k, cfg.block_k),
         num_warps=num_warps, num_stages=cfg.num_stages,
         **launch_opts(),
     )  # fmt: skip
@@ -469,6 +487,7 @@ def _gate_up_silu_kernel(
     x_stride, res_stride, new_res_stride, w_stride, out_stride,
     NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, FP32_IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr,
+    EVEN_K: tl.constexpr,
 ):  # fmt: skip
     _grid_wait()  # the GEMM tile (`_norm_gemm_tile`) releases after its K loop
     # `_linear_kernel` without a K split over the weight rows gate 0, up 0, gate 1, up 1, ...:
@@ -485,7 +504,7 @@ def _gate_up_silu_kernel(
     acc = _norm_gemm_tile(
         x_ptr, res_ptr, nw_ptr, new_res_ptr, w_ptr, rm, rw, col < INTER, M, K, K,
         x_stride, res_stride, new_res_stride, w_stride, eps, pid_n == 0,
-        NORM, HAS_RESIDUAL, FP32_IEEE, BLOCK_M, BLOCK_N, BLOCK_K, NORM_BLOCK,
+        NORM, HAS_RESIDUAL, FP32_IEEE, BLOCK_M, BLOCK_N, BLOCK_K, NORM_BLOCK, EVEN_K,
     )  # fmt: skip
     dt = out_ptr.dtype.element_ty
     # `linear` stores gate_up rounded to the dtype; then `_silu_mul_kernel`'s arithmetic on it.
@@ -544,7 +563,7 @@ def _gate_up_silu_launch(x, weight, config, norm):
         NORM=norm is not None, HAS_RESIDUAL=norm is not None and norm[0] is not None,
         FP32_IEEE=x.dtype == torch.float32,
         BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        NORM_BLOCK=triton.next_power_of_2(k),
+        NORM_BLOCK=triton.next_power_of_2(k), EVEN_K=even_k(k, cfg.block_k),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **launch_opts(),
     )  # fmt: skip
