@@ -119,15 +119,38 @@ def candidates_wide(n: int, k: int) -> list[WideConfig]:
     return out
 
 
+BIG_TILES = False  # --big-tiles: also 256-row tiles and 2-stage pipelines in the exact order
+
+
 def candidates_exact_order(n: int, k: int) -> list[WideConfig]:
     """Row tiles, N tiles, warps and stages over the exact GEMM's own K order (its K tile and
     split, `linear_config`)."""
     c = linear_config(n, k)
     grid = itertools.product((32, 64, 128), (64, 128, 256), (4, 8), (3, 4))
+    if BIG_TILES:
+        grid = itertools.product((64, 128, 256), (64, 128, 256), (4, 8), (2, 3, 4))
     cands = [
         WideConfig(bm, bn, c.block_k, c.split_k, c.k_per_split, w, st) for bm, bn, w, st in grid
     ]
+    if FREE_BK:  # narrower K tiles over the same splits: the same chain of k16 MMAs?
+        grid = itertools.product((64, 128), (64, 128, 256), (32, 64), (4, 8), (3, 4, 5))
+        cands += [
+            WideConfig(bm, bn, bk, c.split_k, c.k_per_split, w, st)
+            for bm, bn, bk, w, st in grid
+            if bk < c.block_k and c.k_per_split % bk == 0
+        ]
     return [cfg for cfg in cands if cfg.fits()]
+
+
+FREE_BK = False  # --free-bk: --exact-order also tries K tiles narrower than the exact GEMM's
+
+
+def _same_order(c: WideConfig, exact: LinearConfig) -> bool:
+    """Whether `c` splits K where the exact GEMM does, on its K tile (or, with --free-bk, on a
+    narrower one: checked bit for bit all the same)."""
+    if FREE_BK:
+        return c.k_per_split == exact.k_per_split and exact.block_k % c.block_k == 0
+    return (c.block_k, c.k_per_split) == (exact.block_k, exact.k_per_split)
 
 
 def sweep_wide(model, op, n, k, ms, log, exact_order=False):
@@ -151,11 +174,7 @@ def sweep_wide(model, op, n, k, ms, log, exact_order=False):
                 log(f"  skip {c}: {type(e).__name__}: {str(e)[:80]}")
         best = min(times, key=times.get)
         err = ops.linear_wide(x, ws[0], None, None, best).float() - F.linear(x, ws[0]).float()
-        same_k = [
-            c
-            for c in times
-            if (c.block_k, c.k_per_split) == (exact_cfg.block_k, exact_cfg.k_per_split)
-        ]
+        same_k = [c for c in times if _same_order(c, exact_cfg)]
         ex = min(same_k, key=times.get) if same_k else None
         want = ops.linear(x, ws[0], block_m=16)  # the exact mode's bits
         bitwise = ex is not None and torch.equal(ops.linear_wide(x, ws[0], None, None, ex), want)
@@ -318,7 +337,19 @@ def main() -> int:
         action="store_true",
         help="our GEMMs mask their K loads as before round 21 (triton_ops.UNMASKED_K off)",
     )
+    ap.add_argument(
+        "--big-tiles",
+        action="store_true",
+        help="--exact-order also tries 256-row tiles and 2-stage pipelines",
+    )
+    ap.add_argument(
+        "--free-bk",
+        action="store_true",
+        help="--exact-order also tries narrower K tiles over the same K splits",
+    )
     args = ap.parse_args()
+    global BIG_TILES, FREE_BK
+    BIG_TILES, FREE_BK = args.big_tiles, args.free_bk
     if args.masked_k:
         from specwire.common.model import triton_ops
 

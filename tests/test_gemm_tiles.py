@@ -29,8 +29,10 @@ def test_exact_wide_tiles_keep_the_exact_k_order(n, k):
     exact = tiles.linear_config(n, k)
     for m in ROW_COUNTS:
         cfg = tiles.exact_wide_config(n, k, m)
-        order = (cfg.block_k, cfg.split_k, cfg.k_per_split)
-        assert order == (exact.block_k, exact.split_k, exact.k_per_split), (m, cfg)
+        # the same K splits; a K tile that divides the exact one (the same chain of MMAs)
+        assert (cfg.split_k, cfg.k_per_split) == (exact.split_k, exact.k_per_split), (m, cfg)
+        assert exact.block_k % cfg.block_k == 0 and cfg.block_k >= 16, (m, cfg)
+        _covers_k(cfg, k)
         assert cfg.block_m in (32, 64, 128) and cfg.num_warps in (4, 8)
         assert cfg.fits(), (m, cfg)  # shared memory and registers
 

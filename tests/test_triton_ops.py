@@ -305,13 +305,25 @@ def test_gpu_linear_model_shapes(name, n, k, out_dtype):
     _assert_rows_invariant(lambda x: ops.linear(x, w, out_dtype=out_dtype), rows, filler)
 
 
+# Every other shape whose exact wide tiles use a narrower K tile than the exact GEMM's
+# (`triton_tiles._EXACT_WIDE`'s fifth entries): their bits rest on the same chain of MMAs.
+NARROW_K_SHAPES = [
+    (f"{n}x{k}", n, k)
+    for (n, k), ranges in tiles._EXACT_WIDE.items()
+    if any(len(t) == 5 for _, t in ranges) and (n, k) not in {(s[1], s[2]) for s in GPU_SHAPES}
+]
+
+
 @pytest.mark.gpu
 @on_gpu
-@pytest.mark.parametrize("name,n,k", GPU_SHAPES, ids=[s[0] for s in GPU_SHAPES])
+@pytest.mark.parametrize(
+    "name,n,k", GPU_SHAPES + NARROW_K_SHAPES, ids=[s[0] for s in GPU_SHAPES + NARROW_K_SHAPES]
+)
 def test_gpu_block_m_keeps_bits(name, n, k):
     """Larger row tiles (still mma.sync, see `linear`) must give every row the same bits, and
-    so must the exact mode's wide tiles (`exact_wide_config`: wgmma at 64 and 128 rows) at
-    every row count they serve, in bf16 and as fp32 logits."""
+    so must the exact mode's wide tiles (`exact_wide_config`: wgmma at 64 and 128 rows, K tiles
+    narrower than the exact GEMM's where the table says) at every row count they serve, in
+    bf16 and as fp32 logits."""
     w, rows = _randn(n, k, seed=5, scale=k**-0.5), _randn(300, k, seed=7)
     ref = ops.linear(rows[:100], w)
     for block_m in (32, 64):

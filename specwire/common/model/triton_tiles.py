@@ -145,8 +145,9 @@ _WIDE: dict[tuple[int, int], tuple[tuple[int, WideConfig], ...]] = {
 # The exact mode's row tile, N tile, warps and stages per weight shape and row range (largest
 # M by increasing M), over its own K order: the fastest measured by `gemm_sweep.py --wide
 # --exact-order` at M = 24 / 48 / 96 / 160 / 256 / 512, each range reaching halfway to the next.
-# Shapes not listed take `exact_wide_config`'s rule.
-_T = tuple[int, int, int, int]
+# A fifth entry is a narrower K tile over the same K splits (`--free-bk`; see
+# `exact_wide_config`). Shapes not listed take `exact_wide_config`'s rule.
+_T = tuple[int, ...]  # (block_m, block_n, num_warps, num_stages[, block_k])
 _RANGES = (32, 64, 128, 192, 384, 1 << 30)
 
 
@@ -155,38 +156,39 @@ def _ranges(*tiles: _T) -> tuple[tuple[int, _T], ...]:
 
 
 _EXACT_WIDE: dict[tuple[int, int], tuple[tuple[int, _T], ...]] = {
-    # Llama-3-8B: qkv, o_proj, gate_up, down, LM head; at M=160: 30.6 / 22.1 / 119.8 / 68.6 /
-    # 523 µs against 77.9 / 45.4 / 219.0 / 113.3 / 911 on 64-row mma.sync tiles
+    # Llama-3-8B: qkv, o_proj, gate_up, down, LM head; at M=160: 27.6 / 18.6 / 101.6 / 53.8 /
+    # 523 µs against 77.9 / 45.4 / 219.0 / 113.3 / 911 on 64-row mma.sync tiles (round 21's
+    # 64-wide K tiles took the first four from 29.9 / 21.4 / 112.1 / 68.0)
     (6144, 4096): _ranges(
         (64, 64, 4, 4),
         (64, 64, 4, 4),
         (64, 128, 8, 4),
-        (128, 128, 8, 3),
-        (128, 128, 8, 3),
+        (128, 128, 8, 5, 64),
+        (128, 128, 8, 5, 64),
         (128, 64, 8, 4),
     ),  # fmt: skip
     (4096, 4096): _ranges(
         (64, 64, 8, 4),
         (64, 64, 4, 4),
         (64, 128, 4, 4),
-        (128, 128, 4, 3),
-        (128, 128, 4, 3),
+        (64, 256, 8, 5, 64),
+        (64, 256, 8, 5, 64),
         (128, 128, 4, 3),
     ),  # fmt: skip
     (28672, 4096): _ranges(
         (32, 128, 4, 3),
         (64, 128, 4, 4),
-        (128, 128, 8, 3),
-        (64, 128, 4, 4),
-        (128, 128, 8, 3),
+        (128, 128, 8, 3, 64),
+        (64, 128, 4, 3, 64),
+        (128, 128, 8, 3, 64),
         (128, 128, 8, 3),
     ),  # fmt: skip
     (4096, 14336): _ranges(
         (64, 128, 4, 4),
         (64, 128, 4, 4),
-        (128, 128, 4, 3),
-        (64, 128, 4, 4),
-        (64, 128, 4, 4),
+        (128, 128, 4, 5, 64),
+        (128, 256, 8, 4, 64),
+        (128, 256, 8, 4, 64),
         (128, 128, 4, 3),
     ),  # fmt: skip
     (128256, 4096): _ranges(
@@ -241,56 +243,68 @@ _EXACT_WIDE: dict[tuple[int, int], tuple[tuple[int, _T], ...]] = {
         (128, 128, 8, 3),
     ),  # fmt: skip
     # Qwen2.5-1.5B (no qkv bias): qkv 6.5 / 11.5 / 5.7, o_proj 6.3 / 11.3 / 5.7, gate_up
-    # 34.3 / 61.1 / 20.4, down 19.9 / 36.1 / 14.6, LM head 261.8 / 473.3 / 140.6
+    # 34.3 / 61.1 / 20.4, down 19.9 / 36.1 / 14.6, LM head 261.8 / 473.3 / 140.6; round 21's
+    # 64-wide K tiles (--free-bk): gate_up 32.2 -> 26.6, down 19.4 -> 17.3, LM head 250 -> 201
     (2048, 1536): _ranges(*[(64, 64, 4, 4)] * 5, (128, 64, 8, 4)),
     (1536, 1536): _ranges(*[(64, 64, 4, 4)] * 5, (64, 64, 4, 3)),
     (17920, 1536): _ranges(
         (32, 64, 4, 3),
-        (64, 64, 4, 3),
-        (64, 128, 4, 4),
-        (64, 128, 4, 4),
-        (128, 128, 8, 3),
+        (64, 64, 4, 4, 64),
+        (64, 128, 4, 3, 64),
+        (64, 128, 4, 4, 64),
+        (64, 128, 8, 3, 64),
         (128, 128, 8, 3),
     ),  # fmt: skip
     (1536, 8960): _ranges(
-        (64, 128, 4, 4), (64, 128, 4, 4), (32, 128, 4, 3), *[(64, 128, 4, 4)] * 3
+        (64, 128, 4, 4),
+        (64, 128, 4, 4),
+        (64, 256, 8, 5, 64),
+        (64, 128, 4, 4, 64),
+        (64, 128, 4, 3, 64),
+        (64, 128, 4, 4),
     ),  # fmt: skip
     (151936, 1536): _ranges(
         (32, 128, 4, 3),
-        (64, 64, 4, 3),
-        (128, 128, 8, 3),
-        (64, 128, 4, 3),
-        (128, 128, 8, 3),
+        (64, 128, 8, 3, 64),
+        (128, 128, 8, 3, 64),
+        (128, 128, 8, 3, 64),
+        (128, 128, 8, 3, 64),
         (128, 128, 8, 3),
     ),  # fmt: skip
     # Llama-3.2-1B: qkv 12.5 / 19.5 / 7.2, o_proj 8.4 / 11.9 / 6.5, gate_up 49.4 / 77.2 /
-    # 22.0, down 21.6 / 40.7 / 16.3, LM head 279.1 / 502.5 / 154.6
+    # 22.0, down 21.6 / 40.7 / 16.3, LM head 279.1 / 502.5 / 154.6; round 21's 64-wide K tiles:
+    # qkv 12.8 -> 11.2, gate_up 48.6 -> 39.4, down 21.1 -> 18.9, LM head 265 -> 234
     (3072, 2048): _ranges(
         (64, 64, 4, 4),
         (64, 64, 4, 4),
         (64, 128, 4, 4),
-        (32, 128, 4, 3),
-        (128, 128, 4, 3),
+        (64, 256, 8, 4, 64),
+        (64, 64, 4, 4, 64),
         (64, 128, 4, 4),
     ),  # fmt: skip
     (2048, 2048): _ranges(*[(64, 64, 4, 4)] * 3, *[(64, 128, 4, 4)] * 2, (128, 128, 4, 3)),
     (16384, 2048): _ranges(
         (32, 128, 4, 3),
         (64, 64, 8, 3),
-        (128, 128, 4, 3),
-        (64, 128, 4, 4),
-        (128, 128, 4, 3),
+        (128, 128, 4, 3, 64),
+        (128, 256, 8, 4, 64),
+        (128, 256, 8, 4, 64),
         (128, 128, 4, 3),
     ),  # fmt: skip
     (2048, 8192): _ranges(
-        (64, 128, 4, 4), (64, 128, 4, 4), (32, 128, 4, 3), *[(64, 128, 4, 4)] * 3
+        (64, 128, 4, 4),
+        (64, 128, 4, 4),
+        (64, 64, 4, 4, 64),
+        (64, 128, 4, 4, 64),
+        (128, 256, 8, 4, 64),
+        (64, 128, 4, 4),
     ),  # fmt: skip
     (128256, 2048): _ranges(
         (32, 128, 4, 3),
         (64, 128, 4, 4),
-        (128, 128, 8, 3),
-        (64, 128, 4, 4),
-        (128, 128, 8, 3),
+        (128, 128, 4, 3, 64),
+        (64, 128, 8, 3, 64),
+        (128, 128, 8, 3, 64),
         (128, 128, 8, 3),
     ),  # fmt: skip
 }
@@ -326,10 +340,18 @@ def exact_wide_config(n: int, k: int, m: int) -> WideConfig:
     (GPU test `test_gpu_block_m_keeps_bits`; `gemm_sweep.py --wide --exact-order` checked every
     candidate bit for bit at six row counts on both reference models). Measured tiles for the
     reference shapes (`_EXACT_WIDE`); otherwise 64x64 tiles, or 128x128 ones when M > 64 and N
-    is wide enough to keep the SMs busy with them."""
+    is wide enough to keep the SMs busy with them.
+
+    The K tile itself is free, as long as it divides the exact one and the splits stay: a tile
+    of K accumulates as a chain of 16-wide MMAs into the one fp32 accumulator (`_dot`), so two
+    64-wide tiles issue the same chain as one 128-wide tile. Measured: every one of 83 configs
+    on K tiles of 32, 64 and 128 gave the exact GEMM's bits on Llama-3-8B's four projections at
+    48-256 rows (bench/RESULTS.md, round 21), and `test_gpu_block_m_keeps_bits` checks the
+    tables' choices."""
     c = linear_config(n, k)
     tiles = next((t for max_m, t in _EXACT_WIDE.get((n, k), ()) if m <= max_m), None)
     if tiles is None:
         tiles = (128, 128, 8, 3) if m > 64 and n >= 4096 else (64, 64, 4, 4)
-    bm, bn, warps, stages = tiles
-    return WideConfig(bm, bn, c.block_k, c.split_k, c.k_per_split, warps, stages)
+    bm, bn, warps, stages, *narrower = tiles
+    bk = narrower[0] if narrower else c.block_k
+    return WideConfig(bm, bn, bk, c.split_k, c.k_per_split, warps, stages)
