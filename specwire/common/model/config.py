@@ -198,7 +198,7 @@ LLAMA3_8B = ModelConfig(
     tie_word_embeddings=False,
 )
 # Published shapes between those two (as plain Llama layers: Qwen2.5's qkv bias left out),
-# where the exact mode costs 16-32 % at B=32 q=5 even on measured tiles (bench/RESULTS.md,
+# where the exact mode costs 9-20 % at B=32 q=5 even on measured tiles (bench/RESULTS.md,
 # rounds 20-21).
 SMOLLM2_360M = dataclasses.replace(
     SMOLLM2_135M,

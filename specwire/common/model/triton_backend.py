@@ -96,12 +96,12 @@ def make_backend(kind: str, model, device: torch.device):
 # no wider than this (hidden units) whose GEMM weight shapes are all of a model the exact mode
 # was measured cheap on (`triton_tiles.exact_measured_cheap`). Measured on the H200
 # (bench/RESULTS.md, rounds 18-21), exact / default verify step: SmolLM2-135M (576) <= 1.03 at
-# every batch and nothing measurable served (c = 1, 8, 32); Llama-3-8B (4096) 1.41 at B=32
+# every batch and nothing measurable served (c = 1, 8, 32); Llama-3-8B (4096) 1.26 at B=32
 # q=5, where cuBLAS beats our batch-invariant tiles on 160-row GEMMs. With measured exact
-# tiles too (round 21), at B=32 q=5: SmolLM2-360M's shape (960) 1.16, Qwen2.5-1.5B's (1536)
-# 1.19, Llama-3.2-1B's (2048) 1.32 (0.83-1.05 in their steps of 1 and 8 rows). So neither
-# hidden size nor tiles make it cheap; only a measurement does. Other models keep it opt-in
-# (`--exact on`).
+# tiles too (round 21, 64-wide K tiles), at B=32 q=5: SmolLM2-360M's shape (960) 1.17,
+# Qwen2.5-1.5B's (1536) 1.09 (one run; B=64 and its qkv bias not measured), Llama-3.2-1B's
+# (2048) 1.20 (0.83-1.05 in their steps of 1 and 8 rows). So neither hidden size nor tiles
+# make it cheap; only a measurement does. Other models keep it opt-in (`--exact on`).
 EXACT_AUTO_MAX_HIDDEN = 1024
 
 
