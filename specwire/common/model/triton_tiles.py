@@ -313,9 +313,9 @@ _EXACT_WIDE: dict[tuple[int, int], tuple[tuple[int, _T], ...]] = {
 # Weight shapes of the models whose whole verify step the exact mode was measured to slow by
 # at most 10 % on the H200 at every step measured (B = 1, 8, 32; q = 1, 5; `verify_step.py
 # [--exact]`): SmolLM2-135M (<= 1.03, round 19). Measured tiles alone do not make it cheap:
-# with them (round 21) SmolLM2-360M costs +16 % at B=32 q=5, Qwen2.5-1.5B +19 %, Llama-3.2-1B
-# +32 %, Llama-3-8B +41 % (round 19) -- cuBLAS beats our batch-invariant tiles on 160-row
-# GEMMs there.
+# with them (round 21, 64-wide K tiles) SmolLM2-360M costs +17 % at B=32 q=5, Llama-3.2-1B
+# +20 %, Llama-3-8B +26 % -- cuBLAS beats our batch-invariant tiles on 160-row GEMMs there.
+# Qwen2.5-1.5B measured +9 % once: a candidate, not yet served or measured at B=64.
 _EXACT_CHEAP = frozenset({(960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576)})
 
 
