@@ -16,13 +16,12 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gemm_sweep import _wkey  # noqa: E402 (the sweep's names for configs)
+
 from specwire.common.model import triton_tiles as tt  # noqa: E402
 
-KEY = re.compile(r"bm(\d+) bn(\d+) bk(\d+) s(\d+) w(\d+) st(\d+)")
-
-
-def _key(c: tt.WideConfig) -> str:
-    return f"bm{c.block_m} bn{c.block_n} bk{c.block_k} s{c.split_k} w{c.num_warps} st{c.num_stages}"
+KEY = re.compile(r"bm(\d+) bn(\d+) bk(\d+) s(\d+) w(\d+) st(\d+)")  # `_wkey`'s names, read back
 
 
 def _range(m: int) -> int:
@@ -39,7 +38,7 @@ def chosen_tiles(sweep: list[dict]) -> dict[tuple[int, int, int], tt.WideConfig]
             ok = {c: t for c, t in row["times"].items() if c not in row["exact_order_differ"]}
             best = min(ok, key=ok.get)
             bm, bn, bk, _, w, st = map(int, KEY.match(best).groups())
-            current = _key(tt.exact_wide_config(n, k, m))
+            current = _wkey(tt.exact_wide_config(n, k, m))
             cur_us = ok.get(current)
             take = cur_us is not None and ok[best] < 0.97 * cur_us
             print(

@@ -120,6 +120,7 @@ def candidates_wide(n: int, k: int) -> list[WideConfig]:
 
 
 BIG_TILES = False  # --big-tiles: also 256-row tiles and 2-stage pipelines in the exact order
+FREE_BK = False  # --free-bk: --exact-order also tries K tiles narrower than the exact GEMM's
 
 
 def candidates_exact_order(n: int, k: int) -> list[WideConfig]:
@@ -140,9 +141,6 @@ def candidates_exact_order(n: int, k: int) -> list[WideConfig]:
             if bk < c.block_k and c.k_per_split % bk == 0
         ]
     return [cfg for cfg in cands if cfg.fits()]
-
-
-FREE_BK = False  # --free-bk: --exact-order also tries K tiles narrower than the exact GEMM's
 
 
 def _same_order(c: WideConfig, exact: LinearConfig) -> bool:
