@@ -358,13 +358,9 @@ def bench_shape(
     # each variant once per graph row layout (`TokenGraphs.trim_rows`) and attention segment
     # grouping
     variants = [
-        v + (trim, g, pf)
-        for trim in args.graph_rows
-        for g in args.seg_group_max
-        for pf in args.l2_prefetch
-        for v in variants
+        v + (trim, g) for trim in args.graph_rows for g in args.seg_group_max for v in variants
     ]
-    for fused, small_gemms, fuse_small, pdl, fuse_norm, mode, trim, seg_max, pf in variants:
+    for fused, small_gemms, fuse_small, pdl, fuse_norm, mode, trim, seg_max in variants:
         TokenGraphs.trim_rows = trim
         tag = "" if trim else "-fullrows"
         if seg_max is not None:
@@ -383,7 +379,6 @@ def bench_shape(
                 pdl[0],
                 fuse_norm,
                 pdl_early=pdl[1],
-                prefetch_mb=pf,
             )
             model.set_ops(ops)
         else:
@@ -543,12 +538,6 @@ def main() -> int:
         "step's grid needs before segments are grouped (-1: the module's)",
     )
     ap.add_argument(
-        "--l2-prefetch",
-        default="0",
-        help="comma list of MiB: after each GEMM, fetch the next GEMM's weight start into L2 "
-        "(triton_prefetch; 0: off, the default), side by side (ops column '...-pfN')",
-    )
-    ap.add_argument(
         "--masked-k",
         action="store_true",
         help="our GEMMs mask their K loads as before round 21 (triton_ops.UNMASKED_K off)",
@@ -573,7 +562,6 @@ def main() -> int:
         ap.error(f"--graph-rows takes a comma list of trim, full, not {args.graph_rows!r}")
     args.graph_rows = [x == "trim" for x in args.graph_rows.split(",")]
     args.seg_group_max = [int(x) for x in args.seg_group_max.split(",") if x] or [None]
-    args.l2_prefetch = [float(x) for x in args.l2_prefetch.split(",")]
     if args.seg_group_floor >= 0:
         from specwire.common.model import triton_attention  # needs Triton: only when asked
 

@@ -186,13 +186,6 @@ class LlamaModel(nn.Module):
         self.ops = ops
         for layer in self.layers:
             layer.ops = ops
-        ops.plan_prefetch(
-            [
-                p.weight
-                for layer in self.layers
-                for p in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
-            ]
-        )
 
     def set_attention(self, backend) -> None:
         """Swap the attention backend (e.g. the Triton one on a GPU) for every layer."""

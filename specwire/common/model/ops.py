@@ -88,10 +88,6 @@ class TorchOps:
         out = F.linear(x, weight, bias)
         return out if out_dtype is None else out.to(out_dtype)
 
-    def plan_prefetch(self, weights: list[torch.Tensor]) -> None:
-        """The model's GEMM weights in launch order, for ops that fetch the next one's start
-        into L2 ahead of its GEMM (`TritonOps(prefetch_mb=...)`); nothing here."""
-
     def add_norm(self, x, residual, weight, eps):
         """(rms_norm(x + residual), x + residual); without a residual (the first layer),
         (rms_norm(x), x). x, residual: [T, K]."""
@@ -143,7 +139,6 @@ class TritonOps(TorchOps):
         pdl: bool = True,
         fuse_norm: bool = False,
         pdl_early: bool = True,
-        prefetch_mb: float = 0.0,
     ) -> None:
         # imports triton: GPU machines only
         from specwire.common.model import triton_base, triton_fused, triton_ops, triton_tiles
@@ -187,22 +182,6 @@ class TritonOps(TorchOps):
             self.name += "-pdllate"
         if self._fuse_norm and self._fused is None:
             self.name += "-norm"
-        # The next GEMM's weight start into L2 after each GEMM (`triton_prefetch`): its budget
-        # in MiB a GEMM (0: off), and the plan, made by `plan_prefetch` before any capture.
-        self._prefetch_bytes = int(prefetch_mb * 2**20)
-        self._plan = None
-        if self._prefetch_bytes:
-            self.name += f"-pf{prefetch_mb:g}"
-
-    def plan_prefetch(self, weights):
-        if self._prefetch_bytes and weights and weights[0].is_cuda:
-            from specwire.common.model.triton_prefetch import PrefetchPlan
-
-            self._plan = PrefetchPlan(weights, self._prefetch_bytes)
-
-    def _after_gemm(self, weight: torch.Tensor) -> None:
-        if self._plan is not None:
-            self._plan.after(weight)
 
     def rms_norm(self, x, weight, eps):
         return self._k.rms_norm(x, weight, eps)
@@ -217,11 +196,6 @@ class TritonOps(TorchOps):
         return self._k.silu_mul(gate_up)
 
     def linear(self, x, weight, bias=None, out_dtype=None):
-        out = self._linear(x, weight, bias, out_dtype)
-        self._after_gemm(weight)
-        return out
-
-    def _linear(self, x, weight, bias, out_dtype):
         m = x.shape[0]
         wide = self._wide and x.dtype != torch.float32 and m > self._tiles.BLOCK_M
         if self.exact:
@@ -285,7 +259,6 @@ class TritonOps(TorchOps):
         else:
             h, residual = self.add_norm(x, residual, norm_weight, eps)
             act = self._k.gate_up_silu(h, gate_up_weight)
-        self._after_gemm(gate_up_weight)
         return self.linear(act, down_weight), residual
 
     def _norm_in_gemm(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -303,11 +276,9 @@ class TritonOps(TorchOps):
         self, x, residual, norm_weight, eps, weight, bias, cos, sin, kv_cache, slot_mapping, heads
     ):
         if self._norm_in_gemm(x, weight):
-            qkv, residual = self._kf.add_norm_qkv_rope_store(
+            return self._kf.add_norm_qkv_rope_store(
                 x, residual, norm_weight, eps, weight, bias, cos, sin, kv_cache, slot_mapping, heads
             )
-        else:
-            h, residual = self.add_norm(x, residual, norm_weight, eps)
-            qkv = self._kf.qkv_rope_store(h, weight, bias, cos, sin, kv_cache, slot_mapping, heads)
-        self._after_gemm(weight)
+        h, residual = self.add_norm(x, residual, norm_weight, eps)
+        qkv = self._kf.qkv_rope_store(h, weight, bias, cos, sin, kv_cache, slot_mapping, heads)
         return qkv, residual

@@ -137,7 +137,6 @@ def make_ops(
     pdl: bool = True,
     fuse_norm: bool = False,
     pdl_early: bool = True,
-    prefetch_mb: float = 0.0,
 ):
     """The model's ops to go with its attention backend: our fused Triton kernels beside the
     Triton attention (batch-invariant GEMMs too when `exact`), plain PyTorch otherwise.
@@ -160,7 +159,6 @@ def make_ops(
             pdl=pdl,
             fuse_norm=fuse_norm,
             pdl_early=pdl_early,
-            prefetch_mb=prefetch_mb,
         )
     if exact or fused:
         flag = "--exact on" if exact else "--fused"
