@@ -1,10 +1,13 @@
 """Run a bench script with the exact mode's wide tiles taken from a `gemm_sweep.py --wide
 --exact-order` JSON: per swept shape and row count, the fastest configuration whose output
-equalled the exact GEMM's, where it beats the current tile of that row range by 3 % or more.
-The tables in `triton_tiles` are left as they are; only this process sees the change. Prints
-one `PATCH` line per (shape, M) with both tiles and times.
+equalled the exact GEMM's, where it beats the current tile of that row range by 3 % or more;
+or with small-step tiles (`triton_tiles._TUNED`, both modes' GEMMs of at most 16 rows) given
+on the command line. The tables in `triton_tiles` are left as they are; only this process
+sees the change. Prints one `PATCH` line per change.
 
     python3 bench/apply_tiles.py SWEEP.json bench/verify_step.py --device cuda --exact ...
+    python3 bench/apply_tiles.py --tuned 4096x4096=32,128,4,4,5 bench/verify_step.py ...
+      (N x K = N tile, K tile, K splits, warps, stages; several joined by ';')
 """
 
 from __future__ import annotations
@@ -54,9 +57,26 @@ def chosen_tiles(sweep: list[dict]) -> dict[tuple[int, int, int], tt.WideConfig]
     return chosen
 
 
+def patch_tuned(spec: str) -> None:
+    """Replace `_TUNED` entries: 'NxK=bn,bk,split,warps,stages;...'."""
+    for item in filter(None, spec.split(";")):
+        shape, cfg = item.split("=")
+        n, k = map(int, shape.split("x"))
+        bn, bk, split, warps, stages = map(int, cfg.split(","))
+        tt._TUNED[(n, k)] = tt._config(k, bn, bk, split, warps, stages)
+        print(f"PATCH _TUNED ({n},{k}) -> {tt._TUNED[(n, k)]}", flush=True)
+
+
 def main() -> None:
-    sweep_path, script, *rest = sys.argv[1:]
-    chosen = chosen_tiles(json.loads(Path(sweep_path).read_text()))
+    args = sys.argv[1:]
+    if args[0] == "--tuned":
+        patch_tuned(args[1])
+        args = args[2:]
+    if args[0].endswith(".json"):
+        sweep_path, script, *rest = args
+        chosen = chosen_tiles(json.loads(Path(sweep_path).read_text()))
+    else:
+        chosen, (script, *rest) = {}, args
     measured = tt.exact_wide_config
 
     def exact_wide_config(n: int, k: int, m: int) -> tt.WideConfig:
