@@ -34,8 +34,8 @@ class TargetConfig:
     two_batch_rows: int = 0
     attention: str = "auto"  # auto (triton on CUDA, sdpa on CPU) | triton | sdpa
     # Batch-invariant GEMMs, so bf16 speculation is token-exact (GPU): on | off | auto (on for
-    # bf16/fp16 models of at most `EXACT_AUTO_MAX_HIDDEN` hidden units whose GEMM shapes have
-    # measured tiles, where it was measured to cost <= 10 %: `triton_backend.resolve_exact`).
+    # bf16/fp16 models whose GEMM shapes are of a model it was measured to cost <= 10 % on:
+    # `triton_backend.resolve_exact`).
     exact: str = "auto"
     fused: bool = False  # experimental: norms and SiLU·up folded into Triton GEMMs (GPU)
     draft_policy: str = "adaptive"  # adaptive (needs CUDA graphs' cost table) | static

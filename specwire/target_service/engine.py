@@ -304,8 +304,8 @@ def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine
         resources.add(drafter.spec_resource_manager)
     # 4. runner: attention backend, warm-up and graph capture
     model.set_attention(make_backend(cfg.attention, model, kv_caches.device))
-    hidden, dtype = loaded.config.hidden_size, model.lm_head.weight.dtype
-    exact = resolve_exact(cfg.exact, model.attention, dtype, hidden, model.gemm_shapes(), cfg.fused)
+    dtype = model.lm_head.weight.dtype
+    exact = resolve_exact(cfg.exact, model.attention, dtype, model.gemm_shapes(), cfg.fused)
     model.set_ops(make_ops(model.attention, exact=exact, fused=cfg.fused))
     runner = ModelRunner(
         model,

@@ -197,9 +197,8 @@ LLAMA3_8B = ModelConfig(
     rope_theta=500000.0,
     tie_word_embeddings=False,
 )
-# Published shapes between those two (as plain Llama layers: Qwen2.5's qkv bias left out),
-# where the exact mode costs 9-20 % at B=32 q=5 even on measured tiles (bench/RESULTS.md,
-# rounds 20-21).
+# Published shapes between those two (Qwen2.5 with its qkv bias), where the exact mode costs
+# 9-20 % at B=32 q=5 even on measured tiles (bench/RESULTS.md, rounds 20-22).
 SMOLLM2_360M = dataclasses.replace(
     SMOLLM2_135M,
     hidden_size=960,
@@ -219,6 +218,7 @@ QWEN2_5_1_5B = dataclasses.replace(
     rope_theta=1000000.0,
     rms_norm_eps=1e-6,
     tie_word_embeddings=True,
+    attention_bias=True,
 )
 LLAMA3_2_1B = dataclasses.replace(
     LLAMA3_8B,
