@@ -305,19 +305,21 @@ def test_gpu_linear_model_shapes(name, n, k, out_dtype):
     _assert_rows_invariant(lambda x: ops.linear(x, w, out_dtype=out_dtype), rows, filler)
 
 
-# Every other shape whose exact wide tiles use a narrower K tile than the exact GEMM's
-# (`triton_tiles._EXACT_WIDE`'s fifth entries): their bits rest on the same chain of MMAs.
-NARROW_K_SHAPES = [
+# Every other shape with measured exact wide tiles (`triton_tiles._EXACT_WIDE`): those of the
+# models `--exact auto` turns the exact mode on for (`_EXACT_CHEAP`), and those whose tiles use
+# a narrower K tile than the exact GEMM's (fifth entries), whose bits rest on the same chain of
+# MMAs.
+TABLE_SHAPES = [
     (f"{n}x{k}", n, k)
-    for (n, k), ranges in tiles._EXACT_WIDE.items()
-    if any(len(t) == 5 for _, t in ranges) and (n, k) not in {(s[1], s[2]) for s in GPU_SHAPES}
+    for (n, k) in tiles._EXACT_WIDE
+    if (n, k) not in {(s[1], s[2]) for s in GPU_SHAPES}
 ]
 
 
 @pytest.mark.gpu
 @on_gpu
 @pytest.mark.parametrize(
-    "name,n,k", GPU_SHAPES + NARROW_K_SHAPES, ids=[s[0] for s in GPU_SHAPES + NARROW_K_SHAPES]
+    "name,n,k", GPU_SHAPES + TABLE_SHAPES, ids=[s[0] for s in GPU_SHAPES + TABLE_SHAPES]
 )
 def test_gpu_block_m_keeps_bits(name, n, k):
     """Larger row tiles (still mma.sync, see `linear`) must give every row the same bits, and
