@@ -538,6 +538,12 @@ def main() -> int:
         "step's grid needs before segments are grouped (-1: the module's)",
     )
     ap.add_argument(
+        "--no-exact-cublas",
+        action="store_true",
+        help="the exact mode's wide GEMMs stay on our tiles even where cuBLAS gives their bits "
+        "(TritonOps.exact_cublas off: the exact mode before round 22)",
+    )
+    ap.add_argument(
         "--masked-k",
         action="store_true",
         help="our GEMMs mask their K loads as before round 21 (triton_ops.UNMASKED_K off)",
@@ -555,6 +561,10 @@ def main() -> int:
         from specwire.common.model import triton_ops
 
         triton_ops.UNMASKED_K = False
+    if args.no_exact_cublas:
+        from specwire.common.model.ops import TritonOps
+
+        TritonOps.exact_cublas = False
     if args.threads:
         torch.set_num_threads(args.threads)
     args.batches = [int(x) for x in args.batches.split(",")]

@@ -340,6 +340,36 @@ def test_gpu_block_m_keeps_bits(name, n, k):
 
 @pytest.mark.gpu
 @on_gpu
+@pytest.mark.parametrize(
+    "name,n,k", GPU_SHAPES + TABLE_SHAPES, ids=[s[0] for s in GPU_SHAPES + TABLE_SHAPES]
+)
+def test_gpu_exact_wide_steps_on_cublas_keep_bits(name, n, k):
+    """The exact mode's wide GEMMs, on cuBLAS wherever `TritonOps._cublas_exact` finds its
+    bits equal to the exact GEMM's and on our tiles elsewhere: every row equals the 16-row
+    exact GEMM's, eager and replayed from a CUDA graph (the capture reuses the eager check),
+    bf16 and fp32 logits, with and without a bias."""
+    from specwire.common.model.ops import TritonOps
+
+    exact = TritonOps(exact=True)
+    w, rows = _randn(n, k, seed=5, scale=k**-0.5), _randn(300, k, seed=7)
+    bias = _randn(n, seed=9)
+    for b, out_dtype in ((None, None), (None, torch.float32), (bias, None)):
+        ref = ops.linear(rows, w, b, out_dtype=out_dtype)
+        for m in (17, 40, 160, 300):
+            x = rows[-m:].clone()
+            assert torch.equal(exact.linear(x, w, b, out_dtype), ref[-m:]), f"eager M={m}"
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = exact.linear(x, w, b, out_dtype)
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, ref[-m:]), f"graph M={m} bias={b is not None} {out_dtype}"
+    used = [f"M={key[2]} bias={key[3]} {key[4]}" for key, ok in exact._cublas_ok.items() if ok]
+    print(f"{name}: on cuBLAS: {', '.join(used) or 'none'}")
+
+
+@pytest.mark.gpu
+@on_gpu
 @pytest.mark.parametrize("name,n,k", GPU_SHAPES, ids=[s[0] for s in GPU_SHAPES])
 def test_gpu_unmasked_k_loads_keep_bits(name, n, k, monkeypatch):
     """Loads without K masks (`EVEN_K`, where BLOCK_K divides K) are another binary, but must

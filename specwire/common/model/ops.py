@@ -16,6 +16,10 @@
   larger row tiles (`triton_tiles.exact_wide_config`: wgmma where Triton picks it) over the
   same K order, which gives every row the same bits (GPU test `test_gpu_block_m_keeps_bits`)
   at a fraction of the cost of 64-row mma.sync tiles (`small_gemms="narrow"` keeps those).
+  Where the exact GEMM does not split K, cuBLAS gives its bits too whenever cuBLAS does not
+  split K either: both chain 16-wide MMAs over K in order into one fp32 accumulator. Such a
+  wide step runs on cuBLAS once a check has found its output bitwise equal to the exact GEMM's
+  for that shape and row count (`_cublas_exact`), and on our tiles otherwise.
 - Bit-exact fusions (`fuse_small=True`, the default; `False` gives the previous kernel sequence,
   for benchmarks): where a GEMM runs on our GEMM without a K split (steps of at most 16 tokens,
   see above; exact mode too), SiLU·up rides in the gate_up GEMM's epilogue
@@ -129,6 +133,9 @@ class TorchOps:
 
 class TritonOps(TorchOps):
     name = "triton"
+    # Exact mode: wide steps on cuBLAS where it gives the exact GEMM's bits (`_cublas_exact`);
+    # False keeps every exact GEMM on our tiles (`bench/verify_step.py --no-exact-cublas`).
+    exact_cublas = True
 
     def __init__(
         self,
@@ -163,6 +170,9 @@ class TritonOps(TorchOps):
         # tiles (`exact_wide_config`), unless "narrow".
         self._small_on_triton = small_gemms != "cublas"
         self._wide = small_gemms == "triton"
+        # Exact mode: (N, K, M, bias, out dtype, dtype) -> whether cuBLAS gives the exact
+        # GEMM's bits there (`_cublas_exact`); "narrow" never asks.
+        self._cublas_ok: dict[tuple, bool] = {}
         if exact:
             self.name = "triton-exact"
         elif fused:
@@ -199,6 +209,8 @@ class TritonOps(TorchOps):
         m = x.shape[0]
         wide = self._wide and x.dtype != torch.float32 and m > self._tiles.BLOCK_M
         if self.exact:
+            if wide and self.exact_cublas and self._cublas_exact(x, weight, bias, out_dtype):
+                return self._cublas(x, weight, bias, out_dtype)
             if wide:  # the same K order on larger row tiles: the same bits (module docstring)
                 cfg = self._tiles.exact_wide_config(*weight.shape, m)
                 return self._k.linear_wide(x, weight, bias, out_dtype, cfg)
@@ -212,6 +224,41 @@ class TritonOps(TorchOps):
         if wide and (cfg := self._tiles.wide_config(*weight.shape, m)) is not None:
             return self._k.linear_wide(x, weight, bias, out_dtype, cfg)
         return super().linear(x, weight, bias, out_dtype)
+
+    @staticmethod
+    def _cublas(x, weight, bias, out_dtype):
+        if out_dtype in (None, x.dtype):
+            return F.linear(x, weight, bias)
+        return torch.mm(x, weight.t(), out_dtype=out_dtype)  # no bias here: `_cublas_exact`
+
+    def _cublas_exact(self, x, weight, bias, out_dtype) -> bool:
+        """Whether this exact wide GEMM may run on cuBLAS: its bits for this (weight shape,
+        row count, bias, output dtype) were found equal to the exact GEMM's, on random rows of
+        its layout, at the first call outside a graph capture (an algorithm is a function of
+        the shapes and layout, so the check stands for every call of that key). Never where
+        the exact GEMM splits K (cuBLAS cannot match its split order) or for a layout the check
+        did not see; during a capture, an unchecked key takes our tiles and stays unchecked."""
+        n, k = weight.shape
+        if self._tiles.linear_config(n, k).split_k != 1:
+            return False
+        if bias is not None and out_dtype not in (None, x.dtype):
+            return False
+        if x.stride(0) != k or x.data_ptr() % 16 or weight.stride(0) != k:
+            return False
+        key = (n, k, x.shape[0], bias is not None, out_dtype, x.dtype)
+        verdict = self._cublas_ok.get(key)
+        if verdict is None:
+            if torch.cuda.is_current_stream_capturing():
+                return False
+            gen = torch.Generator(device=x.device).manual_seed(0)
+            rows = torch.randn(x.shape, generator=gen, device=x.device).to(x.dtype)
+            ours = self._k.linear(rows, weight, bias, out_dtype=out_dtype)  # 16-row tiles
+            try:
+                verdict = torch.equal(self._cublas(rows, weight, bias, out_dtype), ours)
+            except (RuntimeError, TypeError):  # e.g. a torch without mm's out_dtype
+                verdict = False
+            self._cublas_ok[key] = verdict
+        return verdict
 
     def _small_gemm(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
         """Whether the (non-exact) `linear` runs on our GEMM with measured tiles. A function of
