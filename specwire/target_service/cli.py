@@ -43,7 +43,7 @@ ENGINE_FLAGS = {
     "exact": Flag(
         "GPU: batch-invariant kernels, so bf16 output with speculation equals without: on | off"
         " | auto (on for bf16/fp16 models whose GEMM shapes are of a model it was measured to"
-        " cost <= 10%% on: SmolLM2-135M, Qwen2.5-1.5B)",
+        " cost <= 10%% on: SmolLM2-135M, SmolLM2-360M, Qwen2.5-1.5B)",
         choices=("auto", "on", "off"),
     ),
     "fused": Flag(

@@ -197,8 +197,9 @@ LLAMA3_8B = ModelConfig(
     rope_theta=500000.0,
     tie_word_embeddings=False,
 )
-# Published shapes between those two (Qwen2.5 with its qkv bias), where the exact mode costs
-# 9-20 % at B=32 q=5 even on measured tiles (bench/RESULTS.md, rounds 20-22).
+# Published shapes between those two (Qwen2.5 with its qkv bias), for the exact mode's cost:
+# at most +4 % for SmolLM2-360M and Qwen2.5-1.5B, +21 % for Llama-3.2-1B (bench/RESULTS.md,
+# round 22).
 SMOLLM2_360M = dataclasses.replace(
     SMOLLM2_135M,
     hidden_size=960,

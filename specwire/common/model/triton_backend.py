@@ -95,11 +95,12 @@ def make_backend(kind: str, model, device: torch.device):
 # `--exact auto` turns the exact mode on, in bf16 or fp16 with the Triton kernels, for models
 # whose GEMM weight shapes are all of a model the exact mode was measured cheap on (at most
 # +10 % at every verify step measured: `triton_tiles.exact_measured_cheap`). Measured on the
-# H200 (bench/RESULTS.md, rounds 18-22), exact / default verify step: SmolLM2-135M <= 1.03 at
-# every batch and nothing measurable served (c = 1, 8, 32); Qwen2.5-1.5B 0.88-1.09 (B = 1 to
-# 64, qkv bias included); Llama-3-8B 1.26 at B=32 q=5, where cuBLAS beats our batch-invariant
-# tiles on 160-row GEMMs; SmolLM2-360M 1.17 and Llama-3.2-1B 1.20 there. Neither hidden size
-# nor tiles make it cheap; only a measurement does. Other models keep it opt-in (`--exact on`).
+# H200 (bench/RESULTS.md, rounds 18-22), exact / default verify step, with the exact mode's
+# wide steps on cuBLAS where it gives their bits (round 22): SmolLM2-135M <= 1.03 and nothing
+# measurable served (c = 1, 8, 32); SmolLM2-360M 0.84-1.02 and Qwen2.5-1.5B 0.88-1.04 (B = 1
+# to 64); not Llama-3.2-1B (1.21 at B=64 q=5) or Llama-3-8B (1.06 up to B=32, 1.13 at B=64
+# q=5), whose K-split GEMMs stay on our slower tiles. Neither hidden size nor tiles make it
+# cheap; only a measurement does. Other models keep it opt-in (`--exact on`).
 
 
 def resolve_exact(
