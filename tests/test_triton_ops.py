@@ -344,10 +344,10 @@ def test_gpu_block_m_keeps_bits(name, n, k):
     "name,n,k", GPU_SHAPES + TABLE_SHAPES, ids=[s[0] for s in GPU_SHAPES + TABLE_SHAPES]
 )
 def test_gpu_exact_wide_steps_on_cublas_keep_bits(name, n, k):
-    """The exact mode's wide GEMMs, on cuBLAS wherever `TritonOps._cublas_exact` finds its
-    bits equal to the exact GEMM's and on our tiles elsewhere: every row equals the 16-row
-    exact GEMM's, eager and replayed from a CUDA graph (the capture reuses the eager check),
-    bf16 and fp32 logits, with and without a bias."""
+    """The exact mode's wide GEMMs, on cuBLAS above EXACT_CUBLAS_ROWS rows wherever
+    `TritonOps._cublas_exact` finds its bits equal to the exact GEMM's and on our tiles
+    elsewhere: every row equals the 16-row exact GEMM's, eager and replayed from a CUDA graph
+    (the capture reuses the eager check), bf16 and fp32 logits, with and without a bias."""
     from specwire.common.model.ops import TritonOps
 
     exact = TritonOps(exact=True)

@@ -17,9 +17,10 @@
   same K order, which gives every row the same bits (GPU test `test_gpu_block_m_keeps_bits`)
   at a fraction of the cost of 64-row mma.sync tiles (`small_gemms="narrow"` keeps those).
   Where the exact GEMM does not split K, cuBLAS gives its bits too whenever cuBLAS does not
-  split K either: both chain 16-wide MMAs over K in order into one fp32 accumulator. Such a
-  wide step runs on cuBLAS once a check has found its output bitwise equal to the exact GEMM's
-  for that shape and row count (`_cublas_exact`), and on our tiles otherwise.
+  split K either: both chain 16-wide MMAs over K in order into one fp32 accumulator. A step of
+  more than `triton_tiles.EXACT_CUBLAS_ROWS` rows runs such a GEMM on cuBLAS once a check has
+  found its output bitwise equal to the exact GEMM's for that shape and row count
+  (`_cublas_exact`), and on our tiles otherwise.
 - Bit-exact fusions (`fuse_small=True`, the default; `False` gives the previous kernel sequence,
   for benchmarks): where a GEMM runs on our GEMM without a K split (steps of at most 16 tokens,
   see above; exact mode too), SiLU·up rides in the gate_up GEMM's epilogue
@@ -209,7 +210,12 @@ class TritonOps(TorchOps):
         m = x.shape[0]
         wide = self._wide and x.dtype != torch.float32 and m > self._tiles.BLOCK_M
         if self.exact:
-            if wide and self.exact_cublas and self._cublas_exact(x, weight, bias, out_dtype):
+            if (
+                self.exact_cublas
+                and wide
+                and m > self._tiles.EXACT_CUBLAS_ROWS
+                and self._cublas_exact(x, weight, bias, out_dtype)
+            ):
                 return self._cublas(x, weight, bias, out_dtype)
             if wide:  # the same K order on larger row tiles: the same bits (module docstring)
                 cfg = self._tiles.exact_wide_config(*weight.shape, m)

@@ -333,6 +333,14 @@ def exact_measured_cheap(shapes: list[tuple[int, int]]) -> bool:
     return bool(shapes) and all(s in _EXACT_CHEAP for s in shapes)
 
 
+# The exact mode's steps wider than this many rows may run a GEMM on cuBLAS, where cuBLAS gives
+# the exact GEMM's bits (`TritonOps._cublas_exact`). Measured on the H200 (bench/RESULTS.md,
+# round 22): at 32 and 40 rows the measured exact tiles are 1-3 % faster than cuBLAS in the
+# whole step (Llama-3-8B B=8 q=5 5.59 against 5.69 ms, SmolLM2 1.06 against 1.09), at 160 rows
+# cuBLAS is far faster (Llama-3-8B B=32 q=5 8.34 against 9.83).
+EXACT_CUBLAS_ROWS = 64
+
+
 def wide_config(n: int, k: int, m: int) -> WideConfig | None:
     """The measured tiles for an M-row GEMM on weight [N, K] (M > BLOCK_M), or None: cuBLAS."""
     for max_m, cfg in _WIDE.get((n, k), ()):
