@@ -337,7 +337,9 @@ def exact_measured_cheap(shapes: list[tuple[int, int]]) -> bool:
 # the exact GEMM's bits (`TritonOps._cublas_exact`). Measured on the H200 (bench/RESULTS.md,
 # round 22): at 32 and 40 rows the measured exact tiles are 1-3 % faster than cuBLAS in the
 # whole step (Llama-3-8B B=8 q=5 5.59 against 5.69 ms, SmolLM2 1.06 against 1.09), at 160 rows
-# cuBLAS is far faster (Llama-3-8B B=32 q=5 8.34 against 9.83).
+# cuBLAS is far faster (Llama-3-8B B=32 q=5 8.34 against 9.83). Not right for every shape:
+# SmolLM2-360M's 32- and 40-row steps were faster on cuBLAS; a timed choice per shape and row
+# count would be.
 EXACT_CUBLAS_ROWS = 64
 
 
