@@ -544,6 +544,12 @@ def main() -> int:
         "(TritonOps.exact_cublas off: the exact mode before round 22)",
     )
     ap.add_argument(
+        "--no-defer-splits",
+        action="store_true",
+        help="K-split GEMMs sum their partials in their own launch, not in the next norm's "
+        "(TritonOps.defer_splits off: before round 23)",
+    )
+    ap.add_argument(
         "--masked-k",
         action="store_true",
         help="our GEMMs mask their K loads as before round 21 (triton_ops.UNMASKED_K off)",
@@ -561,10 +567,10 @@ def main() -> int:
         from specwire.common.model import triton_ops
 
         triton_ops.UNMASKED_K = False
-    if args.no_exact_cublas:
-        from specwire.common.model.ops import TritonOps
+    from specwire.common.model.ops import TritonOps
 
-        TritonOps.exact_cublas = False
+    TritonOps.exact_cublas = not args.no_exact_cublas
+    TritonOps.defer_splits = not args.no_defer_splits
     if args.threads:
         torch.set_num_threads(args.threads)
     args.batches = [int(x) for x in args.batches.split(",")]

@@ -90,3 +90,13 @@ def test_tuned_tiles_cover_k():
         _covers_k(cfg, k)
         assert tiles.linear_config(n, k) == cfg and tiles.tuned(n, k)
     assert not tiles.tuned(72, 200)
+
+
+def test_exact_cublas_rows_only_for_wide_steps_of_measured_shapes():
+    """cuBLAS may take an exact GEMM only in steps wider than BLOCK_M rows (narrower steps keep
+    the 16-row exact GEMM that defines the bits), from 64 rows on unless a shape was measured
+    otherwise, and only shapes with measured exact tiles were."""
+    assert tiles.exact_cublas_rows(4096, 14336) == tiles.EXACT_CUBLAS_ROWS == 64
+    for shape, first in tiles._EXACT_CUBLAS_FROM.items():
+        assert first > tiles.BLOCK_M and shape in tiles._EXACT_WIDE
+        assert tiles.exact_cublas_rows(*shape) == first - 1

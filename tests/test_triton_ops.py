@@ -251,6 +251,73 @@ def test_mlp_rides_silu_in_the_gate_up_gemm_where_it_keeps_the_bits(monkeypatch)
         check(exact, exact_previous, 17, dtype, picked=False, hidden=200, inter=72)
 
 
+def _layer_tail(ops_obj, attn, residual, w):
+    """A decoder layer's o_proj -> mlp -> the next layer's norm, as `DecoderLayer` chains
+    them (`defer=True`: o_proj's and down's outputs reach only the next norm)."""
+    x = ops_obj.linear(attn, w["o"], defer=True)
+    x, residual = ops_obj.mlp(x, residual, w["nw1"], EPS, w["gu"], w["down"], defer=True)
+    return ops_obj.add_norm(x, residual, w["nw2"], EPS)
+
+
+def _tail_weights(hidden, inter, dtype=torch.bfloat16):
+    return dict(
+        o=_randn(hidden, hidden, dtype=dtype, seed=11, scale=hidden**-0.5),
+        gu=_randn(2 * inter, hidden, dtype=dtype, seed=12, scale=hidden**-0.5),
+        down=_randn(hidden, inter, dtype=dtype, seed=13, scale=inter**-0.5),
+        nw1=(1.0 + 0.1 * _randn(hidden, dtype=torch.float32, seed=14)).to(dtype),
+        nw2=(1.0 + 0.1 * _randn(hidden, dtype=torch.float32, seed=15)).to(dtype),
+    )
+
+
+def test_k_split_partials_are_summed_in_the_norm_bitwise():
+    """`linear(..., defer=True)` of a K-split GEMM without a bias hands back its fp32 partials
+    (`SplitPartials`); `add_rms_norm` and `rms_norm` sum them in their own launch with the
+    split sum's arithmetic: the same bits as summing first. No split, or a bias: a tensor."""
+    n, k, m = 40, 2112, 5
+    assert tiles.linear_config(n, k).split_k > 1
+    x, w = _randn(m, k, seed=4), _randn(n, k, seed=5, scale=k**-0.5)
+    res, nw = _randn(m, n, seed=6), (1.0 + 0.1 * _randn(n, dtype=torch.float32, seed=7))
+    nw = nw.to(torch.bfloat16)
+    dense = ops.linear(x, w)
+    parts = ops.linear(x, w, defer=True)
+    assert isinstance(parts, ops.SplitPartials) and parts.shape == dense.shape
+    assert parts.dtype == dense.dtype and torch.equal(parts.dense(), dense)
+    ref, ref_res = ops.add_rms_norm(dense, res, nw, EPS)
+    got, got_res = ops.add_rms_norm(parts, res, nw, EPS)
+    assert torch.equal(got, ref) and torch.equal(got_res, ref_res)
+    assert torch.equal(ops.rms_norm(parts, nw, EPS), ops.rms_norm(dense, nw, EPS))
+    cfg = tiles.wide_tiles(k, 64, 64, 64, 2, 4, 3)  # a wide config with a split defers too
+    wide = ops.linear_wide(x, w, None, None, cfg, defer=True)
+    assert isinstance(wide, ops.SplitPartials)
+    assert torch.equal(wide.dense(), ops.linear_wide(x, w, None, None, cfg))
+    bias = _randn(n, seed=8)
+    assert torch.equal(ops.linear(x, w, bias, defer=True), ops.linear(x, w, bias))
+    assert isinstance(ops.linear(x[:, :200], w[:, :200], defer=True), torch.Tensor)  # no split
+
+
+def test_layer_tail_with_deferred_split_sums_keeps_the_bits(monkeypatch):
+    """o_proj -> mlp -> next norm through `TritonOps` with K-split GEMMs (the exact mode's
+    GEMMs here; down [200, 2112] splits K): deferring the split sums into the norms
+    (`defer_splits`, the default) gives exactly the bits of summing them first, with one
+    split-sum launch fewer per split GEMM."""
+    from specwire.common.model.ops import TritonOps
+
+    w = _tail_weights(200, 2112)  # down [200, 2112]: split by the rule
+    assert tiles.linear_config(200, 2112).split_k > 1
+    attn, residual = _randn(5, 200, seed=16), _randn(5, 200, seed=17)
+    sums = []
+    real = ops._split_sum
+    monkeypatch.setattr(ops, "_split_sum", lambda *a: sums.append(1) or real(*a))
+    on, off = TritonOps(exact=True), TritonOps(exact=True)
+    off.defer_splits = False
+    ref = _layer_tail(off, attn, residual, w)
+    assert len(sums) == 1  # down's split sum, in its own launch
+    sums.clear()
+    got = _layer_tail(on, attn, residual, w)
+    assert not sums  # ...now inside the next norm
+    assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+
+
 def test_linear_handles_empty_batch():
     x, w = _randn(0, 64), _randn(32, 64)
     assert ops.linear(x, w).shape == (0, 32)
@@ -344,7 +411,7 @@ def test_gpu_block_m_keeps_bits(name, n, k):
     "name,n,k", GPU_SHAPES + TABLE_SHAPES, ids=[s[0] for s in GPU_SHAPES + TABLE_SHAPES]
 )
 def test_gpu_exact_wide_steps_on_cublas_keep_bits(name, n, k):
-    """The exact mode's wide GEMMs, on cuBLAS above EXACT_CUBLAS_ROWS rows wherever
+    """The exact mode's wide GEMMs, on cuBLAS above `exact_cublas_rows` rows wherever
     `TritonOps._cublas_exact` finds its bits equal to the exact GEMM's and on our tiles
     elsewhere: every row equals the 16-row exact GEMM's, eager and replayed from a CUDA graph
     (the capture reuses the eager check), bf16 and fp32 logits, with and without a bias."""
@@ -365,7 +432,33 @@ def test_gpu_exact_wide_steps_on_cublas_keep_bits(name, n, k):
             torch.cuda.synchronize()
             assert torch.equal(out, ref[-m:]), f"graph M={m} bias={b is not None} {out_dtype}"
     used = [f"M={key[2]} bias={key[3]} {key[4]}" for key, ok in exact._cublas_ok.items() if ok]
-    print(f"{name}: on cuBLAS: {', '.join(used) or 'none'}")
+    print(f"{name}: on cuBLAS: {', '.join(used) or 'none'}; {exact.gemm_note()}")
+
+
+@pytest.mark.gpu
+@on_gpu
+@pytest.mark.parametrize("exact", [False, True], ids=["default", "exact"])
+def test_gpu_deferred_split_sums_keep_the_bits(exact):
+    """Llama-3-8B's layer tail (o_proj and down split K) through `TritonOps`, default and exact
+    mode, at the step widths that take our GEMM with a split (1-16 rows), the measured wide
+    tiles (40, 64) and the exact mode's wide tiles (160): deferring the split sums into the
+    next norms gives the bits of summing them first, eager and replayed from a CUDA graph."""
+    from specwire.common.model.ops import TritonOps
+
+    w = _tail_weights(4096, 14336)
+    on, off = TritonOps(exact=exact), TritonOps(exact=exact)
+    off.defer_splits = False
+    for m in (1, 5, 16, 40, 64, 160):
+        attn, residual = _randn(m, 4096, seed=16), _randn(m, 4096, seed=17)
+        ref = _layer_tail(off, attn, residual, w)
+        got = _layer_tail(on, attn, residual, w)
+        assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1]), f"eager M={m}"
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = _layer_tail(on, attn, residual, w)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1]), f"graph M={m}"
 
 
 @pytest.mark.gpu

@@ -104,7 +104,9 @@ class DecoderLayer(nn.Module):
         meta: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # (output delta, residual stream) [T, hidden] each
         attn, residual = self._attention(x, residual, rope, kv_cache, meta)
-        x = self.ops.linear(attn, self.o_proj.weight)
+        # o_proj's and down's outputs reach the residual stream only through the next norm of
+        # the ops (`defer`: TritonOps sums a K-split GEMM's partials in that norm's launch).
+        x = self.ops.linear(attn, self.o_proj.weight, defer=True)
         # Norm, gate_up GEMM, SiLU·up, down GEMM: SiLU·up in the gate_up GEMM with TritonOps.
         return self.ops.mlp(
             x,
@@ -113,6 +115,7 @@ class DecoderLayer(nn.Module):
             self.cfg.rms_norm_eps,
             self.gate_up_proj.weight,
             self.down_proj.weight,
+            defer=True,
         )
 
     def _attention(

@@ -17,10 +17,10 @@
   same K order, which gives every row the same bits (GPU test `test_gpu_block_m_keeps_bits`)
   at a fraction of the cost of 64-row mma.sync tiles (`small_gemms="narrow"` keeps those).
   Where the exact GEMM does not split K, cuBLAS gives its bits too whenever cuBLAS does not
-  split K either: both chain 16-wide MMAs over K in order into one fp32 accumulator. A step of
-  more than `triton_tiles.EXACT_CUBLAS_ROWS` rows runs such a GEMM on cuBLAS once a check has
-  found its output bitwise equal to the exact GEMM's for that shape and row count
-  (`_cublas_exact`), and on our tiles otherwise.
+  split K either: both chain 16-wide MMAs over K in order into one fp32 accumulator. A step
+  wider than `triton_tiles.exact_cublas_rows` (64 rows, or as measured per weight shape) runs
+  such a GEMM on cuBLAS once a check has found its output bitwise equal to the exact GEMM's
+  for that shape and row count (`_cublas_exact`), and on our tiles otherwise.
 - Bit-exact fusions (`fuse_small=True`, the default; `False` gives the previous kernel sequence,
   for benchmarks): where a GEMM runs on our GEMM without a K split (steps of at most 16 tokens,
   see above; exact mode too), SiLU·up rides in the gate_up GEMM's epilogue
@@ -89,7 +89,10 @@ class TorchOps:
         return F.silu(gate) * up
 
     @staticmethod
-    def linear(x, weight, bias=None, out_dtype=None):
+    def linear(x, weight, bias=None, out_dtype=None, defer=False):
+        """x @ weight.T + bias. `defer`: the caller hands the result only to these ops'
+        `add_norm*`/`add_rms_norm` (or `mlp`) as `x`, so the ops may return it in a form only
+        they read (`TritonOps`: a K-split GEMM's partials, summed inside the norm's launch)."""
         out = F.linear(x, weight, bias)
         return out if out_dtype is None else out.to(out_dtype)
 
@@ -105,9 +108,9 @@ class TorchOps:
         h, residual = self.add_norm(x, residual, norm_weight, eps)
         return self.linear(h, weight, bias), residual
 
-    def silu_linear(self, gate_up, weight):
-        """linear(silu(gate) * up, weight) for gate_up [T, 2I] -> [T, N]."""
-        return self.linear(self.silu_mul(gate_up), weight)
+    def silu_linear(self, gate_up, weight, defer=False):
+        """linear(silu(gate) * up, weight) for gate_up [T, 2I] -> [T, N] (`defer`: `linear`'s)."""
+        return self.linear(self.silu_mul(gate_up), weight, defer=defer)
 
     def rope_in_qkv(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
         """Whether `add_norm_qkv_rope_store` takes a step of x [T, hidden] with this qkv weight
@@ -124,19 +127,25 @@ class TorchOps:
         ops whose `rope_in_qkv` says so."""
         raise NotImplementedError(f"{self.name} ops leave RoPE and the KV store to the backend")
 
-    def mlp(self, x, residual, norm_weight, eps, gate_up_weight, down_weight):
+    def mlp(self, x, residual, norm_weight, eps, gate_up_weight, down_weight, defer=False):
         """The layer's second half: (linear(silu(gate) * up, down_weight), x + residual) where
         gate, up = linear(rms_norm(x + residual), gate_up_weight).chunk(2, -1).
-        x, residual: [T, hidden]; gate_up_weight [2I, hidden]; down_weight [hidden, I]."""
+        x, residual: [T, hidden]; gate_up_weight [2I, hidden]; down_weight [hidden, I].
+        `defer`: the down GEMM's, as `linear`'s (x may be a deferred output too)."""
         gate_up, residual = self.add_norm_linear(x, residual, norm_weight, eps, gate_up_weight)
-        return self.silu_linear(gate_up, down_weight), residual
+        return self.silu_linear(gate_up, down_weight, defer=defer), residual
 
 
 class TritonOps(TorchOps):
     name = "triton"
-    # Exact mode: wide steps on cuBLAS where it gives the exact GEMM's bits (`_cublas_exact`);
-    # False keeps every exact GEMM on our tiles (`bench/verify_step.py --no-exact-cublas`).
+    # Exact mode: steps wider than `triton_tiles.exact_cublas_rows` run a GEMM on cuBLAS where
+    # cuBLAS gives the exact GEMM's bits (`_cublas_exact`); False keeps every exact GEMM on our
+    # tiles (`bench/verify_step.py --no-exact-cublas`).
     exact_cublas = True
+    # `linear(..., defer=True)` may return a K-split GEMM's partials for the next norm to sum
+    # (`triton_ops.SplitPartials`); False sums them in their own launch, as before
+    # (`bench/verify_step.py --no-defer-splits`). Not a bit changes.
+    defer_splits = True
 
     def __init__(
         self,
@@ -171,8 +180,8 @@ class TritonOps(TorchOps):
         # tiles (`exact_wide_config`), unless "narrow".
         self._small_on_triton = small_gemms != "cublas"
         self._wide = small_gemms == "triton"
-        # Exact mode: (N, K, M, bias, out dtype, dtype) -> whether cuBLAS gives the exact
-        # GEMM's bits there (`_cublas_exact`); "narrow" never asks.
+        # Exact mode: (N, K, M, bias, out dtype, dtype) -> whether that GEMM runs on cuBLAS
+        # (`_cublas_exact`); "narrow" never asks.
         self._cublas_ok: dict[tuple, bool] = {}
         if exact:
             self.name = "triton-exact"
@@ -206,29 +215,25 @@ class TritonOps(TorchOps):
     def silu_mul(self, gate_up):
         return self._k.silu_mul(gate_up)
 
-    def linear(self, x, weight, bias=None, out_dtype=None):
+    def linear(self, x, weight, bias=None, out_dtype=None, defer=False):
         m = x.shape[0]
         wide = self._wide and x.dtype != torch.float32 and m > self._tiles.BLOCK_M
+        defer = defer and self.defer_splits
         if self.exact:
-            if (
-                self.exact_cublas
-                and wide
-                and m > self._tiles.EXACT_CUBLAS_ROWS
-                and self._cublas_exact(x, weight, bias, out_dtype)
-            ):
+            if wide and self._cublas_exact(x, weight, bias, out_dtype):
                 return self._cublas(x, weight, bias, out_dtype)
             if wide:  # the same K order on larger row tiles: the same bits (module docstring)
                 cfg = self._tiles.exact_wide_config(*weight.shape, m)
-                return self._k.linear_wide(x, weight, bias, out_dtype, cfg)
+                return self._k.linear_wide(x, weight, bias, out_dtype, cfg, defer)
             # Row tiles of 16, 32 or 64 rows give every row the same bits (the same mma.sync
             # chain per row; GPU test test_gpu_block_m_keeps_bits); 64 re-reads the weight far
             # less for wide steps (H200: 1.5-1.7x faster at M >= 40).
             block_m = 16 if m <= 16 else 64
-            return self._k.linear(x, weight, bias, out_dtype=out_dtype, block_m=block_m)
+            return self._k.linear(x, weight, bias, out_dtype, block_m=block_m, defer=defer)
         if self._small_gemm(x, weight):
-            return self._k.linear(x, weight, bias, out_dtype=out_dtype)
+            return self._k.linear(x, weight, bias, out_dtype=out_dtype, defer=defer)
         if wide and (cfg := self._tiles.wide_config(*weight.shape, m)) is not None:
-            return self._k.linear_wide(x, weight, bias, out_dtype, cfg)
+            return self._k.linear_wide(x, weight, bias, out_dtype, cfg, defer)
         return super().linear(x, weight, bias, out_dtype)
 
     @staticmethod
@@ -238,13 +243,18 @@ class TritonOps(TorchOps):
         return torch.mm(x, weight.t(), out_dtype=out_dtype)  # no bias here: `_cublas_exact`
 
     def _cublas_exact(self, x, weight, bias, out_dtype) -> bool:
-        """Whether this exact wide GEMM may run on cuBLAS: its bits for this (weight shape,
-        row count, bias, output dtype) were found equal to the exact GEMM's, on random rows of
-        its layout, at the first call outside a graph capture (an algorithm is a function of
-        the shapes and layout, so the check stands for every call of that key). Never where
-        the exact GEMM splits K (cuBLAS cannot match its split order) or for a layout the check
-        did not see; during a capture, an unchecked key takes our tiles and stays unchecked."""
+        """Whether this exact wide GEMM runs on cuBLAS: a step wider than `exact_cublas_rows`,
+        and cuBLAS's bits for this (weight shape, row count, bias, output dtype) were found
+        equal to the exact GEMM's, on random rows of its layout, at the first call outside a
+        graph capture (an algorithm is a function of the shapes and layout, so the check stands
+        for every call of that key). Never where the exact GEMM splits K (cuBLAS cannot match
+        its split order) or for a layout the check did not see; during a capture, an unchecked
+        key takes our tiles and stays unchecked."""
         n, k = weight.shape
+        if not self.exact_cublas or x.shape[0] <= self._tiles.exact_cublas_rows(n, k):
+            return False
+        if x.device.type != "cuda":  # Triton's interpreter on the CPU (tests)
+            return False
         if self._tiles.linear_config(n, k).split_k != 1:
             return False
         if bias is not None and out_dtype not in (None, x.dtype):
@@ -265,6 +275,17 @@ class TritonOps(TorchOps):
                 verdict = False
             self._cublas_ok[key] = verdict
         return verdict
+
+    def gemm_note(self) -> str | None:
+        """Where the exact mode's wide GEMMs run (for the log once graphs are captured): how
+        many (weight shape, rows) keys were checked, and how many run on cuBLAS."""
+        if not self.exact or not self._cublas_ok:
+            return None
+        on = sum(self._cublas_ok.values())
+        return (
+            f"exact wide GEMMs: {on} of {len(self._cublas_ok)} "
+            "(weight shape, rows) on cuBLAS, where its bits equal ours, the rest on our tiles"
+        )
 
     def _small_gemm(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
         """Whether the (non-exact) `linear` runs on our GEMM with measured tiles. A function of
@@ -294,25 +315,26 @@ class TritonOps(TorchOps):
     def add_norm_linear(self, x, residual, norm_weight, eps, weight, bias=None):
         if not self._fuses(x):
             return super().add_norm_linear(x, residual, norm_weight, eps, weight, bias)
+        x = self._k.dense(x)
         return self._fused.add_norm_linear(x, residual, norm_weight, eps, weight, bias)
 
-    def silu_linear(self, gate_up, weight):
+    def silu_linear(self, gate_up, weight, defer=False):
         if not self._fuses(gate_up):
-            return super().silu_linear(gate_up, weight)
+            return super().silu_linear(gate_up, weight, defer)
         return self._fused.silu_linear(gate_up, weight)
 
-    def mlp(self, x, residual, norm_weight, eps, gate_up_weight, down_weight):
+    def mlp(self, x, residual, norm_weight, eps, gate_up_weight, down_weight, defer=False):
         # Fused steps (`--fused`) fold the norm and SiLU·up into GEMMs of their own K order.
         if not self._epilogue_ok(x, gate_up_weight):
-            return super().mlp(x, residual, norm_weight, eps, gate_up_weight, down_weight)
+            return super().mlp(x, residual, norm_weight, eps, gate_up_weight, down_weight, defer)
         if self._norm_in_gemm(x, gate_up_weight):
             act, residual = self._k.add_norm_gate_up_silu(
-                x, residual, norm_weight, eps, gate_up_weight
+                self._k.dense(x), residual, norm_weight, eps, gate_up_weight
             )
         else:
             h, residual = self.add_norm(x, residual, norm_weight, eps)
             act = self._k.gate_up_silu(h, gate_up_weight)
-        return self.linear(act, down_weight), residual
+        return self.linear(act, down_weight, defer=defer), residual
 
     def _norm_in_gemm(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
         """Whether the RMSNorm before an epilogue GEMM (`_epilogue_ok`) rides in its prologue.
@@ -330,7 +352,17 @@ class TritonOps(TorchOps):
     ):
         if self._norm_in_gemm(x, weight):
             return self._kf.add_norm_qkv_rope_store(
-                x, residual, norm_weight, eps, weight, bias, cos, sin, kv_cache, slot_mapping, heads
+                self._k.dense(x),
+                residual,
+                norm_weight,
+                eps,
+                weight,
+                bias,
+                cos,
+                sin,
+                kv_cache,
+                slot_mapping,
+                heads,
             )
         h, residual = self.add_norm(x, residual, norm_weight, eps)
         qkv = self._kf.qkv_rope_store(h, weight, bias, cos, sin, kv_cache, slot_mapping, heads)

@@ -60,7 +60,7 @@ from specwire.common.model.triton_ops import (
     _norm_gemm_tile,
     _norm_operands,
     _rotate,
-    _split_sum_kernel,
+    _split_sum,
     even_k,
 )
 from specwire.common.model.triton_tiles import BLOCK_M, LinearConfig, linear_config
@@ -221,15 +221,8 @@ def _split_stride(target: torch.Tensor) -> int:
 def _sum_splits(target: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None) -> None:
     """out = sum of the split partials in split order (+ bias): `triton_ops.linear`'s second
     kernel. Nothing to do without a split (the GEMM wrote `out` and its bias)."""
-    if target is out:
-        return
-    split, m, n = target.shape
-    total, block = m * n, 1024
-    _split_sum_kernel[(triton.cdiv(total, block),)](
-        target, bias if bias is not None else target, out, total, n, m * n,
-        SPLIT=split, HAS_BIAS=bias is not None, BLOCK=block,
-        **launch_opts(),
-    )  # fmt: skip
+    if target is not out:
+        _split_sum(target, bias, out)
 
 
 def add_norm_linear(

@@ -77,9 +77,9 @@ def norm_warps(n: int) -> int:
 @triton.jit
 def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr,
-    x_stride, res_stride, out_stride, new_res_stride,
+    x_stride, x_split_stride, res_stride, out_stride, new_res_stride,
     N, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, EARLY: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, EARLY: tl.constexpr, X_SPLITS: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -87,7 +87,18 @@ def _rms_norm_kernel(
     if EARLY:  # the weight is constant: loaded while the previous kernel runs
         w = tl.load(w_ptr + cols, mask=mask, other=0.0)
     _grid_sync()
-    x = _add_row(x_ptr, res_ptr, row, cols, mask, x_stride, res_stride, HAS_RESIDUAL)
+    if X_SPLITS > 0:  # x is a K-split GEMM's fp32 partials (`SplitPartials`): summed here in
+        # split order and rounded to the dtype, `_split_sum_kernel`'s arithmetic
+        part = x_ptr + row * x_stride + cols
+        acc = tl.load(part, mask=mask, other=0.0)
+        for s in tl.static_range(1, X_SPLITS):
+            acc += tl.load(part + s * x_split_stride, mask=mask, other=0.0)
+        x = _cast(acc, w_ptr.dtype.element_ty)
+        if HAS_RESIDUAL:
+            r = tl.load(res_ptr + row * res_stride + cols, mask=mask, other=0.0)
+            x = _cast(_f32(x) + _f32(r), x.dtype)
+    else:
+        x = _add_row(x_ptr, res_ptr, row, cols, mask, x_stride, res_stride, HAS_RESIDUAL)
     if HAS_RESIDUAL:
         tl.store(new_res_ptr + row * new_res_stride + cols, x, mask=mask)
     xf = x.to(tl.float32)
@@ -99,21 +110,25 @@ def _rms_norm_kernel(
 
 
 def _norm_launch(x, residual, weight, eps):
-    # x, residual: [T, N]; weight: [N]
-    if x.dim() != 2 or x.stride(-1) != 1 or weight.dtype != x.dtype or not weight.is_contiguous():
+    # x, residual: [T, N] (x may be a K-split GEMM's `SplitPartials`); weight: [N]
+    parts = x.parts if isinstance(x, SplitPartials) else None
+    xt = parts[0] if parts is not None else x
+    if xt.dim() != 2 or xt.stride(-1) != 1 or weight.dtype != x.dtype or not weight.is_contiguous():
         raise ValueError("rms_norm wants x [T, N] with unit last stride and weight [N] of x.dtype")
-    t, n = x.shape
-    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    t, n = xt.shape
+    out = torch.empty((t, n), dtype=x.dtype, device=xt.device)
     new_res = torch.empty_like(out) if residual is not None else out
     if t == 0:
         return out, new_res
     block = triton.next_power_of_2(n)
-    res = residual if residual is not None else x
+    res = residual if residual is not None else xt
     _rms_norm_kernel[(t,)](
-        x, res, weight, out, new_res,
-        x.stride(0), res.stride(0), out.stride(0), new_res.stride(0),
+        xt, res, weight, out, new_res,
+        xt.stride(0), parts.stride(0) if parts is not None else 0,
+        res.stride(0), out.stride(0), new_res.stride(0),
         n, eps,
         HAS_RESIDUAL=residual is not None, BLOCK=block, EARLY=early_loads(),
+        X_SPLITS=parts.shape[0] if parts is not None else 0,
         num_warps=norm_warps(n),
         **launch_opts(),
     )  # fmt: skip
@@ -126,9 +141,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    x: torch.Tensor | SplitPartials, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rms_norm(x + residual), x + residual) for x, residual [T, N]: the residual add fused."""
+    """(rms_norm(x + residual), x + residual) for x, residual [T, N]: the residual add fused.
+    x may be a K-split GEMM's `SplitPartials`: their split sum rides in the norm's launch, bit
+    for bit (one launch less)."""
     if residual.shape != x.shape or residual.dtype != x.dtype or residual.stride(-1) != 1:
         raise ValueError("residual must match x in shape and dtype, with unit last stride")
     return _norm_launch(x, residual, weight, eps)
@@ -382,6 +399,44 @@ def _split_sum_kernel(
     tl.store(out_ptr + offs, _cast(acc, out_ptr.dtype.element_ty), mask=mask)
 
 
+class SplitPartials:
+    """A K-split GEMM's output before its split sum: the fp32 partials [S, M, N], one per K
+    range, and the dtype their sum rounds to. `linear(..., defer=True)` returns it where the
+    GEMM splits K and has no bias, for a consumer that sums the partials itself, in split
+    order and with `_split_sum_kernel`'s arithmetic: `add_rms_norm` does (the o_proj and down
+    outputs only ever reach the residual stream through the next norm), which saves the sum's
+    launch. `dense()` is the sum as `linear` would have returned it, for any other consumer."""
+
+    def __init__(self, parts: torch.Tensor, dtype: torch.dtype) -> None:
+        self.parts = parts
+        self.dtype = dtype
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.parts.shape[1:]
+
+    def dense(self) -> torch.Tensor:
+        split, m, n = self.parts.shape
+        out = torch.empty((m, n), dtype=self.dtype, device=self.parts.device)
+        _split_sum(self.parts, None, out)
+        return out
+
+
+def dense(x: torch.Tensor | SplitPartials) -> torch.Tensor:
+    """x, with a `SplitPartials` summed."""
+    return x.dense() if isinstance(x, SplitPartials) else x
+
+
+def _split_sum(parts: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> None:
+    split, m, n = parts.shape
+    total, block = m * n, 1024
+    _split_sum_kernel[(triton.cdiv(total, block),)](
+        parts, bias if bias is not None else parts, out, total, n, m * n,
+        SPLIT=split, HAS_BIAS=bias is not None, BLOCK=block,
+        **launch_opts(),
+    )  # fmt: skip
+
+
 def linear(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -389,7 +444,8 @@ def linear(
     out_dtype: torch.dtype | None = None,
     block_m: int = BLOCK_M,
     config: LinearConfig | None = None,
-) -> torch.Tensor:
+    defer: bool = False,
+) -> torch.Tensor | SplitPartials:
     """Batch-invariant `x @ weight.T + bias`: x [M, K], weight [N, K], bias [N] -> [M, N].
 
     fp32 accumulation; output in `out_dtype` (default x.dtype; torch.float32 for logits, which
@@ -403,13 +459,16 @@ def linear(
     change, while a larger tile re-reads the weight from L2 fewer times at large M. Pick it by
     M only once the GPU test `test_gpu_block_m_keeps_bits` has passed on the target GPU.
 
-    `config` overrides `linear_config(N, K)` (`bench/gemm_sweep.py` times candidates)."""
+    `config` overrides `linear_config(N, K)` (`bench/gemm_sweep.py` times candidates).
+
+    `defer`: where the GEMM splits K and has no bias, return its `SplitPartials` instead of
+    summing them (for `add_rms_norm`, which sums them in its own launch)."""
     _check_linear(x, weight)
     if block_m not in (16, 32, 64):
         raise ValueError("block_m must be 16, 32 or 64 (mma.sync tiles)")
     cfg = config or linear_config(*weight.shape)
     warps = 2 if block_m == 64 else cfg.num_warps
-    return _launch_linear(x, weight, bias, out_dtype, block_m, cfg, warps)
+    return _launch_linear(x, weight, bias, out_dtype, block_m, cfg, warps, defer)
 
 
 def linear_wide(
@@ -418,13 +477,16 @@ def linear_wide(
     bias: torch.Tensor | None,
     out_dtype: torch.dtype | None,
     config: WideConfig,
-) -> torch.Tensor:
+    defer: bool = False,
+) -> torch.Tensor | SplitPartials:
     """`x @ weight.T + bias` for non-exact steps wider than BLOCK_M rows, on `config`'s tiles
     (`triton_tiles.wide_config`: measured per weight shape and row range). `linear`'s kernel,
     but its row tile and warps are free, so Hopper's wgmma may run it: a row's bits may depend
-    on the row count, as they do under cuBLAS, which it replaces there."""
+    on the row count, as they do under cuBLAS, which it replaces there. `defer`: as `linear`'s."""
     _check_linear(x, weight)
-    return _launch_linear(x, weight, bias, out_dtype, config.block_m, config, config.num_warps)
+    return _launch_linear(
+        x, weight, bias, out_dtype, config.block_m, config, config.num_warps, defer
+    )
 
 
 UNMASKED_K = True  # False: every GEMM masks its K loads as before (bench/gemm_sweep.py --masked-k)
@@ -443,17 +505,19 @@ def _check_linear(x: torch.Tensor, weight: torch.Tensor) -> None:
         raise ValueError("linear wants weight [N, K] with unit last stride")
 
 
-def _launch_linear(x, weight, bias, out_dtype, block_m: int, cfg, num_warps: int):
+def _launch_linear(x, weight, bias, out_dtype, block_m: int, cfg, num_warps: int, defer=False):
     """`_linear_kernel` on `block_m`-row tiles and cfg's N/K tiles and split, then the split
-    sum in split order."""
+    sum in split order (with `defer` and no bias: the partials, `SplitPartials`)."""
     (m, k), n = x.shape, weight.shape[0]
-    out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
-    if m == 0:
-        return out
+    dtype = out_dtype or x.dtype
     has_bias = bias is not None
+    if cfg.split_k == 1 or m == 0:
+        out = target = torch.empty((m, n), dtype=dtype, device=x.device)
+        if m == 0:
+            return out
+    else:
+        target = torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, cfg.block_n), cfg.split_k)
-    target = out if cfg.split_k == 1 else torch.empty((cfg.split_k, m, n), dtype=torch.float32,
-                                                      device=x.device)  # fmt: skip
     _linear_kernel[grid](
         x, weight, bias if has_bias else x, target,
         m, n, k,
@@ -465,13 +529,12 @@ def _launch_linear(x, weight, bias, out_dtype, block_m: int, cfg, num_warps: int
         num_warps=num_warps, num_stages=cfg.num_stages,
         **launch_opts(),
     )  # fmt: skip
-    if cfg.split_k > 1:
-        total, block = m * n, 1024
-        _split_sum_kernel[(triton.cdiv(total, block),)](
-            target, bias if has_bias else target, out, total, n, m * n,
-            SPLIT=cfg.split_k, HAS_BIAS=has_bias, BLOCK=block,
-            **launch_opts(),
-        )  # fmt: skip
+    if cfg.split_k == 1:
+        return out
+    if defer and not has_bias:
+        return SplitPartials(target, dtype)
+    out = torch.empty((m, n), dtype=dtype, device=x.device)
+    _split_sum(target, bias, out)
     return out
 
 

@@ -337,10 +337,24 @@ def exact_measured_cheap(shapes: list[tuple[int, int]]) -> bool:
 # the exact GEMM's bits (`TritonOps._cublas_exact`). Measured on the H200 (bench/RESULTS.md,
 # round 22): at 32 and 40 rows the measured exact tiles are 1-3 % faster than cuBLAS in the
 # whole step (Llama-3-8B B=8 q=5 5.59 against 5.69 ms, SmolLM2 1.06 against 1.09), at 160 rows
-# cuBLAS is far faster (Llama-3-8B B=32 q=5 8.34 against 9.83). Not right for every shape:
-# SmolLM2-360M's 32- and 40-row steps were faster on cuBLAS; a timed choice per shape and row
-# count would be.
+# cuBLAS is far faster (Llama-3-8B B=32 q=5 8.34 against 9.83).
 EXACT_CUBLAS_ROWS = 64
+
+# ...except for the weight shapes listed here, whose exact steps were measured faster with
+# cuBLAS from this many rows on (round 23, `verify_step.py --exact`): SmolLM2-360M's, at
+# 32-64 rows (B=8 q=5 1.36 against 1.44 ms, B=32 q=1 1.76 / 1.84, B=64 q=1 2.95 / 3.05). Timing
+# each GEMM alone at warm-up, even framed by our kernels, did not predict the whole step (round
+# 23: it lost as much as it won), so this stays a measured table.
+_EXACT_CUBLAS_FROM: dict[tuple[int, int], int] = {
+    shape: BLOCK_M + 1
+    for shape in ((1600, 960), (960, 960), (5120, 960), (960, 2560), (49152, 960))
+}
+
+
+def exact_cublas_rows(n: int, k: int) -> int:
+    """Steps of more than this many rows may run the exact GEMM of weight [N, K] on cuBLAS
+    (where it gives the same bits)."""
+    return _EXACT_CUBLAS_FROM.get((n, k), EXACT_CUBLAS_ROWS + 1) - 1
 
 
 def wide_config(n: int, k: int, m: int) -> WideConfig | None:

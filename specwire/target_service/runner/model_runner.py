@@ -156,6 +156,9 @@ class ModelRunner:
                 ) as bar:
                     self.graphs.capture(buckets, progress=bar)
                 log.info("captured %d CUDA graphs (tokens): %s", len(buckets), buckets)
+            note = getattr(self.model.ops, "gemm_note", None)
+            if note is not None and (text := note()):
+                log.info("%s", text)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
 
