@@ -100,7 +100,8 @@ def make_backend(kind: str, model, device: torch.device):
 # measurable served (c = 1, 8, 32; rounds 19, 23); SmolLM2-360M 0.83-1.01 (round 23) and
 # Qwen2.5-1.5B 0.88-1.04 (B = 1 to 64); not Llama-3.2-1B (1.21 at B=64 q=5) or Llama-3-8B
 # (1.07 up to B=32, 1.14 at B=64 q=5), whose K-split GEMMs stay on our slower tiles. Neither
-# hidden size nor tiles make it cheap; only a measurement does. Other models keep it opt-in (`--exact on`).
+# hidden size nor tiles make it cheap; only a measurement does. Other models keep it opt-in
+# (`--exact on`).
 
 
 def resolve_exact(
