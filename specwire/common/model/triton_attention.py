@@ -54,7 +54,13 @@ import torch
 import triton
 import triton.language as tl
 
-from specwire.common.model.triton_base import _grid_sync, _index, early_loads, launch_opts
+from specwire.common.model.triton_base import (
+    _INTERPRET,
+    _grid_sync,
+    _index,
+    early_loads,
+    launch_opts,
+)
 
 # One fixed launch configuration: these shape the numerics (tile and segment edges, merge
 # order), so they are constants, never tuned per batch shape.
@@ -382,17 +388,38 @@ def _attend_tile(
         other=0.0,
     )  # [TILE, BLOCK_D]
     blk = tl.load(table + next_pos // block_size, mask=next_pos < next_stop, other=0)
-    s = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION) * qk_scale
+    s = _mma(q, k.to(q.dtype), DOT_PRECISION) * qk_scale
     visible = row_ok[:, None] & (k_pos[None, :] <= q_pos[:, None])
     s = tl.where(visible, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     # A query that has seen no key yet keeps m = -inf; subtract 0 then, not -inf (NaN).
     m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.exp2(s - m_ref[:, None])
-    alpha = tl.exp2(m_i - m_ref)
+    p = _exp2(s - m_ref[:, None])
+    alpha = _exp2(m_i - m_ref)
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
+    acc = acc * alpha[:, None] + _mma(p.to(q.dtype), v.to(q.dtype), DOT_PRECISION)
     return m_new, l_i, acc, blk
+
+
+@triton.jit
+def _mma(a, b, PRECISION: tl.constexpr):
+    """`tl.dot(a, b)` in fp32. Triton's interpreter runs it as numpy's fp32 matmul, whose
+    summation order follows the tile's shape and which multiplies bf16's raw bits: there it
+    is an fp64 product rounded once to fp32, so a row's result does not depend on its tile."""
+    if _INTERPRET:
+        return tl.dot(a.to(tl.float64), b.to(tl.float64), input_precision="ieee").to(tl.float32)
+    else:
+        return tl.dot(a, b, input_precision=PRECISION)
+
+
+@triton.jit
+def _exp2(x):
+    """`tl.exp2` of fp32 x (the GPU's ex2). The interpreter's, numpy's, can differ in the last
+    bit with an element's place in the array (vector and scalar paths): there in fp64."""
+    if _INTERPRET:
+        return tl.exp2(x.to(tl.float64)).to(tl.float32)
+    else:
+        return tl.exp2(x)
 
 
 @triton.jit
@@ -417,8 +444,8 @@ def _merge(acc, mx, den, acc_s, mx_s, den_s, live):
     den_s = tl.where(live, den_s, 0.0)
     mx_new = tl.maximum(mx, mx_s)
     ref = tl.where(mx_new == float("-inf"), 0.0, mx_new)
-    alpha = tl.exp2(mx - ref)
-    beta = tl.exp2(mx_s - ref)
+    alpha = _exp2(mx - ref)
+    beta = _exp2(mx_s - ref)
     return acc * alpha[:, None] + acc_s * beta[:, None], mx_new, den * alpha + den_s * beta
 
 

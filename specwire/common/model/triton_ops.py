@@ -266,8 +266,13 @@ def rope(
 def _dot(a, b, acc, FP32_IEEE: tl.constexpr):
     """`acc + a @ b`, chained: `_linear_kernel`'s product, for the kernels that must give its
     bits."""
-    if _INTERPRET:  # its dot multiplies bf16's raw bits: give it fp32 (exact)
-        return tl.dot(_f32(a), _f32(b), acc, input_precision="ieee")
+    if _INTERPRET:
+        # Its dot multiplies bf16's raw bits, and is numpy's fp32 matmul, whose summation order
+        # follows the operands' shapes (one element in thousands differed between tile shapes).
+        # In fp64 (exact products; sums rounded once to fp32, where their order all but never
+        # shows) the tile's shape does not change a bit. The GPU path is untouched.
+        prod = tl.dot(a.to(tl.float64), b.to(tl.float64), input_precision="ieee")
+        return (acc.to(tl.float64) + prod).to(tl.float32)
     elif FP32_IEEE:  # fp32 like cuBLAS without TF32
         return tl.dot(a, b, acc, input_precision="ieee")
     else:
