@@ -7,7 +7,7 @@ PIP    := $(PY) -m pip
 # CPU machines get the local CPU build of torch; a CUDA build would be several GB.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup protos test test-containers lock demo lint clean
+.PHONY: setup protos test test-interpret test-containers lock demo lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,16 @@ protos: $(STUB_STAMP)
 
 test: setup
 	$(VENV)/bin/pytest -q -ra
+
+# The Triton kernels' tests on the CPU, under Triton's interpreter (small shapes; ~9 minutes on
+# 2 cores; not part of `make test`, whose machines have no Triton). Triton goes into its own
+# folder, so the virtualenv stays what CI tests.
+TRITON_PIN ?= triton==3.6.0
+TRITON_CPU := .triton-cpu
+test-interpret: setup
+	test -d $(TRITON_CPU) || $(PIP) install -q --target $(TRITON_CPU) "$(TRITON_PIN)"
+	TRITON_INTERPRET=1 PYTHONPATH=$(TRITON_CPU) $(VENV)/bin/pytest -q -ra \
+	    tests/test_triton_ops.py tests/test_triton_fused.py tests/test_triton_attention.py
 
 # Build both images with podman and compare a generation through them with the repo's
 # processes; prints SKIP with the reason (exit 0) where podman cannot run.
