@@ -97,6 +97,6 @@ def test_exact_cublas_rows_only_for_wide_steps_of_measured_shapes():
     the 16-row exact GEMM that defines the bits), from 64 rows on unless a shape was measured
     otherwise, and only shapes with measured exact tiles were."""
     assert tiles.exact_cublas_rows(4096, 14336) == tiles.EXACT_CUBLAS_ROWS == 64
-    for shape, first in tiles._EXACT_CUBLAS_FROM.items():
-        assert first > tiles.BLOCK_M and shape in tiles._EXACT_WIDE
-        assert tiles.exact_cublas_rows(*shape) == first - 1
+    for shape, rows in tiles._EXACT_CUBLAS_ABOVE.items():
+        assert rows >= tiles.BLOCK_M and shape in tiles._EXACT_WIDE
+        assert tiles.exact_cublas_rows(*shape) == rows

@@ -56,6 +56,7 @@ import triton.language as tl
 
 from specwire.common.model.triton_base import (
     _INTERPRET,
+    _exp2,
     _grid_sync,
     _index,
     early_loads,
@@ -410,16 +411,6 @@ def _mma(a, b, PRECISION: tl.constexpr):
         return tl.dot(a.to(tl.float64), b.to(tl.float64), input_precision="ieee").to(tl.float32)
     else:
         return tl.dot(a, b, input_precision=PRECISION)
-
-
-@triton.jit
-def _exp2(x):
-    """`tl.exp2` of fp32 x (the GPU's ex2). The interpreter's, numpy's, can differ in the last
-    bit with an element's place in the array (vector and scalar paths): there in fp64."""
-    if _INTERPRET:
-        return tl.exp2(x.to(tl.float64)).to(tl.float32)
-    else:
-        return tl.exp2(x)
 
 
 @triton.jit

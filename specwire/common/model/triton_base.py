@@ -100,6 +100,16 @@ def _exp(x):
 
 
 @triton.jit
+def _exp2(x):
+    """`tl.exp2` of fp32 x (the GPU's ex2). The interpreter's, numpy's, can differ in the last
+    bit with an element's place in the array (vector and scalar paths): there in fp64."""
+    if _INTERPRET:
+        return tl.exp2(x.to(tl.float64)).to(tl.float32)
+    else:
+        return tl.exp2(x)
+
+
+@triton.jit
 def _rsqrt(x):
     return tl.rsqrt(x) if _INTERPRET else libdevice.rsqrt(x)
 

@@ -342,20 +342,19 @@ def exact_measured_cheap(shapes: list[tuple[int, int]]) -> bool:
 EXACT_CUBLAS_ROWS = 64
 
 # ...except for the weight shapes listed here, whose exact steps were measured faster with
-# cuBLAS from this many rows on (round 23, `verify_step.py --exact`): SmolLM2-360M's, at
+# cuBLAS above this many rows (round 23, `verify_step.py --exact`): SmolLM2-360M's, at
 # 32-64 rows (B=8 q=5 1.36 against 1.44 ms, B=32 q=1 1.76 / 1.84, B=64 q=1 2.95 / 3.05). Timing
 # each GEMM alone at warm-up, even framed by our kernels, did not predict the whole step (round
 # 23: it lost as much as it won), so this stays a measured table.
-_EXACT_CUBLAS_FROM: dict[tuple[int, int], int] = {
-    shape: BLOCK_M + 1
-    for shape in ((1600, 960), (960, 960), (5120, 960), (960, 2560), (49152, 960))
+_EXACT_CUBLAS_ABOVE: dict[tuple[int, int], int] = {
+    shape: BLOCK_M for shape in ((1600, 960), (960, 960), (5120, 960), (960, 2560), (49152, 960))
 }
 
 
 def exact_cublas_rows(n: int, k: int) -> int:
     """Steps of more than this many rows may run the exact GEMM of weight [N, K] on cuBLAS
     (where it gives the same bits)."""
-    return _EXACT_CUBLAS_FROM.get((n, k), EXACT_CUBLAS_ROWS + 1) - 1
+    return _EXACT_CUBLAS_ABOVE.get((n, k), EXACT_CUBLAS_ROWS)
 
 
 def wide_config(n: int, k: int, m: int) -> WideConfig | None:
