@@ -10,8 +10,11 @@ a replay of real greedy outputs through the real drafting code, no device and no
    - `wait`:    the same drafts from the drafter service, every drafting step waiting for it;
    - `remote`:  the drafter service not waited for (patience 0, as the auto patience does on
                 the H200 at small batch): a step drafts only from a proposal it already holds
-                (`RemoteSessions.drafts_from_run`), the one asked for as the step before last
-                committed, with its look-ahead (K+1 tokens);
+                (`RemoteSessions.drafts_from_run`), the latest that arrived, with its
+                look-ahead (`--lookahead`; the client's auto by default). As the real client,
+                a step asks only while no question is in flight; `--reply-steps` says how
+                many steps after the one that asked a reply is usable (2: it arrives during
+                the next step; 3: a step late, a round trip longer than a step);
    - `branch`:  `remote` plus branches (`--branch-positions`, `--branches` per position).
    The drafter side is the real `DraftEngine` with the real `NGramDrafter`, called directly
    (no gRPC); the target side the real `RemoteSessions`.
@@ -38,8 +41,10 @@ from prompt_pool import KINDS, build_pool  # noqa: E402
 
 from specwire.common.drafters.ngram import NGramDrafter  # noqa: E402
 from specwire.common.ngram import DEFAULT_MAX_NGRAM, VOTE, NGramIndex  # noqa: E402
+from specwire.drafter_service.config import DrafterServiceConfig  # noqa: E402
 from specwire.drafter_service.engine import DraftEngine, SeqUpdate  # noqa: E402
 from specwire.drafter_service.sessions import SessionStore  # noqa: E402
+from specwire.target_service.drafters.remote import LOOKAHEAD_STEPS  # noqa: E402
 from specwire.target_service.drafters.remote_sessions import RemoteSessions  # noqa: E402
 from specwire.target_service.request import Request, RequestState  # noqa: E402
 
@@ -84,6 +89,11 @@ def greedy_outputs(args) -> tuple[list[dict], str]:
     return out, source
 
 
+def auto_lookahead(args) -> int:
+    """`--lookahead`, or the remote client's auto for an n-gram drafter."""
+    return args.lookahead if args.lookahead >= 0 else LOOKAHEAD_STEPS * (args.k + 1)
+
+
 def accepted(drafts: list[int], truth: list[int], at: int) -> int:
     a = 0
     while a < len(drafts) and at + a < len(truth) and drafts[a] == truth[at + a]:
@@ -95,17 +105,19 @@ def replay(record: dict, mode: str, args) -> tuple[int, int, int, int, int]:
     """(steps, steps with drafts, tokens, draft tokens, accepted draft tokens) of one request
     under `mode`."""
     k = args.k
+    lookahead = auto_lookahead(args)
     prompt, output = record["prompt"], record["output"]
     truth = prompt + output
     req = Request("r", list(prompt), max_new_tokens=len(output), max_draft_len=k)
     req.state, req.step_draft_cap = RequestState.DECODE, k
     sessions = RemoteSessions()
     drafter = NGramDrafter(args.max_ngram, vote=args.vote)
-    engine = DraftEngine(drafter, SessionStore(drafter), max_draft_len=64)
+    engine = DraftEngine(drafter, SessionStore(drafter), max_draft_len=args.drafter_max)
     index = NGramIndex(args.max_ngram, vote=args.vote)
     index.extend(prompt)
     synced = 0  # the tokens the drafter holds
     pending: list[tuple] = []  # replies asked for, oldest first, not yet arrived
+    asked_at = 0  # the step that asked for pending[0]
     steps = drafting = drafted = accepted_total = 0
     while req.num_tokens < len(truth):
         n = req.num_tokens
@@ -122,11 +134,12 @@ def replay(record: dict, mode: str, args) -> tuple[int, int, int, int, int]:
         drafting += bool(drafts)
         drafted, accepted_total = drafted + len(drafts), accepted_total + a
         # A reply arrives `--reply-steps` - 1 steps after the one that asked: usable from the
-        # step after that (2: it arrives during the next step).
-        while len(pending) >= args.reply_steps - 1 and pending:
+        # step after that (2: it arrives during the next step). As the real client does, a
+        # step asks only when no question is in flight (its deltas ride along later).
+        if pending and steps - asked_at >= args.reply_steps - 1:
             sessions.keep("r", *pending.pop(0))
-        if mode in ("remote", "branch"):
-            ask = 2 * k + 1  # the step's K drafts, then the look-ahead's K+1
+        if mode in ("remote", "branch") and not pending:
+            ask = min(k + lookahead, args.drafter_max)  # the step's K drafts, the look-ahead
             per = args.branches if mode == "branch" else 0
             update = SeqUpdate(
                 "r",
@@ -140,6 +153,7 @@ def replay(record: dict, mode: str, args) -> tuple[int, int, int, int, int]:
             sessions.synced["r"] = synced
             (reply,) = engine.draft([update])
             pending.append((synced, reply.tokens, None, ask, reply.branches or ()))
+            asked_at = steps
     return steps, drafting, req.num_tokens - len(prompt), drafted, accepted_total
 
 
@@ -159,6 +173,18 @@ def main() -> int:
     )
     ap.add_argument("--branches", type=int, default=4, help="alternatives per position")
     ap.add_argument("--branch-positions", type=int, default=2)
+    ap.add_argument(
+        "--lookahead",
+        type=int,
+        default=-1,
+        help="tokens asked past a step's K drafts (-1: the client's auto for n-gram)",
+    )
+    ap.add_argument(
+        "--drafter-max",
+        type=int,
+        default=DrafterServiceConfig().max_draft_len,
+        help="the drafter service's --max-draft-len (caps drafts + look-ahead)",
+    )
     ap.add_argument(
         "--reply-steps",
         type=int,
@@ -185,6 +211,7 @@ def main() -> int:
         f"# {len(data)} prompts ({source}), {args.model} fp32 greedy on CPU, "
         f"{sum(len(d['output']) for d in data)} tokens ({time.perf_counter() - t0:.0f} s); "
         f"K={args.k}, max n-gram {args.max_ngram}, vote {args.vote}, "
+        f"look-ahead {auto_lookahead(args)} (drafter cap {args.drafter_max}), "
         f"branches {args.branches} x {args.branch_positions} positions, "
         f"replies usable {args.reply_steps} steps after they are asked for; "
         f"costs: step {args.step_ms} ms, verify {args.verify_ms} ms, rtt {args.rtt_ms} ms\n"

@@ -29,6 +29,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from procs import free_port, output_tail, start_service, stop_service  # noqa: E402
 
+from specwire.drafter_service.config import DrafterServiceConfig  # noqa: E402
+from specwire.target_service.drafters.remote import LOOKAHEAD_STEPS  # noqa: E402
+
 # Configuration name -> the target's --drafter value ("remote" = a drafter service started here).
 # configuration -> drafter; a "-sync" configuration runs the same with --no-overlap (every
 # step synchronous), to measure overlapped steps side by side; "-unary" talks to its drafter
@@ -53,6 +56,7 @@ CONFIGS = {
     "remote-ngram-unary-p0": "remote",
     "remote-ngram-pwait": "remote",
     "remote-ngram-nobranch": "remote",
+    "remote-ngram-la1": "remote",
     "none-proc": "none",
     "ngram-proc": "ngram",
     "remote-ngram-proc": "remote",
@@ -73,6 +77,7 @@ REMOTE_DRAFTERS = {  # service --drafter
     "remote-ngram-unary-p0": "ngram",
     "remote-ngram-pwait": "ngram",
     "remote-ngram-nobranch": "ngram",
+    "remote-ngram-la1": "ngram",
     "remote-ngram-proc": "ngram",
     "remote-ngram-inproc": "ngram",
     "remote-ngram-exact": "ngram",
@@ -114,6 +119,12 @@ def add_target_flags(ap: argparse.ArgumentParser) -> None:
         "--metrics", action="store_true", help="start the target with --metrics-port and scrape it"
     )
     g.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to load + warm up")
+    g.add_argument(
+        "--drafter-delay-ms",
+        type=float,
+        default=0.0,
+        help="remote configs: the drafter service's --delay-ms (an injected round trip)",
+    )
 
 
 def _env() -> dict[str, str | None]:
@@ -179,8 +190,11 @@ def running_config(config: str, args: argparse.Namespace) -> Iterator[Server]:
         if drafter == "remote":
             dcmd = [sys.executable, "-m", "specwire.common.cli", "drafter", "--host", "127.0.0.1"]
             dcmd += ["--port", "0", "--drafter", REMOTE_DRAFTERS[config]]
-            # Room for the target's look-ahead: K drafts + K+1 more.
-            dcmd += ["--max-draft-len", str(max(16, 2 * args.max_draft_len + 1))]
+            # Room for the target's auto look-ahead: K drafts + LOOKAHEAD_STEPS (K+1) more.
+            room = args.max_draft_len + LOOKAHEAD_STEPS * (args.max_draft_len + 1)
+            dcmd += ["--max-draft-len", str(max(DrafterServiceConfig().max_draft_len, room))]
+            if args.drafter_delay_ms:  # a round trip longer than a step, on any machine
+                dcmd += ["--delay-ms", str(args.drafter_delay_ms)]
             dproc, m = start_service(dcmd, _env(), DRAFTER_READY, timeout=120, cwd=ROOT)
             procs.append(dproc)
             commands.append(dcmd)
@@ -199,6 +213,8 @@ def running_config(config: str, args: argparse.Namespace) -> Iterator[Server]:
             cmd += ["--two-batch-rows", str(TWO_BATCH_ROWS)]
         if config.endswith("-nobranch"):
             cmd += ["--drafter-branches", "0"]
+        if config.endswith("-la1"):  # round 23's auto look-ahead: one step's worth (K+1)
+            cmd += ["--drafter-lookahead", str(args.max_draft_len + 1)]
         if config.endswith("-proc"):
             cmd += ["--engine-process", "on"]
         if config.endswith("-inproc"):

@@ -171,13 +171,14 @@ def test_the_target_asks_a_drafter_that_offers_branches_while_its_messages_are_s
     rec = RecordingDrafter()
     server = servers(instance=rec, max_draft_len=16)
     h = servers.harness(f"grpc://{server.address}")
-    # Auto: a drafter offering branches is asked for a look-ahead (K+1), which lets a branch
-    # hold a whole step's drafts.
-    assert h.drafter.lookahead == 5 and h.drafter.branches == -1
+    # Auto: a drafter offering branches is asked for a look-ahead (4(K+1)), which lets a
+    # branch hold a whole step's drafts.
+    assert h.drafter.lookahead == 20 and h.drafter.branches == -1
     h.step([make_request("a", FORKED)])
-    assert rec.asked == [(2, 4, 9)]  # positions 0 and 1, 4 each, K + look-ahead 5 tokens
+    # Positions 0 and 1, 4 each; K + look-ahead = 24 tokens, capped at the drafter's 16.
+    assert rec.asked == [(2, 4, 16)]
     h.step([make_request(f"r{i}", FORKED) for i in range(9)])  # 9 sequences: none (auto)
-    assert rec.asked == [(2, 4, 9)]
+    assert rec.asked == [(2, 4, 16)]
     fixed = servers.harness(f"grpc://{server.address}", branches=2, lookahead=5)
     fixed.step([make_request(f"s{i}", FORKED) for i in range(9)])
     assert rec.asked[1:] == [(2, 2, 9)] * 9

@@ -100,12 +100,13 @@ def test_drafts_flow_as_deltas_and_finished_frees_the_session(servers, mode):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_lookahead_drafts_the_next_step_without_asking_when_all_is_accepted(servers, mode):
-    """The target asks for K drafts + K+1 more (n-gram, auto). A step that accepts every
+    """The target asks for K drafts + 4(K+1) more (n-gram, auto; the drafter caps the whole
+    at 16 here). A step that accepts every
     draft and whose bonus token is the proposal's next one takes the next drafts from the kept
     proposal: nothing is sent, the drafter's session does not move. Any other outcome asks."""
     server = servers(max_draft_len=16)
     h = servers.harness(f"grpc://{server.address}", mode=mode)
-    assert h.drafter.lookahead == 5  # K + 1 for an n-gram drafter
+    assert h.drafter.lookahead == 20  # 4(K + 1) for an n-gram drafter
     store = server.engine.store
     a = make_request("a", REPETITIVE)  # 1 2 3 4 1 2 3 4 1 2
     assert h.step([a]) == [[3, 4, 1, 2]]
@@ -121,6 +122,34 @@ def test_lookahead_drafts_the_next_step_without_asking_when_all_is_accepted(serv
     assert h.step([a]) == [[2, 3, 4, 9]]  # "1" -> what followed the latest 1
     c = h.counters()
     assert c["lookahead"] == 1 and c["late"] == c["failed"] == c["stale"] == 0
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_auto_lookahead_covers_several_steps_for_a_reply_that_comes_late(servers, mode):
+    """The auto look-ahead holds four more steps' worth (4(K+1)): a proposal drafts the step
+    after next and the ones after that too, so a reply that arrives a step late (a round trip
+    longer than a step) still finds the target on its path. With one step's worth (K+1, a
+    9-token proposal) the third step below has to ask."""
+
+    def period(n: int, count: int) -> list[int]:  # REPETITIVE goes on 1 2 3 4 1 2 ...
+        return [(n + j) % 4 + 1 for j in range(count)]
+
+    server = servers(max_draft_len=32)  # the drafter's default: room for K + 4(K+1) = 24
+    h = servers.harness(f"grpc://{server.address}", mode=mode)
+    short = servers.harness(f"grpc://{server.address}", mode=mode, lookahead=5)
+    store = server.engine.store
+    a, b = make_request("a", REPETITIVE), make_request("b", REPETITIVE)
+    assert h.step([a]) == short.step([b]) == [[3, 4, 1, 2]]
+    for _ in range(3):  # every draft accepted, each bonus token the proposal's next one
+        a.output_ids += period(a.num_tokens, 5)
+        b.output_ids += period(b.num_tokens, 5)
+        assert h.step([a]) == short.step([b]) == [period(a.num_tokens, 4)]
+    assert store.get("a").tokens == REPETITIVE  # never asked again: the drafter heard nothing
+    assert h.counters()["lookahead"] == 3
+    # The 9-token proposal ran out at the third step, which asked (20 tokens held); the
+    # fourth drew from that reply's look-ahead.
+    assert store.get("b").tokens == b.token_ids[:20]
+    assert short.counters()["lookahead"] == 2
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -405,7 +405,16 @@ def test_drafter_killed_mid_generation_then_restarted(tiny, baseline, drafters, 
         what="the drafter client to reconnect",
     )
     before = ex.stats.accepted_tokens
-    step_until(ex, lambda: ex.stats.accepted_tokens > before, "speculation to resume")
+
+    def resumed() -> bool:
+        # Drafts kept from before the kill (a proposal's look-ahead) may be accepted before
+        # anything is re-sent, so wait for the new drafter to hold every live request too.
+        held = restarted.engine.store.get
+        return ex.stats.accepted_tokens > before and all(
+            held(r.request_id) is not None for r in ex.scheduler.running
+        )
+
+    step_until(ex, resumed, "speculation to resume, every live request re-sent")
     # Every sequence was re-sent from base_len 0: the new drafter holds each live request's
     # committed tokens (as of the last step it was told about) from the very first token.
     live = list(ex.scheduler.running)

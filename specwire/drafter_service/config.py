@@ -16,7 +16,7 @@ class DrafterServiceConfig:
     """Everything `specwire drafter` needs; built from flags/environment by cli.py."""
 
     drafter: str = "ngram"  # ngram | model:NAME | module:Class
-    max_draft_len: int = 16  # most tokens per proposal (a step's drafts + the look-ahead)
+    max_draft_len: int = 32  # most tokens per proposal (a step's drafts + the look-ahead)
     host: str = "127.0.0.1"  # loopback unless told otherwise (compose sets 0.0.0.0)
     port: int = 50152  # 0 = pick a free port (tests)
     max_ngram: int = DEFAULT_MAX_NGRAM

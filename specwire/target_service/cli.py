@@ -67,7 +67,7 @@ ENGINE_FLAGS = {
     ),
     "drafter_lookahead": Flag(
         "remote drafters: draft tokens asked past a step's own, used when it accepts them all"
-        " (-1 = auto: K+1 for an n-gram drafter or one offering branches, else 0)"
+        " (-1 = auto: 4(K+1) for an n-gram drafter or one offering branches, else 0)"
     ),
     "drafter_branches": Flag(
         "remote drafters offering branches: other tokens asked for at the first two draft"
