@@ -13,8 +13,16 @@ thread are: every thread that must take the GIL back on the way from the reply t
 then waits for it. `unary-future` is the round-6 unary exchange (a call future the caller
 waits on, completed by gRPC's channel thread), kept here to compare with today's blocking call.
 
+`--submit-host-ms H` (e.g. 0.6) measures the other way a target asks instead: the submit path
+(`RemoteDrafter.submit`, sent the moment a step commits, not waited for). The caller sends,
+then goes on with H ms of pure Python (the next step's host work) and `--submit-gpu-ms` without
+the GIL (waiting for the device), then takes what arrived: the round trip is the time from
+sending to the reply's arrival (its reader or callback thread's clock), and "late" counts the
+replies not back by the end of that step, which serve a step later. Here the caller's own
+thread is the busy one, as a target's executor is between a step's commit and its next wait.
+
     python bench/drafter_ping.py [--steps 600] [--batches 1,8,32] [--modes stream,unary] \
-        [--busy-threads 0,1]
+        [--busy-threads 0,1] [--submit-host-ms 0.3,0.6 --submit-gpu-ms 0.8]
 """
 
 from __future__ import annotations
@@ -117,6 +125,55 @@ def ping(address: str, mode: str, batch: int, steps: int, warmup: int) -> list[f
     return times[warmup:]
 
 
+def busy_for(seconds: float) -> None:
+    """Pure Python for `seconds`: the GIL is given up only when the interpreter forces it."""
+    end = time.perf_counter() + seconds
+    x = 0
+    while time.perf_counter() < end:
+        x += 1
+
+
+def submit_ping(
+    address: str, mode: str, batch: int, host_ms: float, gpu_ms: float, steps: int, warmup: int
+) -> tuple[list[float], int]:
+    """(seconds from each `submit` to its reply's arrival, replies not back by the end of the
+    step after it) — see the module docstring. Reads the drafter's prefetch bookkeeping
+    (`_prefetch`, `_take_answered`): a benchmark of that path, not an API."""
+    d = RemoteDrafter(
+        address, 4, 50_000, "fp", mode=mode, deadline_ms=1000, lookahead=20, connect_timeout_s=30
+    )
+    reqs = []
+    for i in range(batch):
+        r = Request(f"r{i}", list(range(100 + i, 400 + i)), max_new_tokens=10**6, max_draft_len=4)
+        r.state, r.step_draft_cap = RequestState.DECODE, 4
+        reqs.append(r)
+    times, late = [], 0
+    try:
+        for step in range(warmup + steps):
+            for r in reqs:
+                r.output_ids.append(7 + step % 50)
+            d.submit(reqs)
+            pre = d._prefetch
+            busy_for(host_ms / 1000)  # the next step's host work
+            time.sleep(gpu_ms / 1000)  # its device time: the GIL is free
+            d._take_answered()
+            if pre is None:
+                raise SystemExit("submit sent nothing: not a round-trip measurement")
+            if step >= warmup:
+                if d._prefetch is pre:
+                    late += 1
+                else:
+                    at = pre.answered_at if pre.future is not None else d.connection.reply_at
+                    times.append(at - pre.since)
+            t0 = time.perf_counter()  # let a late reply in before the next step sends
+            while d._prefetch is not None and time.perf_counter() - t0 < 1.0:
+                time.sleep(2e-4)
+                d._take_answered()
+    finally:
+        d.close()
+    return times, late
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=600)
@@ -124,12 +181,19 @@ def main() -> int:
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--modes", default="stream,unary", help="stream, unary, unary-future")
     ap.add_argument("--busy-threads", default="0", help="e.g. 0,1: busy Python threads")
+    ap.add_argument(
+        "--submit-host-ms", default="", help="e.g. 0.3,0.6: the submit path instead (see above)"
+    )
+    ap.add_argument("--submit-gpu-ms", type=float, default=0.8, help="with --submit-host-ms")
+    ap.add_argument("--rounds", type=int, default=3, help="with --submit-host-ms")
     args = ap.parse_args()
     sys.setswitchinterval(5e-4)  # as `specwire target` sets it
     # Keep the caller's PYTHONPATH (on the device the wheels are staged there).
     inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "bench"), *inherited])}
     print(f"{platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs")
+    if args.submit_host_ms:
+        return submit_main(args, env)
     print("| drafter | busy threads | mode | sequences | round trip p50 ms | p90 ms |")
     print("|---|---|---|---|---|---|")
     for label, spec in DRAFTERS.items():
@@ -155,6 +219,37 @@ def main() -> int:
                 )
         finally:
             stop_service(proc)
+    return 0
+
+
+def submit_main(args: argparse.Namespace, env: dict[str, str]) -> int:
+    """The submit-path table: the n-gram drafter on the service's loop, each (host ms, mode,
+    sequences) once per round, rounds interleaved so that a slow spell hits every mode."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "specwire.common.cli", "drafter", "--host", "127.0.0.1"]
+    cmd += ["--port", str(port), "--drafter", "ngram"]
+    proc, _ = start_service(cmd, env, "listening", timeout=120, cwd=ROOT)
+    print(f"submit path; device wait {args.submit_gpu_ms} ms a step; {args.rounds} rounds\n")
+    print("| round | host ms | mode | sequences | round trip p50 ms | p90 ms | late |")
+    print("|---|---|---|---|---|---|---|")
+    try:
+        for rnd in range(args.rounds):
+            for host in (float(h) for h in args.submit_host_ms.split(",")):
+                for mode in args.modes.split(","):
+                    for batch in (int(b) for b in args.batches.split(",")):
+                        t, late = submit_ping(
+                            f"127.0.0.1:{port}", mode, batch, host, args.submit_gpu_ms,
+                            args.steps, args.warmup,
+                        )  # fmt: skip
+                        t.sort()
+                        p50, p90 = statistics.median(t) * 1e3, t[int(0.9 * len(t))] * 1e3
+                        print(
+                            f"| {rnd} | {host} | {mode} | {batch} | {p50:.3f} | {p90:.3f} | "
+                            f"{late} of {args.steps} |",
+                            flush=True,
+                        )
+    finally:
+        stop_service(proc)
     return 0
 
 
