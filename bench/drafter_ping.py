@@ -125,16 +125,29 @@ def ping(address: str, mode: str, batch: int, steps: int, warmup: int) -> list[f
     return times[warmup:]
 
 
-def busy_for(seconds: float) -> None:
-    """Pure Python for `seconds`: the GIL is given up only when the interpreter forces it."""
-    end = time.perf_counter() + seconds
+def busy_for(seconds: float, release_s: float = 0.0) -> None:
+    """Python work for `seconds`: with `release_s`, the GIL is given up and taken back every
+    `release_s` (as a CUDA call does: an event record, a copy, a graph replay); otherwise
+    only when the interpreter forces it (pure Python)."""
+    now = time.perf_counter()
+    end, release_at = now + seconds, now + release_s
     x = 0
-    while time.perf_counter() < end:
+    while (now := time.perf_counter()) < end:
         x += 1
+        if release_s and now >= release_at:
+            time.sleep(0)
+            release_at = now + release_s
 
 
 def submit_ping(
-    address: str, mode: str, batch: int, host_ms: float, gpu_ms: float, steps: int, warmup: int
+    address: str,
+    mode: str,
+    batch: int,
+    host_ms: float,
+    gpu_ms: float,
+    steps: int,
+    warmup: int,
+    release_us: float = 0.0,
 ) -> tuple[list[float], int]:
     """(seconds from each `submit` to its reply's arrival, replies not back by the end of the
     step after it) — see the module docstring. Reads the drafter's prefetch bookkeeping
@@ -154,7 +167,7 @@ def submit_ping(
                 r.output_ids.append(7 + step % 50)
             d.submit(reqs)
             pre = d._prefetch
-            busy_for(host_ms / 1000)  # the next step's host work
+            busy_for(host_ms / 1000, release_us / 1e6)  # the next step's host work
             time.sleep(gpu_ms / 1000)  # its device time: the GIL is free
             d._take_answered()
             if pre is None:
@@ -186,6 +199,12 @@ def main() -> int:
     )
     ap.add_argument("--submit-gpu-ms", type=float, default=0.8, help="with --submit-host-ms")
     ap.add_argument("--rounds", type=int, default=3, help="with --submit-host-ms")
+    ap.add_argument(
+        "--submit-release-us",
+        default="0",
+        help="with --submit-host-ms, e.g. 0,50: the host work gives the GIL up every N µs"
+        " (as every CUDA call does; 0: pure Python)",
+    )
     args = ap.parse_args()
     sys.setswitchinterval(5e-4)  # as `specwire target` sets it
     # Keep the caller's PYTHONPATH (on the device the wheels are staged there).
@@ -230,24 +249,30 @@ def submit_main(args: argparse.Namespace, env: dict[str, str]) -> int:
     cmd += ["--port", str(port), "--drafter", "ngram"]
     proc, _ = start_service(cmd, env, "listening", timeout=120, cwd=ROOT)
     print(f"submit path; device wait {args.submit_gpu_ms} ms a step; {args.rounds} rounds\n")
-    print("| round | host ms | mode | sequences | round trip p50 ms | p90 ms | late |")
-    print("|---|---|---|---|---|---|---|")
+    print("| round | host ms | GIL given up every µs | mode | sequences | round trip p50 ms |"
+          " p90 ms | late |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    cases = [
+        (float(h), float(r), mode, int(b))
+        for h in args.submit_host_ms.split(",")
+        for r in args.submit_release_us.split(",")
+        for mode in args.modes.split(",")
+        for b in args.batches.split(",")
+    ]
     try:
         for rnd in range(args.rounds):
-            for host in (float(h) for h in args.submit_host_ms.split(",")):
-                for mode in args.modes.split(","):
-                    for batch in (int(b) for b in args.batches.split(",")):
-                        t, late = submit_ping(
-                            f"127.0.0.1:{port}", mode, batch, host, args.submit_gpu_ms,
-                            args.steps, args.warmup,
-                        )  # fmt: skip
-                        t.sort()
-                        p50, p90 = statistics.median(t) * 1e3, t[int(0.9 * len(t))] * 1e3
-                        print(
-                            f"| {rnd} | {host} | {mode} | {batch} | {p50:.3f} | {p90:.3f} | "
-                            f"{late} of {args.steps} |",
-                            flush=True,
-                        )
+            for host, release, mode, batch in cases:
+                t, late = submit_ping(
+                    f"127.0.0.1:{port}", mode, batch, host, args.submit_gpu_ms,
+                    args.steps, args.warmup, release,
+                )  # fmt: skip
+                t.sort()
+                p50, p90 = statistics.median(t) * 1e3, t[int(0.9 * len(t))] * 1e3
+                print(
+                    f"| {rnd} | {host} | {release:g} | {mode} | {batch} | {p50:.3f} | "
+                    f"{p90:.3f} | {late} of {args.steps} |",
+                    flush=True,
+                )
     finally:
         stop_service(proc)
     return 0
