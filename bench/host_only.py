@@ -171,7 +171,7 @@ def main() -> int:
     drafter, service = args.drafter, None
     if drafter == "remote-ngram":
         cmd = [sys.executable, "-m", "specwire.common.cli", "drafter", "--host", "127.0.0.1"]
-        cmd += ["--port", "0", "--drafter", "ngram", "--max-draft-len", "16"]
+        cmd += ["--port", "0", "--drafter", "ngram"]  # its default cap: room for the look-ahead
         env = {"PYTHONPATH": str(ROOT)}
         service, m = start_service(cmd, env, r"listening on (\S+):(\d+)", 60, cwd=ROOT)
         drafter = f"grpc://127.0.0.1:{m.group(2)}"
