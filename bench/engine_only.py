@@ -33,20 +33,29 @@ from specwire.target_service.events import Chunk, Complete, Failed  # noqa: E402
 from specwire.target_service.params import GenerationParams  # noqa: E402
 
 
-async def run_pass(engine, plan, args, pool, request_draft_len: int | None = None) -> dict:
+async def run_pass(
+    engine, plan, args, pool, request_draft_len: int | None = None, params_for=None
+) -> dict:
+    """One pass of `plan` through the engine. `params_for(name, i, prompt)`: each request's
+    GenerationParams (default: the prompt's text as one chat message). The result's
+    `outputs`: each completed request's token ids, by its request id."""
     todo = iter(enumerate(plan.prompts))
     tokens = errors = chunks = 0
+    outputs: dict[str, list[int]] = {}
 
     async def worker() -> None:
         nonlocal tokens, errors, chunks
         loop = asyncio.get_running_loop()
         for i, prompt in todo:
-            params = GenerationParams(
-                chat=({"role": "user", "content": prompt.text},),
-                max_new_tokens=args.max_new_tokens,
-                request_id=f"{plan.name}/{i}",
-                max_draft_len=request_draft_len,
-            )
+            if params_for is not None:
+                params = params_for(plan.name, i, prompt)
+            else:
+                params = GenerationParams(
+                    chat=({"role": "user", "content": prompt.text},),
+                    max_new_tokens=args.max_new_tokens,
+                    request_id=f"{plan.name}/{i}",
+                    max_draft_len=request_draft_len,
+                )
             requests = await loop.run_in_executor(pool, engine.normalize, params)
             events, _streams = engine.submit(requests)
             while True:
@@ -55,6 +64,7 @@ async def run_pass(engine, plan, args, pool, request_draft_len: int | None = Non
                     chunks += 1
                 elif isinstance(ev, Complete):
                     tokens += ev.completion_tokens
+                    outputs[params.request_id] = ev.token_ids
                     break
                 elif isinstance(ev, Failed):
                     errors += 1
@@ -73,6 +83,7 @@ async def run_pass(engine, plan, args, pool, request_draft_len: int | None = Non
         tok_per_s=tokens / wall,
         chunks=chunks,
         errors=errors,
+        outputs=outputs,
     )
 
 

@@ -13,7 +13,18 @@ speculation (`--drafter ngram`: synchronous steps, drafting, verification, commi
 tokens a row) runs its real host path too, and with the same output as plain decoding. A stub,
 because the device part cannot run here; no figure from it says anything about GPU time.
 
+`--replay OUTPUTS.json` (greedy outputs saved by `bench/branch_replay.py --save-outputs`: a
+real model's prompts and greedy continuations) makes the stub *be* that model: each request
+sends a recorded prompt's token ids and the next token at every position is the recorded
+output's, so drafts are accepted exactly as they would be against the real model (greedy is
+lossless: any drafter commits those tokens). Ids are mapped into the stub's vocabulary, most
+frequent first (the rarest share ids), never onto its EOS. With `--device-ms` this is the
+serving path of a real workload on a simulated device: the drafters, the drafter service, gRPC
+and every thread's contention for the GIL are real.
+
     python bench/host_only.py --concurrency 1,32,64 [--drafter ngram] [--profile executor|output]
+    python bench/host_only.py --replay /tmp/greedy.json --concurrency 1,8 --device-ms 0.7 \
+        --adaptive --drafter remote-ngram --min-prompts 24 --max-new-tokens 128
 
 Prints tok/s per pass and, with --profile, the top functions of that thread (cProfile;
 wall time, so a function's share includes its waits for the GIL).
@@ -25,10 +36,12 @@ import argparse
 import asyncio
 import cProfile
 import gc
+import json
 import pstats
 import sys
 import threading
 import time
+from collections import Counter
 from concurrent import futures
 from pathlib import Path
 
@@ -40,11 +53,12 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
 
 from engine_only import run_pass  # noqa: E402
 from procs import start_service, stop_service  # noqa: E402
-from prompt_pool import build_pool  # noqa: E402
+from prompt_pool import Prompt, build_pool  # noqa: E402
 from serving import plan_passes  # noqa: E402
 
 from specwire.target_service.config import TargetConfig  # noqa: E402
 from specwire.target_service.engine import build_engine  # noqa: E402
+from specwire.target_service.params import GenerationParams  # noqa: E402
 from specwire.target_service.runner.graphs import token_buckets  # noqa: E402
 from specwire.target_service.runner.model_runner import StepLogits  # noqa: E402
 
@@ -74,17 +88,60 @@ class _StepEnd:
             time.sleep(left)
 
 
+class Replay:
+    """Recorded greedy outputs (`branch_replay.py --save-outputs`) as the stub's model: the
+    prompts to send, and each request's true continuation (`truths`, by the client's request
+    id), in the stub's vocabulary."""
+
+    def __init__(self, path: str, vocab: int, eos: int | None) -> None:
+        records = json.loads(Path(path).read_text())
+        counts = Counter(t for r in records for t in r["prompt"] + r["output"])
+        ids = [i for i in range(3, vocab) if i != eos]
+        self.map = {tok: ids[i % len(ids)] for i, (tok, _) in enumerate(counts.most_common())}
+        self.records = {
+            r["id"]: ([self.map[t] for t in r["prompt"]], [self.map[t] for t in r["output"]])
+            for r in records
+        }
+        self.pool = [Prompt(r["id"], r["kind"], "") for r in records]
+        self.truths: dict[str, list[int]] = {}  # request id -> prompt + recorded output
+        self.expected: dict[str, list[int]] = {}  # request id -> the completion it must give
+
+    def params(self, max_new_tokens: int):
+        def params_for(name: str, i: int, prompt: Prompt) -> GenerationParams:
+            ids, out = self.records[prompt.id]
+            rid = f"{name}/{i}"
+            n = min(max_new_tokens, len(out))
+            self.truths[rid], self.expected[rid] = ids + out, out[:n]
+            return GenerationParams(prompt_token_ids=tuple(ids), max_new_tokens=n, request_id=rid)
+
+        return params_for
+
+    def check(self, outputs: dict[str, list[int]]) -> None:
+        """Every completion is its recorded continuation (greedy speculation is lossless)."""
+        for rid, got in outputs.items():
+            if got != self.expected[rid]:
+                raise SystemExit(f"replay: request {rid} is not its recorded output")
+
+
 class StubForward:
     """`ModelRunner.forward` minus the device: the varlen inputs are prepared and staged on
     the host as on the GPU path; the next token at a logit row is `table[id]` (`alt[id]` at
-    every 5th position) of the id fed there. Tokens the step in flight computes are gathered
+    every 5th position) of the id fed there — or, with `truths` (`Replay`), the recorded
+    continuation's token after that position. Tokens the step in flight computes are gathered
     from the previous call's outputs (`feed`), as the graph does on the device."""
 
     def __init__(
-        self, runner, vocab: int, max_tokens: int, device: DeviceClock | None, span: int = 512
+        self,
+        runner,
+        vocab: int,
+        max_tokens: int,
+        device: DeviceClock | None,
+        span: int = 512,
+        truths: dict[str, list[int]] | None = None,
     ) -> None:
         self.inputs = runner.inputs
         self.device = device
+        self.truths = truths
         rng = np.random.default_rng(0)
         span = min(span, vocab - 3)
         self.table = rng.integers(3, 3 + span, vocab)
@@ -106,9 +163,26 @@ class StubForward:
         at = np.array(step.logit_rows, np.int64)
         fed, pos = ids[at], self.h_pos[at]
         self.last = np.where(pos % 5 == 4, self.alt[fed], self.table[fed])
+        if self.truths is not None:
+            self._replay(rows, pos)
         done = self.device.launch(t) if self.device is not None else None
         greedy = torch.from_numpy(self.last)
         return StepLogits(torch.empty(0), step.spans, "stub", greedy=greedy, done=done)
+
+    def _replay(self, rows, pos: np.ndarray) -> None:
+        """Each decode row's logit rows (in row order, 1 + drafts + pad each) take the
+        recorded token after their position: what the real model would compute there whenever
+        the context is the recorded one (the only positions verification reads)."""
+        j = 0
+        for row in rows:
+            if not row.decode:
+                continue
+            truth = self.truths.get(row.request.client_id)
+            for _ in range(1 + len(row.drafts) + row.pad):
+                p = int(pos[j]) + 1
+                if truth is not None and p < len(truth):
+                    self.last[j] = truth[p]
+                j += 1
 
 
 class StepCPU:
@@ -147,6 +221,7 @@ def main() -> int:
     )
     ap.add_argument("--drafter-branches", type=int, default=-1, help="remote: -1 auto, 0 off")
     ap.add_argument("--drafter-patience-ms", type=float, default=-1.0, help="remote: -1 auto")
+    ap.add_argument("--drafter-lookahead", type=int, default=-1, help="remote: -1 auto")
     ap.add_argument("--max-draft-len", type=int, default=4)
     ap.add_argument("--two-batch-rows", type=int, default=0)
     ap.add_argument(
@@ -161,6 +236,11 @@ def main() -> int:
         action="store_true",
         help="with a simulated device: the adaptive draft-length policy, its cost table seeded"
         " from the device (as the GPU's is from graph replays); else static K as on the CPU",
+    )
+    ap.add_argument(
+        "--replay",
+        metavar="OUTPUTS.json",
+        help="recorded greedy outputs (branch_replay.py --save-outputs) as the stub's model",
     )
     ap.add_argument("--profile", choices=("executor", "output"), default=None)
     ap.add_argument(
@@ -180,6 +260,7 @@ def main() -> int:
         drafter=drafter,
         drafter_branches=args.drafter_branches,
         drafter_patience_ms=args.drafter_patience_ms,
+        drafter_lookahead=args.drafter_lookahead,
         max_draft_len=args.max_draft_len,
         two_batch_rows=args.two_batch_rows,
         max_batch_size=args.max_batch_size,
@@ -201,7 +282,11 @@ def main() -> int:
                 {b: device.step_s + b * device.token_s for b in token_buckets(cfg.max_num_tokens)}
             )
     vocab = engine.loaded.config.vocab_size
-    runner.forward = StubForward(runner, vocab, cfg.max_num_tokens, device)
+    replay = None
+    if args.replay:
+        replay = Replay(args.replay, vocab, engine.loaded.tokenizer.eos_token_id)
+    truths = replay.truths if replay is not None else None
+    runner.forward = StubForward(runner, vocab, cfg.max_num_tokens, device, truths=truths)
     engine.executor.drafts.pads = False  # as on the GPU's varlen backends: real drafts only
     cpu = StepCPU(engine.executor)
     gc.collect()
@@ -234,14 +319,17 @@ def main() -> int:
 
             engine.executor.output = OutputWorker(engine.executor._stopped)
     engine.executor.start()
-    prompts, _ = build_pool(True)
+    prompts = replay.pool if replay is not None else build_pool(True)[0]
+    params_for = replay.params(args.max_new_tokens) if replay is not None else None
     levels = [int(c) for c in args.concurrency.split(",") if c]
     plans = plan_passes(prompts, levels, None, 16, args.min_prompts, args.pass_factor)
     pool = futures.ThreadPoolExecutor(4, "tokenize")
 
     label = args.drafter + (" adaptive" if args.adaptive else "")
+    label += " replay" if args.replay else ""
     if service is not None:
         label += f" branches={args.drafter_branches} patience={args.drafter_patience_ms:g}"
+        label += f" lookahead={args.drafter_lookahead}"
     label += f" two-batch>={args.two_batch_rows}" if args.two_batch_rows else ""
 
     metrics = engine.executor.metrics
@@ -255,7 +343,9 @@ def main() -> int:
             t0 = time.perf_counter()
             cpu.reset()
             halves = two_batch_steps()
-            rec = await run_pass(engine, plan, args, pool)
+            rec = await run_pass(engine, plan, args, pool, params_for=params_for)
+            if replay is not None:
+                replay.check(rec["outputs"])
             halves = two_batch_steps() - halves
             print(
                 f"host-only {label} "

@@ -84,6 +84,26 @@ def test_host_only_drafts_through_a_remote_drafter_service():
     assert re.search(r"drafter counters \{.*'failed': 0", out), out
 
 
+def test_host_only_replays_recorded_outputs_through_the_drafters(tmp_path):
+    """--replay: the stub model gives recorded greedy outputs (here tiny-random's own), and
+    every completion must equal its recording (the script exits non-zero otherwise), with
+    drafting in process and through a drafter service."""
+    outputs = tmp_path / "greedy.json"
+    _run(
+        "bench/branch_replay.py", "--model", "tiny-random", "--per-kind", "5",
+        "--max-new-tokens", "24", "--save-outputs", str(outputs),
+    )  # fmt: skip
+    for drafter in ("ngram", "remote-ngram"):
+        out = _run(
+            "bench/host_only.py", "--replay", str(outputs), "--concurrency", "2",
+            "--pass-factor", "1", "--min-prompts", "2", "--max-new-tokens", "24",
+            "--drafter", drafter, "--device-ms", "0.2",
+        )  # fmt: skip
+        passes = re.findall(rf"host-only {drafter} replay.* (\S+): (\d+) tokens .* errors 0", out)
+        assert [p[0] for p in passes] == ["warm-up", "c=2", "replay"], out
+        assert all(int(tokens) > 0 for _, tokens in passes), out
+
+
 def test_serving_paired_mode_disables_speculation_per_request(tmp_path):
     """--paired on one server: the "off" halves (`speculation.disable` on every request)
     draft nothing, by the requests' own stats and the target's drafting-step counter, while
