@@ -13,7 +13,7 @@ speculation (`--drafter ngram`: synchronous steps, drafting, verification, commi
 tokens a row) runs its real host path too, and with the same output as plain decoding. A stub,
 because the device part cannot run here; no figure from it says anything about GPU time.
 
-`--replay OUTPUTS.json` (greedy outputs saved by `bench/branch_replay.py --save-outputs`: a
+`--replay OUTPUTS.json[.gz]` (greedy outputs saved by `bench/branch_replay.py --save-outputs`: a
 real model's prompts and greedy continuations) makes the stub *be* that model: each request
 sends a recorded prompt's token ids and the next token at every position is the recorded
 output's, so drafts are accepted exactly as they would be against the real model (greedy is
@@ -23,8 +23,8 @@ serving path of a real workload on a simulated device: the drafters, the drafter
 and every thread's contention for the GIL are real.
 
     python bench/host_only.py --concurrency 1,32,64 [--drafter ngram] [--profile executor|output]
-    python bench/host_only.py --replay /tmp/greedy.json --concurrency 1,8 --device-ms 0.7 \
-        --adaptive --drafter remote-ngram --min-prompts 24 --max-new-tokens 128
+    python bench/host_only.py --replay bench/results/round24/greedy80.json.gz --concurrency 1,8 \
+        --device-ms 0.7 --adaptive --drafter remote-ngram --min-prompts 24 --max-new-tokens 128
 
 Prints tok/s per pass and, with --profile, the top functions of that thread (cProfile;
 wall time, so a function's share includes its waits for the GIL).
@@ -36,6 +36,7 @@ import argparse
 import asyncio
 import cProfile
 import gc
+import gzip
 import json
 import pstats
 import sys
@@ -94,7 +95,8 @@ class Replay:
     id), in the stub's vocabulary."""
 
     def __init__(self, path: str, vocab: int, eos: int | None) -> None:
-        records = json.loads(Path(path).read_text())
+        raw = Path(path).read_bytes()
+        records = json.loads(gzip.decompress(raw) if path.endswith(".gz") else raw)
         counts = Counter(t for r in records for t in r["prompt"] + r["output"])
         ids = [i for i in range(3, vocab) if i != eos]
         self.map = {tok: ids[i % len(ids)] for i, (tok, _) in enumerate(counts.most_common())}
