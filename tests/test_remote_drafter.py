@@ -101,9 +101,9 @@ def test_drafts_flow_as_deltas_and_finished_frees_the_session(servers, mode):
 @pytest.mark.parametrize("mode", MODES)
 def test_lookahead_drafts_the_next_step_without_asking_when_all_is_accepted(servers, mode):
     """The target asks for K drafts + 4(K+1) more (n-gram, auto; the drafter caps the whole
-    at 16 here). A step that accepts every
-    draft and whose bonus token is the proposal's next one takes the next drafts from the kept
-    proposal: nothing is sent, the drafter's session does not move. Any other outcome asks."""
+    at 16 here). A step that accepts every draft and whose bonus token is the proposal's next
+    one takes the next drafts from the kept proposal: nothing is sent, the drafter's session
+    does not move. Any other outcome asks."""
     server = servers(max_draft_len=16)
     h = servers.harness(f"grpc://{server.address}", mode=mode)
     assert h.drafter.lookahead == 20  # 4(K + 1) for an n-gram drafter

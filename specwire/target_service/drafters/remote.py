@@ -20,10 +20,10 @@ they accept every draft and the bonus tokens are the proposal's next ones. Propo
 kept per request (`RemoteSessions.runs`); a step takes its drafts from the kept proposal
 whenever what was committed since is exactly its prefix (no waiting at all), and waits for
 the drafter only for requests no proposal covers (then for the reply already in flight when
-there is one). Drafts stay unpadded on the wire:
-the look-ahead is only a longer `max_draft_tokens`. A drafter with the "branches" capability
-also sends other ways on at the proposal's first positions; when a step leaves the proposal
-for a token a branch foresaw, the branch drafts the next step (`branched`).
+there is one). Drafts stay unpadded on the wire: the look-ahead is only a longer
+`max_draft_tokens`. A drafter with the "branches" capability also sends other ways on at the
+proposal's first positions; when a step leaves the proposal for a token a branch foresaw, the
+branch drafts the next step (`branched`).
 
 Patience. A step waits for the reply in flight only as long as `remote_patience.Patience`
 says (auto: only when it is due within 30 % of a drafting step). Otherwise the step goes
