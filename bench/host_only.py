@@ -99,9 +99,9 @@ class Replay:
         records = json.loads(gzip.decompress(raw) if path.endswith(".gz") else raw)
         counts = Counter(t for r in records for t in r["prompt"] + r["output"])
         ids = [i for i in range(3, vocab) if i != eos]
-        self.map = {tok: ids[i % len(ids)] for i, (tok, _) in enumerate(counts.most_common())}
+        to_stub = {tok: ids[i % len(ids)] for i, (tok, _) in enumerate(counts.most_common())}
         self.records = {
-            r["id"]: ([self.map[t] for t in r["prompt"]], [self.map[t] for t in r["output"]])
+            r["id"]: ([to_stub[t] for t in r["prompt"]], [to_stub[t] for t in r["output"]])
             for r in records
         }
         self.pool = [Prompt(r["id"], r["kind"], "") for r in records]
@@ -118,11 +118,13 @@ class Replay:
 
         return params_for
 
-    def check(self, outputs: dict[str, list[int]]) -> None:
-        """Every completion is its recorded continuation (greedy speculation is lossless)."""
+    def check(self, outputs: dict[str, list[int]]) -> int:
+        """Every completion is its recorded continuation (greedy speculation is lossless);
+        returns how many were compared."""
         for rid, got in outputs.items():
             if got != self.expected[rid]:
                 raise SystemExit(f"replay: request {rid} is not its recorded output")
+        return len(outputs)
 
 
 class StubForward:
@@ -241,7 +243,7 @@ def main() -> int:
     )
     ap.add_argument(
         "--replay",
-        metavar="OUTPUTS.json",
+        metavar="OUTPUTS.json[.gz]",
         help="recorded greedy outputs (branch_replay.py --save-outputs) as the stub's model",
     )
     ap.add_argument("--profile", choices=("executor", "output"), default=None)
@@ -346,8 +348,7 @@ def main() -> int:
             cpu.reset()
             halves = two_batch_steps()
             rec = await run_pass(engine, plan, args, pool, params_for=params_for)
-            if replay is not None:
-                replay.check(rec["outputs"])
+            checked = replay.check(rec["outputs"]) if replay is not None else 0
             halves = two_batch_steps() - halves
             print(
                 f"host-only {label} "
@@ -356,7 +357,8 @@ def main() -> int:
                 f"errors {rec['errors']}; executor CPU {cpu.seconds * 1e6 / cpu.steps:.0f} us/step"
                 f" over {cpu.steps} steps ({halves:.0f} two-batch), "
                 f"{cpu.seconds * 1e6 / max(rec['tokens'], 1):.1f} us/token "
-                f"[{time.perf_counter() - t0:.1f}s]",
+                f"[{time.perf_counter() - t0:.1f}s]"
+                + (f"; {checked} completions equal their recordings" if replay else ""),
                 flush=True,
             )
 

@@ -99,9 +99,15 @@ def test_host_only_replays_recorded_outputs_through_the_drafters(tmp_path):
             "--pass-factor", "1", "--min-prompts", "2", "--max-new-tokens", "24",
             "--drafter", drafter, "--device-ms", "0.2",
         )  # fmt: skip
-        passes = re.findall(rf"host-only {drafter} replay.* (\S+): (\d+) tokens .* errors 0", out)
+        passes = re.findall(
+            rf"host-only {drafter} replay.* (\S+): (\d+) tokens .* errors 0; .*; "
+            r"(\d+) completions equal their recordings",
+            out,
+        )
         assert [p[0] for p in passes] == ["warm-up", "c=2", "replay"], out
-        assert all(int(tokens) > 0 for _, tokens in passes), out
+        # Every request of each pass was compared with its recording.
+        assert [int(p[2]) for p in passes] == [16, 2, 2], out
+        assert all(int(tokens) > 0 for _, tokens, _ in passes), out
 
 
 def test_serving_paired_mode_disables_speculation_per_request(tmp_path):
