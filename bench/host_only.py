@@ -367,8 +367,11 @@ def main() -> int:
         if service is not None:
             print(f"host-only {label}: drafter counters {engine.drafter.counters()}", flush=True)
             p = engine.drafter.patience  # the auto patience's view: round trip against a step
-            ms = [f"{x * 1e3:.2f} ms" if x else "n/a" for x in (p.rtt_s, p.step_s)]
-            print(f"host-only {label}: round trip {ms[0]}, drafting step {ms[1]} (EMAs)")
+            ms = [f"{x * 1e3:.2f} ms" if x else "n/a" for x in (p.rtt_s, p.step_s, p.gap_s)]
+            print(
+                f"host-only {label}: round trip {ms[0]}, drafting step {ms[1]},"
+                f" commit to launch {ms[2]} (EMAs)"
+            )
     finally:
         engine.shutdown()
         pool.shutdown()

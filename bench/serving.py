@@ -319,7 +319,15 @@ async def run_server(server, plans: list[PassPlan], args) -> dict:
                 sync_ms=_mean_ms(before, after, "specwire_sync_step_seconds"),
                 drafter={
                     k: _counter_delta(before, after, f"specwire_drafter_{k}_total")
-                    for k in ("lookahead", "branched", "prefetched", "late", "failed", "deferred")
+                    for k in (
+                        "lookahead",
+                        "branched",
+                        "prefetched",
+                        "late",
+                        "failed",
+                        "deferred",
+                        "at_launch",
+                    )
                 },
                 # device time of the pass's graph steps (mean of the sampled ones x their
                 # number): / wall = how busy the GPU was

@@ -217,12 +217,13 @@ def drafting_table(passes: list[dict]) -> str:
     their mean time from the end of the step before (against the step ms of the pass table:
     what running a step synchronously cost), and where a remote drafter's drafts came from
     (deferred: steps that went without the drafts asked as the step before committed, their
-    reply not there within the patience)."""
+    reply not there within the patience; sent at launch: questions held back at a commit and
+    sent once the next step launched)."""
     lines = [
         "| pass | drafting steps | exposed ms/drafting step | exposed share of step time | "
         "sync steps | ms/sync step | look-ahead hits | branch hits | prefetched replies | "
-        "deferred | late | failed |",
-        "|---" * 12 + "|",
+        "deferred | late | failed | sent at launch |",
+        "|---" * 13 + "|",
     ]
     for p in passes:
         n, s, total = p.get("draft_steps"), p.get("draft_s"), p.get("step_s")
@@ -232,7 +233,8 @@ def drafting_table(passes: list[dict]) -> str:
             f"{f'{s / total:.1%}' if n and total else 'n/a'} | {_delta(p.get('sync_steps'))} | "
             f"{_f(p.get('sync_ms'), '.3f')} | {_delta(d.get('lookahead'))} | "
             f"{_delta(d.get('branched'))} | {_delta(d.get('prefetched'))} | "
-            f"{_delta(d.get('deferred'))} | {_delta(d.get('late'))} | {_delta(d.get('failed'))} |"
+            f"{_delta(d.get('deferred'))} | {_delta(d.get('late'))} | {_delta(d.get('failed'))} | "
+            f"{_delta(d.get('at_launch'))} |"
         )
     return "\n".join(lines) + "\n"
 

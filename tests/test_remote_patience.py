@@ -122,6 +122,35 @@ def test_auto_patience_waits_where_a_late_reply_would_be_wasted_or_waiting_is_fr
     assert h.step([b]) != [[]] and h.counters()["deferred"] == 0
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_a_question_the_next_step_would_not_wait_for_goes_out_once_it_is_launched(servers, mode):
+    """Auto patience, a round trip longer than the patience's share of a step but shorter than
+    a step: the question asked as a step commits could only serve the step after next, so the
+    drafter holds it back (no host time on the critical path) and sends it when the executor
+    says the next step is on the device (`launched`). That step goes without drafts, as it
+    would have without waiting; the reply drafts the step after."""
+    server = servers(max_draft_len=16, delay_ms=100)
+    h = servers.harness(f"grpc://{server.address}", mode=mode)
+    store = server.engine.store
+    a = make_request("a", REPETITIVE)
+    timed_step(h, a, 0.25, [3, 4, 1, 2, 1])  # asked and waited (~0.1 s); a 0.25 s step
+    assert h.drafter.patience.at_launch(device_busy=False)
+    assert not h.drafter.patience.at_launch(device_busy=True)  # a step in flight: send now
+    assert reply_kept(h.drafter)  # nothing in flight: the question was held back
+    assert len(store.get("a").tokens) == len(REPETITIVE)  # the drafter has not heard yet
+    h.drafter.prepare_draft_tokens([a], h.resources)  # the next step's drafts
+    assert a.draft_tokens == []  # the look-ahead missed the bonus token: none
+    assert h.counters()["deferred"] == 1 and h.counters()["at_launch"] == 0
+    h.drafter.launched()  # the step is on the device: the question goes out now
+    assert h.counters()["at_launch"] == 1 and not reply_kept(h.drafter)
+    wait_until(lambda: reply_kept(h.drafter), timeout=10, what="the reply to the held question")
+    assert store.get("a").tokens == a.token_ids
+    a.output_ids += [2]  # the draftless step committed the proposal's first token
+    assert h.step([a]) == [[1, 2, 1, 2]]  # drafted from its look-ahead, unasked; launched
+    c = h.counters()
+    assert c["at_launch"] == 1 and c["lookahead"] == 1 and c["late"] == c["failed"] == 0
+
+
 def test_a_unary_finished_notice_waits_for_the_draft_call_in_flight(servers):
     """Unary calls are served side by side: a request's finished notice sent while a Draft
     call naming it is still in flight could be applied first, and that call would re-create
@@ -211,3 +240,28 @@ def test_a_fixed_patience_is_used_as_is_and_the_whole_deadline_means_the_deadlin
     assert rule(patience_ms=5).wait_s(0.0, 0.0, device_busy=True) == pytest.approx(0.005)
     assert rule(patience_ms=0).wait_s(0.0, 0.0, device_busy=False) == 0
     assert rule(patience_ms=50).wait_s(0.0, 0.0, device_busy=False) is None
+
+
+def test_the_rule_holds_a_question_back_only_when_no_step_would_wait_and_it_comes_in_time():
+    """`at_launch`: auto patience only, a look-ahead, nothing on the device; the round trip
+    less the commit-to-launch gap past the share of a step (the next step would not wait),
+    and the round trip plus that gap within a step (the step after still gets the reply)."""
+    p = rule()
+    assert not p.at_launch(device_busy=False)  # nothing timed yet
+    p.drafted(0.0, device_busy=False)
+    p.committed(0.010)  # a 10 ms step
+    p.launched(0.011)  # the next launched 1 ms after the commit
+    assert p.gap_s == pytest.approx(0.001)
+    p.replied(0.005)  # 5 ms: 4 ms past the gap > the 3 ms share; 6 ms with it <= 10 ms
+    assert p.at_launch(device_busy=False)
+    assert not p.at_launch(device_busy=True)
+    assert not rule(lookahead=0).at_launch(device_busy=False)
+    fixed = rule(patience_ms=0)
+    fixed.step_s, fixed.rtt_s = p.step_s, p.rtt_s
+    assert not fixed.at_launch(device_busy=False)  # a fixed patience: asked at the commit
+    p.rtt_s = 0.0035  # 2.5 ms after the gap: the next step would wait for it
+    assert not p.at_launch(device_busy=False)
+    p.rtt_s = 0.0095  # 10.5 ms with the gap: the step after would miss it if sent late
+    assert not p.at_launch(device_busy=False)
+    p.launched(0.5)  # no commit since the last launch: not a gap
+    assert p.gap_s == pytest.approx(0.001)

@@ -82,16 +82,31 @@ class DraftIntake:
             row.pad = pad_to - len(row.drafts) if self.pads else 0
         return asked
 
-    def submit(self, decode: Sequence[Request], step_no: int) -> None:
+    def submit(self, decode: Sequence[Request], step_no: int, device_busy: bool = False) -> None:
         """Drafting off the critical path: a drafter with `submit` (the remote one) hears what
         a step committed right away and drafts while the executor finishes the step; the
-        next step's `prepare_draft_tokens` collects. Fails open like drafting itself."""
+        next step's `prepare_draft_tokens` collects. `device_busy`: a step is in flight
+        already (an overlapped plain step's submit, a two-batch half's), so the drafter
+        should not hold its question back for the next launch. Fails open like drafting
+        itself."""
         if self._submit is None:
             return
+        self.drafter.device_busy = device_busy
         try:
             self._submit([r for r in decode if not r.finished])
         except Exception:
             log.exception("drafter submit failed at step %d", step_no)
+            self.errors += 1
+
+    def launched(self, step_no: int) -> None:
+        """A step was just launched on the device: the drafter may send what it held back
+        (`Drafter.launched`). Fails open."""
+        if self._submit is None:
+            return
+        try:
+            self.drafter.launched()
+        except Exception:
+            log.exception("drafter launch hook failed at step %d", step_no)
             self.errors += 1
 
     def _check_into(self, row: Row) -> None:

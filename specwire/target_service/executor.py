@@ -210,6 +210,11 @@ class Executor(OverlappedSteps, TwoBatchSteps):
                 self._release(self.streams[payload].request)  # its stream already completed
 
     @property
+    def _device_busy(self) -> bool:
+        """A step is in flight on the device (overlapped, or a two-batch half)."""
+        return self._inflight is not None or self._inflight_spec is not None
+
+    @property
     def idle(self) -> bool:
         """Nothing scheduled and no step in flight."""
         return (
@@ -352,6 +357,7 @@ class Executor(OverlappedSteps, TwoBatchSteps):
             # the drafter's exposed time: asking, waiting, checking
             self.metrics.batched.add(self.metrics.draft_seconds, time.perf_counter() - t0)
         logits = self.runner.forward(batch.rows, [self.kv.block_table(r) for r in batch.requests])
+        self.drafts.launched(self.step_no)  # a question held back goes out while it runs
         if logits.graph is None:
             self.metrics.batched.add(self.metrics.eager_steps, 1)
         # Waiting for the GPU is the step's only sync (verify would sync here anyway); timing
@@ -379,7 +385,7 @@ class Executor(OverlappedSteps, TwoBatchSteps):
         rendered = self.emit(decode, new_tokens, logprobs)
         # The drafter hears first: its round trip then starts before the output thread wakes
         # to render this step (and competes for the GIL with the drafter's reply).
-        self.drafts.submit([r.request for r in decode], self.step_no)
+        self.drafts.submit([r.request for r in decode], self.step_no, self._device_busy)
         self.output.render_many(rendered)
 
     # -- phases ----------------------------------------------------------------------------------

@@ -68,6 +68,7 @@ DRAFTER_COUNTERS = {
     "lookahead": "Requests whose step drafts came from a kept proposal's look-ahead, unasked",
     "deferred": "Steps that went without asked-for drafts after the patience; reply kept for later",
     "branched": "Requests drafted from a kept branch: another way the drafter foresaw, unasked",
+    "at_launch": "Questions held back at a step's commit and sent once the next step launched",
 }
 
 

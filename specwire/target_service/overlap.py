@@ -73,6 +73,7 @@ class OverlappedSteps:
             logits = self.runner.forward(
                 batch.rows, [self.kv.block_table(r) for r in batch.requests]
             )
+            self.drafts.launched(self.step_no)
         except Exception:
             # Run it the careful way: finish the step in flight, then retry in isolation.
             log.warning("overlapped step %d failed to launch; retrying it", self.step_no)
@@ -176,7 +177,9 @@ class OverlappedSteps:
             # speculative step finds a proposal made from the current tokens, not from before the
             # plain stretch (it continues it past the token now in flight: the look-ahead).
             # Under load the mode is plain: no message per step there.
-            self.drafts.submit([req for req, _i, _o in done.pending], done.step_no)
+            self.drafts.submit(
+                [req for req, _i, _o in done.pending], done.step_no, self._device_busy
+            )
         self.output.render_many(rendered)
 
 
@@ -224,6 +227,7 @@ class TwoBatchSteps:
             logits = self.runner.forward(
                 batch.rows, [self.kv.block_table(r) for r in batch.requests]
             )
+            self.drafts.launched(self.step_no)
         except Exception:
             # Run it the careful way: finish the step in flight, then retry in isolation.
             # (Without drafts, as any retry: the drafter was asked once for this step.)

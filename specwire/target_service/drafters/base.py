@@ -25,9 +25,10 @@ class Drafter(ABC):
 
     name: str = "drafter"
     spec_resource_manager: ResourceManager | None = None
-    # Set by the executor before each `prepare_draft_tokens`: another step runs on the device
-    # meanwhile (the two-batch overlap), so waiting for drafts costs little (the remote drafter
-    # then waits for its reply rather than going without).
+    # Set by the executor before each `prepare_draft_tokens` and `submit`: another step runs on
+    # the device meanwhile (the two-batch overlap; an overlapped plain step's submit), so
+    # waiting for drafts costs little (the remote drafter then waits for its reply rather than
+    # going without) and a question sent now is already off the critical path.
     device_busy: bool = False
 
     def __init__(self, max_draft_len: int) -> None:
@@ -40,6 +41,12 @@ class Drafter(ABC):
         self, requests: Sequence[Request], resources: ResourceRegistry
     ) -> None:
         """Set `draft_tokens` (0..draft_budget tokens, unpadded) on each decoding request."""
+
+    def launched(self) -> None:
+        """The executor has just launched a step on the device (called after every launch,
+        before it waits). A drafter that drafts off the critical path (the remote one) may
+        send here the question it held back at the previous step's `submit`, while the device
+        runs. Default: nothing."""
 
     def close(self) -> None:
         """Release connections/threads (called at executor shutdown)."""

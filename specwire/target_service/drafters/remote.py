@@ -96,6 +96,7 @@ COUNTERS = (
     "lookahead",
     "deferred",
     "branched",
+    "at_launch",
 )
 _PENDING = object()  # a prefetch not answered within the step's patience: still awaited
 
@@ -163,6 +164,8 @@ class RemoteDrafter(Drafter):
         self._step = 0
         self._notices: set[grpc.Future] = set()  # unary finished notices in flight
         self._prefetch: _Prefetch | None = None  # drafts in flight since the last step ended
+        # A submit's question held back until the next step is launched (`launched`).
+        self._held: list[Request] | None = None
         self.info, self.mode = self.connection.info, self.connection.mode
         self.want_probs = "draft_probs" in self.info.capabilities
         offers_branches = "branches" in self.info.capabilities
@@ -190,9 +193,28 @@ class RemoteDrafter(Drafter):
         proposal covers) while the device runs it. Never blocks; skipped while a message is
         in flight or the connection is down (the next step then asks the usual way)."""
         self.patience.committed(time.monotonic())
+        self._held = None
         self._take_answered()
         if self._prefetch is not None:  # still unanswered: nothing more goes out meanwhile
             return
+        if self.patience.at_launch(self.device_busy):
+            # The next step would not wait for this reply: ask once it is on the device.
+            self._held = list(requests)
+            return
+        self._question(requests)
+
+    def launched(self) -> None:
+        """The step after a submit is on the device: send the question held back (see
+        remote_patience.py, "Sending at launch")."""
+        self.patience.launched(time.monotonic())
+        held, self._held = self._held, None
+        if held and self._prefetch is None:
+            self._count("at_launch")
+            self._question(held)
+
+    def _question(self, requests: Sequence[Request]) -> None:
+        """Send the drafter what was committed and ask for the next drafts and the look-ahead
+        (as `submit`'s prefetch). Skipped while the connection is down or busy."""
         live = [(r, n) for r in requests if not r.finished and (n := r.useful_drafts) > 0]
         if not live:
             return
@@ -320,6 +342,13 @@ class RemoteDrafter(Drafter):
             self.sessions.resync_all()
         self._take_answered()
         requests = [r for r in requests if not self._from_run(r)]
+        if self._held is not None:
+            # The question of the last commit goes out once this step is launched: the
+            # requests no proposal covers go without drafts this step (as when the reply is
+            # not waited for), and any not in it yet are asked then too.
+            held = {r.request_id for r in self._held}
+            self._held += [r for r in requests if r.request_id not in held]
+            return self._count("deferred" if requests else None)
         pre = self._prefetch
         covered = {
             r.request_id
@@ -475,11 +504,13 @@ class RemoteDrafter(Drafter):
         replies collected), lookahead (requests drafted from a kept proposal past its start:
         its look-ahead, or a deferred reply), deferred (steps that went without a submit's
         reply after the patience; the reply is kept for the steps after), branched (requests
-        drafted from a kept branch)."""
+        drafted from a kept branch), at_launch (questions held back at a commit and sent once
+        the next step was launched)."""
         with self._cv:
             counts = dict(self._counters)
             counts["reconnects"] = self.connection.connections
             return counts
 
     def close(self) -> None:
+        self._held = None
         self.connection.close()

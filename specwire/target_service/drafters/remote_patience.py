@@ -8,8 +8,16 @@ which auto also answers before anything was timed, while another step keeps the 
 (the two-batch overlap: waiting is nearly free), and for a drafter asked without a look-ahead
 (its late proposal holds just the drafts asked for: one token later it is too short to use).
 
-Two EMAs, both from the remote drafter's own calls: a drafting step (drafts taken -> the
-step's `submit`) and a round trip (sent -> the reply's arrival).
+Three EMAs, all from the remote drafter's own calls: a drafting step (drafts taken -> the
+step's `submit`), a round trip (sent -> the reply's arrival) and the host's gap between a
+step's commit and the next launch (`submit` -> `launched`).
+
+Sending at launch (`at_launch`). When the next step would not wait for the reply anyway (auto:
+the round trip is longer than its share), the question asked as a step commits serves only the
+step after next. Building and sending it then costs the synchronous step ~50 us of host time on
+its critical path for nothing, so the drafter holds it back and sends it once the next step
+has been launched, while the device runs; it is still in time when the round trip plus that
+gap fits in a step. Auto only: a fixed patience keeps the question at the commit.
 """
 
 from __future__ import annotations
@@ -33,7 +41,9 @@ class Patience:
         self.lookahead = lookahead
         self.step_s: float | None = None  # EMA of a drafting step: drafts taken -> submit
         self.rtt_s: float | None = None  # EMA of a round trip: sent -> reply arrived
+        self.gap_s: float | None = None  # EMA of a step's commit -> the next launch (host)
         self._drafted_at: float | None = None
+        self._committed_at: float | None = None
 
     def drafted(self, now: float, device_busy: bool) -> None:
         """A step took its drafts. A two-batch half's drafts -> submit spans only part of a
@@ -43,11 +53,33 @@ class Patience:
     def committed(self, now: float) -> None:
         """The step that last took drafts committed (`submit`): one step-time sample, unless it
         is longer than the stall time (a step that failed left `drafted` set)."""
+        self._committed_at = now
         if self._drafted_at is None:
             return
         took, self._drafted_at = now - self._drafted_at, None
         if took < self.config.stall_s:
             self.step_s = _ema(self.step_s, took)
+
+    def launched(self, now: float) -> None:
+        """The step after the last commit was launched: one gap sample."""
+        if self._committed_at is not None:
+            gap, self._committed_at = now - self._committed_at, None
+            if gap < self.config.stall_s:
+                self.gap_s = _ema(self.gap_s, gap)
+
+    def at_launch(self, device_busy: bool) -> bool:
+        """Whether a question asked as a step commits should wait for the next launch (see
+        the module docstring): auto patience, nothing on the device, a look-ahead (the reply
+        serves the step after next), and a round trip that the next step would not wait for
+        (its remainder at the launch is longer than its share) yet that, sent at the launch,
+        still ends within a step (with the gap to spare)."""
+        if self.config.patience_s is not None or device_busy or self.lookahead == 0:
+            return False
+        step, rtt = self.step_s, self.rtt_s
+        if step is None or rtt is None:
+            return False
+        gap = self.gap_s or 0.0
+        return PATIENCE_SHARE * step < rtt - gap and rtt + gap <= step
 
     def replied(self, seconds: float) -> None:
         """A reply arrived `seconds` after its question was sent."""
