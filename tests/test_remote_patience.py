@@ -151,6 +151,32 @@ def test_a_question_the_next_step_would_not_wait_for_goes_out_once_it_is_launche
     assert c["at_launch"] == 1 and c["lookahead"] == 1 and c["late"] == c["failed"] == 0
 
 
+def test_a_drafter_that_wedges_while_questions_wait_for_launch_is_still_dropped(servers):
+    """While the drafter holds each question back for the next launch, steps never ask a
+    question of their own, so the stall check they made must still run: a stream drafter that
+    stops answering is dropped after `stall_s` and the connection re-opened, as when steps
+    ask. (Unary calls have no stream to wedge: each is given up at its deadline.)"""
+    server = servers(max_draft_len=16, delay_ms=40)
+    h = servers.harness(f"grpc://{server.address}", deadline_ms=100)  # stall: 2 s
+    a = make_request("a", REPETITIVE)
+    a.max_new_tokens = 10_000
+
+    def one_step() -> None:
+        timed_step(h, a, 0.1, [1])  # a 0.1 s step: a 40 ms reply is past its 30 ms share
+
+    for _ in range(3):
+        one_step()
+    assert h.drafter.patience.at_launch(device_busy=False)
+    server.engine.delay_s = 2.5  # wedged: past the deadline and the stall time
+    end = time.monotonic() + 15
+    while h.counters()["failed"] == 0 and time.monotonic() < end:
+        one_step()
+    c = h.counters()
+    assert c["failed"] >= 1 and c["at_launch"] >= 1
+    server.engine.delay_s = 0.04
+    wait_until(lambda: h.counters()["reconnects"] >= 2, timeout=10, what="a new connection")
+
+
 def test_a_unary_finished_notice_waits_for_the_draft_call_in_flight(servers):
     """Unary calls are served side by side: a request's finished notice sent while a Draft
     call naming it is still in flight could be applied first, and that call would re-create
