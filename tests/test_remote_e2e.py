@@ -272,6 +272,41 @@ def test_remote_drafter_alternating_plain_and_drafting_steps_is_lossless(tiny, b
     eng.shutdown()
 
 
+@pytest.mark.parametrize("mode", ["stream", "unary"])
+def test_questions_held_back_for_the_next_launch_are_lossless(tiny, baseline, drafters, mode):
+    """The auto patience's GPU regime, where the next step would not wait for the reply: a
+    question asked as a synchronous step commits goes out once the next step is launched
+    (`Drafter.launched`), while one asked by an overlapped plain step's read goes at once (a
+    step is in flight: the executor passes `device_busy`). The rule's outcome is forced here
+    (a CPU step is too slow for that regime); the executor, the drafter service and the
+    steps are real, plain and drafting steps alternating as in the test above. Output
+    unchanged; questions went at launch and their replies drafted later steps; nothing
+    failed; sessions freed."""
+    server = drafters(drafter="ngram")
+    eng = engine(tiny, f"grpc://{server.address}", drafter_mode=mode, drafter_patience_ms=-1)
+    _adaptive(eng, {1: 1e-3, 4: 1e-3, 8: 1.1e-3, 12: 1.2e-3, 16: 4e-3, 64: 16e-3, 1024: 0.3})
+    asked = []  # device_busy, per submit that found nothing in flight
+
+    def at_launch(device_busy: bool) -> bool:
+        asked.append(device_busy)
+        return not device_busy
+
+    eng.drafter.patience.at_launch = at_launch
+    results = run_all(eng, PROMPTS)
+    assert [c.token_ids for c in results] == baseline["short"]
+    assert True in asked and False in asked  # both kinds of submit happened
+    c = eng.drafter.counters()
+    # Each question held back went out at the next launch (the run's last one may have no
+    # step after it): none was dropped by the next commit for want of a launch.
+    assert c["at_launch"] >= asked.count(False) - 1 > 0
+    assert c["prefetched"] > 0 and c["lookahead"] > 0
+    assert eng.executor.stats.accepted_tokens > 0
+    assert c["failed"] == c["stale"] == c["unknown_request"] == c["resynced"] == 0
+    wait_until(lambda: len(server.engine.store) == 0, timeout=10, what="sessions freed")
+    server.engine.check_integrity()
+    eng.shutdown()
+
+
 @pytest.mark.parametrize("patience_ms, delay_ms", [(0, 5), (-1, 50)], ids=["never", "auto"])
 @pytest.mark.parametrize("mode", ["stream", "unary"])
 def test_remote_drafter_that_is_not_waited_for_is_lossless(
