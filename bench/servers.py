@@ -42,7 +42,9 @@ from specwire.target_service.drafters.remote import LOOKAHEAD_STEPS  # noqa: E40
 # them up to the deadline (--drafter-patience-ms = the 50 ms deadline); "-proc" runs the engine in a
 # process of its own (--engine-process on: the default on CUDA), "-inproc" in the target's
 # (--engine-process off); "-nobranch" asks the drafter
-# for no branches (--drafter-branches 0), to measure them side by side.
+# for no branches (--drafter-branches 0), "-la1" for a look-ahead of K+1 (round 23's auto),
+# "-atcommit" for questions always sent at the commit (--drafter-ask-at commit), to measure
+# them side by side.
 CONFIGS = {
     "none": "none",
     "none-sync": "none",
@@ -57,6 +59,7 @@ CONFIGS = {
     "remote-ngram-pwait": "remote",
     "remote-ngram-nobranch": "remote",
     "remote-ngram-la1": "remote",
+    "remote-ngram-atcommit": "remote",
     "none-proc": "none",
     "ngram-proc": "ngram",
     "remote-ngram-proc": "remote",
@@ -78,6 +81,7 @@ REMOTE_DRAFTERS = {  # service --drafter
     "remote-ngram-pwait": "ngram",
     "remote-ngram-nobranch": "ngram",
     "remote-ngram-la1": "ngram",
+    "remote-ngram-atcommit": "ngram",
     "remote-ngram-proc": "ngram",
     "remote-ngram-inproc": "ngram",
     "remote-ngram-exact": "ngram",
@@ -213,6 +217,8 @@ def running_config(config: str, args: argparse.Namespace) -> Iterator[Server]:
             cmd += ["--two-batch-rows", str(TWO_BATCH_ROWS)]
         if config.endswith("-nobranch"):
             cmd += ["--drafter-branches", "0"]
+        if config.endswith("-atcommit"):  # questions at the commit, never held for the launch
+            cmd += ["--drafter-ask-at", "commit"]
         if config.endswith("-la1"):  # round 23's auto look-ahead: one step's worth (K+1)
             cmd += ["--drafter-lookahead", str(args.max_draft_len + 1)]
         if config.endswith("-proc"):

@@ -147,6 +147,8 @@ def test_help_names_each_flags_variable(command: str, flags: dict) -> None:
         (["target"], {"SPECWIRE_FUSED": "1"}, "fused", True),
         (["target"], {}, "drafter_lookahead", -1),
         (["target", "--drafter-lookahead", "9"], {}, "drafter_lookahead", 9),
+        (["target"], {}, "drafter_ask_at", "auto"),
+        (["target"], {"SPECWIRE_DRAFTER_ASK_AT": "commit"}, "drafter_ask_at", "commit"),
     ],
 )
 def test_flag_beats_variable_beats_default(monkeypatch, argv, env, dest, expected) -> None:

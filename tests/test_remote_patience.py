@@ -217,6 +217,10 @@ def test_patience_must_lie_between_zero_and_the_deadline():
     assert RemoteDrafterConfig("h:1", deadline_ms=50).patience_s is None  # auto
     with pytest.raises(UserError, match="--drafter-patience-ms must be between 0"):
         TargetConfig(drafter_deadline_ms=50, drafter_patience_ms=-0.5)
+    with pytest.raises(UserError, match="--drafter-ask-at must be auto or commit"):
+        TargetConfig(drafter_ask_at="later")
+    with pytest.raises(UserError, match="ask-at must be auto or commit"):
+        RemoteDrafterConfig("h:1", ask_at="later")
 
 
 # -- the rule, with explicit times -----------------------------------------------------------
@@ -285,6 +289,9 @@ def test_the_rule_holds_a_question_back_only_when_no_step_would_wait_and_it_come
     fixed = rule(patience_ms=0)
     fixed.step_s, fixed.rtt_s = p.step_s, p.rtt_s
     assert not fixed.at_launch(device_busy=False)  # a fixed patience: asked at the commit
+    commit = Patience(RemoteDrafterConfig("h:1", deadline_ms=50, ask_at="commit"), 5)
+    commit.step_s, commit.rtt_s, commit.gap_s = p.step_s, p.rtt_s, p.gap_s
+    assert not commit.at_launch(device_busy=False)  # --drafter-ask-at commit
     p.rtt_s = 0.0035  # 2.5 ms after the gap: the next step would wait for it
     assert not p.at_launch(device_busy=False)
     p.rtt_s = 0.0095  # 10.5 ms with the gap: the step after would miss it if sent late

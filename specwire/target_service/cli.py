@@ -75,6 +75,11 @@ ENGINE_FLAGS = {
         " next drafts at once (-1 = auto: 4 while a message carries <= 8 sequences, else 0;"
         " only when the look-ahead the drafter's max-draft-len leaves is at least 2)"
     ),
+    "drafter_ask_at": Flag(
+        "remote drafters, auto patience: when the next step would not wait for the reply,"
+        " ask once it is launched, off the critical path (auto), or at the commit (commit)",
+        choices=("auto", "commit"),
+    ),
     "progress": Flag("no progress bars while loading"),
     "max_prompt_bytes": Flag("most UTF-8 bytes of a prompt (checked before tokenising)"),
     "max_stop_strings": Flag("most stop strings per request"),

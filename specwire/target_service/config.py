@@ -55,6 +55,10 @@ class TargetConfig:
     # Remote drafters with the "branches" capability: alternatives asked per draft position;
     # -1 = auto (4 while a message carries at most 8 sequences, else none).
     drafter_branches: int = -1
+    # Remote drafters, auto patience: when the next step would not wait for the reply, the
+    # question asked as a step commits goes out once that step is launched (auto) or at the
+    # commit (commit).
+    drafter_ask_at: str = "auto"
     progress: bool = True
     drafter_security: ClientSecurity = field(default_factory=ClientSecurity)  # grpc:// drafters
     # Admission limits (checked by the servicer before any work; see docs/security.md).
@@ -104,6 +108,8 @@ class TargetConfig:
                 f"({self.drafter_deadline_ms:g}), or -1 (auto); "
                 f"got {self.drafter_patience_ms:g}"
             )
+        if self.drafter_ask_at not in ("auto", "commit"):
+            raise UserError(f"--drafter-ask-at must be auto or commit, got {self.drafter_ask_at!r}")
         if self.drafter_lookahead < -1:
             raise UserError(
                 f"--drafter-lookahead must be >= 0 (or -1: auto), got {self.drafter_lookahead}"

@@ -84,6 +84,7 @@ def make_drafter(cfg: TargetConfig, loaded: LoadedModel) -> Drafter | None:
             lookahead=cfg.drafter_lookahead,
             patience_ms=cfg.drafter_patience_ms,
             branches=cfg.drafter_branches,
+            ask_at=cfg.drafter_ask_at,
         )
     if ":" in spec:
         return load_plugin_drafter(spec, cfg.max_draft_len)

@@ -143,10 +143,11 @@ class RemoteDrafter(Drafter):
         lookahead: int = -1,
         patience_ms: float = -1.0,
         branches: int = -1,
+        ask_at: str = "auto",
     ) -> None:
         super().__init__(max_draft_len)
         self.config = RemoteDrafterConfig(
-            address, mode, deadline_ms, connect_timeout_s, patience_ms=patience_ms
+            address, mode, deadline_ms, connect_timeout_s, patience_ms=patience_ms, ask_at=ask_at
         )
         self.security = security or ClientSecurity()
         self.name = f"grpc://{self.config.target}"

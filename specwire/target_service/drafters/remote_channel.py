@@ -41,12 +41,17 @@ class RemoteDrafterConfig:
     # (a share of the step's own time). A reply later than this is still kept for the steps
     # after (see remote.py).
     patience_ms: float = -1.0
+    # When the next step would not wait for the reply (auto patience): send the question asked
+    # as a step commits once the next step is launched ("auto"), or always at the commit.
+    ask_at: str = "auto"
 
     def __post_init__(self) -> None:
         if not self.target or ":" not in self.target:
             raise UserError(f"--drafter {self.address!r}: expected grpc://HOST:PORT")
         if self.mode not in ("stream", "unary"):
             raise UserError(f"drafter mode must be stream or unary, got {self.mode!r}")
+        if self.ask_at not in ("auto", "commit"):
+            raise UserError(f"drafter ask-at must be auto or commit, got {self.ask_at!r}")
         if self.deadline_ms <= 0 or self.connect_timeout_s <= 0:
             raise UserError("drafter deadline and connect timeout must be > 0")
         if self.patience_ms != -1 and not 0 <= self.patience_ms <= self.deadline_ms:

@@ -17,7 +17,8 @@ the round trip is longer than its share), the question asked as a step commits s
 step after next. Building and sending it then costs the synchronous step ~50 us of host time on
 its critical path for nothing, so the drafter holds it back and sends it once the next step
 has been launched, while the device runs; it is still in time when the round trip plus that
-gap fits in a step. Auto only: a fixed patience keeps the question at the commit.
+gap fits in a step. Auto patience only (a fixed one keeps the question at the commit);
+`--drafter-ask-at commit` turns it off (an A/B switch).
 """
 
 from __future__ import annotations
@@ -74,6 +75,8 @@ class Patience:
         (its remainder at the launch is longer than its share) yet that, sent at the launch,
         still ends within a step (with the gap to spare)."""
         if self.config.patience_s is not None or device_busy or self.lookahead == 0:
+            return False
+        if self.config.ask_at == "commit":
             return False
         step, rtt = self.step_s, self.rtt_s
         if step is None or rtt is None:
