@@ -12,7 +12,8 @@ a replay of real greedy outputs through the real drafting code, no device and no
                 the H200 at small batch): a step drafts only from a proposal it already holds
                 (`RemoteSessions.drafts_from_run`), the latest that arrived, with its
                 look-ahead (`--lookahead`; the client's auto by default). As the real client,
-                a step asks only while no question is in flight; `--reply-steps` says how
+                a step asks only while no question is in flight (`--max-inflight`: more, a
+                variant the real client does not run); `--reply-steps` says how
                 many steps after the one that asked a reply is usable (2: it arrives during
                 the next step; 3: a step late, a round trip longer than a step);
    - `branch`:  `remote` plus branches (`--branch-positions`, `--branches` per position).
@@ -116,8 +117,7 @@ def replay(record: dict, mode: str, args) -> tuple[int, int, int, int, int]:
     index = NGramIndex(args.max_ngram, vote=args.vote)
     index.extend(prompt)
     synced = 0  # the tokens the drafter holds
-    pending: list[tuple] = []  # replies asked for, oldest first, not yet arrived
-    asked_at = 0  # the step that asked for pending[0]
+    pending: list[tuple] = []  # (step that asked, reply) asked for, oldest first, not arrived
     steps = drafting = drafted = accepted_total = 0
     while req.num_tokens < len(truth):
         n = req.num_tokens
@@ -135,10 +135,11 @@ def replay(record: dict, mode: str, args) -> tuple[int, int, int, int, int]:
         drafted, accepted_total = drafted + len(drafts), accepted_total + a
         # A reply arrives `--reply-steps` - 1 steps after the one that asked: usable from the
         # step after that (2: it arrives during the next step). As the real client does, a
-        # step asks only when no question is in flight (its deltas ride along later).
-        if pending and steps - asked_at >= args.reply_steps - 1:
-            sessions.keep("r", *pending.pop(0))
-        if mode in ("remote", "branch") and not pending:
+        # step asks only while fewer than `--max-inflight` questions are in flight (1: none;
+        # its deltas ride along later).
+        while pending and steps - pending[0][0] >= args.reply_steps - 1:
+            sessions.keep("r", *pending.pop(0)[1])
+        if mode in ("remote", "branch") and len(pending) < args.max_inflight:
             ask = min(k + lookahead, args.drafter_max)  # the step's K drafts, the look-ahead
             per = args.branches if mode == "branch" else 0
             update = SeqUpdate(
@@ -152,8 +153,7 @@ def replay(record: dict, mode: str, args) -> tuple[int, int, int, int, int]:
             synced = req.num_tokens
             sessions.synced["r"] = synced
             (reply,) = engine.draft([update])
-            pending.append((synced, reply.tokens, None, ask, reply.branches or ()))
-            asked_at = steps
+            pending.append((steps, (synced, reply.tokens, None, ask, reply.branches or ())))
     return steps, drafting, req.num_tokens - len(prompt), drafted, accepted_total
 
 
@@ -192,6 +192,12 @@ def main() -> int:
         help="a reply asked for as step s commits is usable from step s + N (2: it arrives"
         " during the next step; 3: a round trip longer than a step, as at 8 streams)",
     )
+    ap.add_argument(
+        "--max-inflight",
+        type=int,
+        default=1,
+        help="questions a client keeps in flight at once (the client's: 1)",
+    )
     ap.add_argument("--step-ms", type=float, default=1.17, help="1-token step")
     ap.add_argument("--verify-ms", type=float, default=1.30, help="1+K-token step")
     ap.add_argument("--rtt-ms", type=float, default=0.85, help="drafter round trip (wait mode)")
@@ -213,7 +219,8 @@ def main() -> int:
         f"K={args.k}, max n-gram {args.max_ngram}, vote {args.vote}, "
         f"look-ahead {auto_lookahead(args)} (drafter cap {args.drafter_max}), "
         f"branches {args.branches} x {args.branch_positions} positions, "
-        f"replies usable {args.reply_steps} steps after they are asked for; "
+        f"replies usable {args.reply_steps} steps after they are asked for, "
+        f"at most {args.max_inflight} in flight; "
         f"costs: step {args.step_ms} ms, verify {args.verify_ms} ms, rtt {args.rtt_ms} ms\n"
     )
     print(
