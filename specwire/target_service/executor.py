@@ -5,10 +5,10 @@ A step that speculates (or samples, or reports logprobs) runs synchronously:
     batch = scheduler.schedule()
     resources.prepare(batch)
     drafts.prepare(decode rows)    # drafter.prepare_draft_tokens (unpadded), checked, padded
-    logits = runner.forward(batch); runner.wait(logits)
+    logits = runner.forward(batch); drafts.launched(); runner.wait(logits)
     new_tokens = verifier.verify(decode rows, logits)
     resources.update(batch, accepted)
-    emit(batch)
+    emit(batch); drafts.submit(decode rows)   # a drafter off the critical path hears it
 
 A plain greedy step (no drafts: the policy chose k = 0, or there is no drafter) is overlapped:
 its outcome is known before it runs (every decode row commits exactly one token), so the

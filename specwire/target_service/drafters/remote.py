@@ -20,7 +20,10 @@ they accept every draft and the bonus tokens are the proposal's next ones. Propo
 kept per request (`RemoteSessions.runs`); a step takes its drafts from the kept proposal
 whenever what was committed since is exactly its prefix (no waiting at all), and waits for
 the drafter only for requests no proposal covers (then for the reply already in flight when
-there is one). Drafts stay unpadded on the wire: the look-ahead is only a longer
+there is one). When the next step would not wait for the reply anyway, `submit` holds the
+question and `launched` (the executor's hook after every launch) sends it while the device
+runs: off the synchronous step's critical path (`remote_patience.py`, "Sending at launch").
+Drafts stay unpadded on the wire: the look-ahead is only a longer
 `max_draft_tokens`. A drafter with the "branches" capability also sends other ways on at the
 proposal's first positions; when a step leaves the proposal for a token a branch foresaw, the
 branch drafts the next step (`branched`).
@@ -191,8 +194,10 @@ class RemoteDrafter(Drafter):
         """Called by the executor the moment a step has committed its tokens: send what it
         learnt and ask for the next drafts and the look-ahead now, so the round trip runs
         while the executor finishes the step, schedules the next and (for requests a kept
-        proposal covers) while the device runs it. Never blocks; skipped while a message is
-        in flight or the connection is down (the next step then asks the usual way)."""
+        proposal covers) while the device runs it. When the next step would not wait for the
+        reply anyway (`Patience.at_launch`), the question is held back and sent by `launched`,
+        once that step is on the device. Never blocks; skipped while a message is in flight
+        or the connection is down (the next step then asks the usual way)."""
         self.patience.committed(time.monotonic())
         self._held = None
         self._take_answered()
