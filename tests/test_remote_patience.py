@@ -177,6 +177,30 @@ def test_a_drafter_that_wedges_while_questions_wait_for_launch_is_still_dropped(
     wait_until(lambda: h.counters()["reconnects"] >= 2, timeout=10, what="a new connection")
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_while_questions_wait_for_launch_a_dead_drafter_counts_failed(servers, mode):
+    """A step that holds the question for the launch goes without drafts; when that is because
+    the link is down it counts `failed`, as a step asking itself would, not `deferred`."""
+    server = servers(max_draft_len=16, delay_ms=100)
+    h = servers.harness(f"grpc://{server.address}", mode=mode)
+    a = make_request("a", REPETITIVE)
+    timed_step(h, a, 0.25, [3, 4, 1, 2, 1])  # the question is held for the launch
+    assert h.drafter.patience.at_launch(device_busy=False)
+    server.stop(None)
+    h.drafter.launched()  # the held question goes out to a drafter that is gone
+    # (stream: the reader sees the stream end; unary: the failed call, once collected)
+    wait_until(
+        lambda: reply_kept(h.drafter) and not h.drafter.connection.connected,
+        timeout=10,
+        what="the link dropped",
+    )
+    a.output_ids += [2]
+    h.drafter.submit([a])  # held again: nothing new was timed
+    h.drafter.prepare_draft_tokens([a], h.resources)
+    c = h.counters()
+    assert a.draft_tokens == [] and c["failed"] >= 1 and c["deferred"] == 0
+
+
 def test_a_unary_finished_notice_waits_for_the_draft_call_in_flight(servers):
     """Unary calls are served side by side: a request's finished notice sent while a Draft
     call naming it is still in flight could be applied first, and that call would re-create

@@ -354,9 +354,12 @@ class RemoteDrafter(Drafter):
             # not waited for), and any not in it yet are asked then too.
             held = {r.request_id for r in self._held}
             self._held += [r for r in requests if r.request_id not in held]
-            with self._cv:  # the check a question asked here would make: a wedged drafter
+            with self._cv:  # the checks a question asked here would make
+                connected = self.connection.connected
                 stalled = self.connection.stalled(time.monotonic())
-            if stalled:
+            if not connected:  # the link is down: no reply is coming
+                return self._count("failed" if requests else None)
+            if stalled:  # a wedged drafter
                 self.connection.disconnect(f"no reply for {self.config.stall_s:.1f} s")
                 return self._count("failed")
             return self._count("deferred" if requests else None)
