@@ -1,0 +1,128 @@
+"""The remote drafter's questions asked early (`RemoteDrafter.submit`) and their replies:
+collecting them without waiting (`_take_answered`), or waiting at most a patience or the
+deadline (`_use_prefetch`), and keeping what they propose. A mixin of `RemoteDrafter`
+(remote.py), which owns the state it uses: `config`, `connection` and its lock `_cv`,
+`patience`, `_prefetch` (the question in flight), and `_count` / `_apply`."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import grpc
+
+from specwire.target_service.drafters.remote_sessions import Reply, Sent
+
+_PENDING = object()  # a prefetch not answered within the step's patience: still awaited
+
+
+@dataclass
+class Prefetch:
+    """Drafts asked for at the end of a step (`submit`), collected by a later `submit` or
+    `prepare_draft_tokens`."""
+
+    step: int
+    sent: Sent  # request -> (tokens the drafter was sent, drafts asked)
+    stream: object | None  # stream mode: the stream it went on (its reader hands the reply)
+    future: grpc.Future | None  # unary mode: the call
+    since: float = 0.0  # time.monotonic() when it was sent
+    answered_at: float = 0.0  # unary: when the call completed (gRPC's callback)
+
+    def mark_answered(self, _future) -> None:
+        self.answered_at = time.monotonic()
+
+
+class PrefetchReplies:
+    """Collecting a `submit`'s reply (see the module docstring)."""
+
+    def _take_answered(self) -> None:
+        """Keep the proposals of a `submit` the drafter has already answered (never waits).
+        One still unanswered a deadline after it was sent is given up on (counted late)."""
+        pre = self._prefetch
+        if pre is None:
+            return
+        if pre.future is not None:
+            if pre.future.done():
+                self._use_prefetch(pre)
+                return
+        else:
+            with self._cv:  # its reply, or None: the stream broke (no reply will come)
+                reply = self._stream_reply(pre.step, pre.stream, 0.0, patient=True)
+            if reply is not _PENDING:
+                self._keep_prefetched(pre, reply)
+                return
+        if time.monotonic() - pre.since > self.config.deadline_ms / 1000:
+            self._prefetch = None
+            if pre.future is not None:
+                pre.future.cancel()
+            self._count("late")
+
+    def _use_prefetch(self, pre: Prefetch, wait_s: float | None = None) -> bool:
+        """Collect a `submit`'s reply and keep its proposals. Waits at most the deadline, or
+        `wait_s` (the step's patience): then False, and the reply stays awaited — kept when it
+        comes, for the steps after (`_take_answered`), instead of given up on."""
+        reply = self._collect(pre, wait_s)
+        if reply is _PENDING:
+            self._count("deferred")
+            return False
+        self._keep_prefetched(pre, reply)
+        return True
+
+    def _keep_prefetched(self, pre: Prefetch, reply: Reply | None) -> None:
+        """The `submit` is over: keep its reply's proposals (None: late or failed)."""
+        self._prefetch = None
+        if reply is not None:
+            arrived = pre.answered_at if pre.future is not None else self.connection.reply_at
+            if arrived > pre.since:
+                self.patience.replied(arrived - pre.since)
+            self._apply(reply, pre.sent)
+            self._count("prefetched")
+
+    def _collect(self, pre: Prefetch, wait_s: float | None = None):
+        """The reply to a `submit`, waiting at most the step deadline (None if late/failed),
+        or at most `wait_s` (`_PENDING` if not answered by then)."""
+        patient = wait_s is not None
+        timeout = wait_s if patient else self.config.deadline_ms / 1000
+        if pre.future is not None:
+            if patient:
+                try:
+                    return pre.future.result(timeout=timeout)
+                except grpc.FutureTimeoutError:
+                    return _PENDING
+                except grpc.RpcError as exc:
+                    return self._call_failed(exc)
+            return self._unary_reply(pre.future, timeout)
+        with self._cv:
+            return self._stream_reply(pre.step, pre.stream, time.monotonic() + timeout, patient)
+
+    def _unary_reply(self, future, timeout: float):
+        """The reply of a unary Draft call, waiting at most `timeout`; None if late/failed."""
+        try:
+            return future.result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            future.cancel()
+            return self._count("late")
+        except grpc.RpcError as exc:
+            return self._call_failed(exc)
+
+    def _call_failed(self, exc: grpc.RpcError) -> None:
+        """A Draft call that raised: past its deadline it was late; otherwise the connection
+        is suspect (reconnect in the background). None: the step goes without these drafts."""
+        if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return self._count("late")
+        self.connection.disconnect(f"Draft failed ({exc.code().name}: {exc.details()})")
+        return self._count("failed")
+
+    def _stream_reply(self, step: int, stream, end: float, patient: bool = False):
+        """The stream's reply for `step`, waiting until `end` (monotonic); None if late or the
+        stream broke (`_PENDING` if late and `patient`). Called with `_cv` held."""
+        while True:
+            reply = self.connection.reply(step)
+            if reply is not None:
+                return reply
+            if not self.connection.is_open(stream):
+                return self._count("failed")
+            left = end - time.monotonic()
+            if left <= 0:
+                return _PENDING if patient else self._count("late")
+            self._cv.wait(left)
