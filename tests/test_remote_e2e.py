@@ -185,23 +185,35 @@ def test_remote_drafter_is_lossless_over_50_prompts(tiny, baseline, drafters, ki
     eng.shutdown()
 
 
-@pytest.mark.parametrize("patience_ms", [2000, -1], ids=["wait", "auto"])
+@pytest.mark.parametrize("patience_ms", [2000, -1, "held"], ids=["wait", "auto", "held"])
 @pytest.mark.parametrize("mode", ["stream", "unary"])
 def test_remote_drafter_with_the_two_batch_overlap_is_lossless(
     tiny, baseline, drafters, mode, patience_ms
 ):
     """Halves alternate: one half's drafts are asked for when it commits and collected when
     it is launched again, while the other half ran (auto patience waits there: the device is
-    busy anyway). Output unchanged, nothing failed."""
+    busy anyway). Output unchanged, nothing failed. "held": the auto patience's GPU regime
+    forced (questions held for the next launch wherever no step is in flight: the halves'
+    commits find the other half in flight and ask at once; a drain's commit holds)."""
     server = drafters(drafter="ngram")
     eng = engine(
         tiny,
         f"grpc://{server.address}",
         drafter_mode=mode,
         two_batch_rows=2,
-        drafter_patience_ms=patience_ms,
+        drafter_patience_ms=-1 if patience_ms == "held" else patience_ms,
     )
+    busy = []
+    if patience_ms == "held":
+
+        def at_launch(device_busy: bool) -> bool:
+            busy.append(device_busy)
+            return not device_busy
+
+        eng.drafter.patience.at_launch = at_launch
     results = run_all(eng, PROMPTS)
+    if patience_ms == "held":
+        assert True in busy  # the halves' commits, with the other half in flight
     assert [c.token_ids for c in results] == baseline["short"]
     metrics = eng.executor.metrics
     labels = {"model": metrics.model}
