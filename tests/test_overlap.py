@@ -145,10 +145,22 @@ def test_adaptive_policy_switches_between_drafting_and_overlap(baseline):
     policy.measure_costs = False  # a GPU's table: the CPU forward is no host time there
     # Steep costs past 12 tokens: big batches verify without drafts, small ones draft.
     policy.seed_costs({1: 1e-3, 4: 1e-3, 8: 1.1e-3, 12: 1.2e-3, 16: 4e-3, 64: 16e-3, 1024: 0.3})
+    # The drafter hears every launch, overlapped or synchronous (`Drafter.launched`, where a
+    # remote drafter sends a question it held back), right after it.
+    events: list[str] = []
+    forward = eng.runner.forward
+
+    def launch(*args, **kw):
+        events.append("launch")
+        return forward(*args, **kw)
+
+    eng.runner.forward = launch
+    eng.drafter.launched = lambda: events.append("launched")
     out = [c.token_ids for c in run_to_completion(eng, PROMPTS, max_new_tokens=20)]
     assert out == baseline
     assert _overlapped(eng) > 0
     assert eng.executor.stats.draft_tokens > 0  # and some steps speculated
+    assert events and events == ["launch", "launched"] * (len(events) // 2)
 
 
 @pytest.mark.parametrize("overlap", [True, False])

@@ -101,7 +101,7 @@ class DraftIntake:
     def launched(self, step_no: int) -> None:
         """A step was just launched on the device: the drafter may send what it held back
         (`Drafter.launched`). Fails open."""
-        if self._submit is None:
+        if self.drafter is None:
             return
         try:
             self.drafter.launched()
