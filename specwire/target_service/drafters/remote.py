@@ -240,21 +240,12 @@ class RemoteDrafter(PrefetchReplies, Drafter):
             self.sessions.resync_all()
         self._take_answered()
         requests = [r for r in requests if not self._from_run(r)]
-        if self._held is not None:
+        if self._held is not None:  # (no prefetch then: `submit` holds only without one)
             # The question of the last commit goes out once this step is launched: the
-            # requests no proposal covers go without drafts this step (as when the reply is
-            # not waited for), and any not in it yet are asked then too.
+            # requests no proposal covers join it and go without drafts this step (as when
+            # the reply is not waited for), after the checks any question makes (below).
             held = {r.request_id for r in self._held}
             self._held += [r for r in requests if r.request_id not in held]
-            with self._cv:  # the checks a question asked here would make
-                connected = self.connection.connected
-                stalled = self.connection.stalled(time.monotonic())
-            if not connected:  # the link is down: no reply is coming
-                return self._count("failed" if requests else None)
-            if stalled:  # a wedged drafter
-                self.connection.disconnect(f"no reply for {self.config.stall_s:.1f} s")
-                return self._count("failed")
-            return self._count("deferred" if requests else None)
         pre = self._prefetch
         covered = {
             r.request_id
@@ -288,6 +279,8 @@ class RemoteDrafter(PrefetchReplies, Drafter):
         if inflight or self._prefetch is not None:
             # the drafter has not answered an earlier message yet: skip, keep the deltas
             return self._count("late" if requests else None)
+        if self._held is not None:  # asked once this step is launched
+            return self._count("deferred" if requests else None)
         msg, sent = self._build(step, [(r, r.draft_budget) for r in requests])
         t0 = time.monotonic()
         reply = self._exchange_stream(msg) if self.mode == "stream" else self._exchange_unary(msg)
