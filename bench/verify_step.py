@@ -465,6 +465,9 @@ def parse_prefetch(plan: str, ap) -> dict[str, int]:
         name, _, mib = item.strip().partition(":")
         if name in ("", "none"):
             continue
+        if name == "bulk":
+            out["bulk"] = 1
+            continue
         if name not in ("o_proj", "gate_up", "qkv") or (mib and not mib.isdigit()):
             ap.error(f"--l2-prefetch: {item!r} is not o_proj|gate_up|qkv[:MiB]")
         out[name] = int(mib or 0) << 20
@@ -575,7 +578,8 @@ def main() -> int:
         help="'/'-separated plans, side by side (ops column '...-pf...'): none, or a comma list "
         "of GEMM[:MiB] (o_proj, gate_up, qkv: read that GEMM's weight, or its first MiB, into "
         "L2 on a side stream while the kernels before it run; steps of <= 16 tokens; "
-        "TritonOps.l2_prefetch), e.g. none/o_proj/o_proj,gate_up:16,qkv:16",
+        "TritonOps.l2_prefetch), and 'bulk' for the copy engine's bulk prefetch instead of "
+        "loads, e.g. none/o_proj/o_proj,gate_up:16,qkv:16,bulk",
     )
     ap.add_argument(
         "--masked-k",

@@ -155,8 +155,9 @@ class TritonOps(TorchOps):
     # (`bench/verify_step.py --no-defer-splits`). Not a bit changes.
     defer_splits = True
     # GEMM name -> bytes of its weight to read into L2 while the kernels before it run (0: all),
-    # in steps of at most BLOCK_M tokens (`prefetch`, `triton_prefetch`). An experiment: empty
-    # (off) by default; `bench/verify_step.py --l2-prefetch` sets it.
+    # in steps of at most BLOCK_M tokens (`prefetch`, `triton_prefetch`); "bulk": by the copy
+    # engine's bulk prefetch, not loads. An experiment: empty (off) by default;
+    # `bench/verify_step.py --l2-prefetch` sets it.
     l2_prefetch: dict[str, int] = {}
 
     def __init__(
@@ -219,7 +220,8 @@ class TritonOps(TorchOps):
         if self._prefetch_plan and torch.cuda.is_available():
             from specwire.common.model.triton_prefetch import L2Prefetcher
 
-            self._prefetcher = L2Prefetcher()
+            self._prefetcher = L2Prefetcher(bulk=bool(self._prefetch_plan.pop("bulk", 0)))
+            self._prefetch_plan["bulk" if self._prefetcher.bulk else "load"] = 0
             self.name += "-pf" + "+".join(
                 f"{k}{v >> 20 if v else ''}" for k, v in sorted(self._prefetch_plan.items())
             )

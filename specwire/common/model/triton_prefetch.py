@@ -42,10 +42,34 @@ def _xor(a, b):
     return a ^ b
 
 
+_LANE_BYTES = 32 * 1024  # what one lane of `_bulk_into_l2` asks the copy engine for
+
+
+@triton.jit
+def _bulk_into_l2(src, nbytes, LANES: tl.constexpr, LANE_BYTES: tl.constexpr):
+    """Hopper's bulk prefetch (`cp.async.bulk.prefetch.L2`, the TMA unit): each lane asks for
+    LANE_BYTES of `src` (an int8 pointer) and moves on; no data passes through registers, so a
+    few one-warp programs cover a whole weight. Sizes are multiples of 16 bytes (a tail below
+    16 bytes is left out)."""
+    pid = tl.program_id(0)
+    off = pid.to(tl.int64) * LANES * LANE_BYTES + tl.arange(0, LANES).to(tl.int64) * LANE_BYTES
+    size = tl.minimum(tl.maximum(nbytes - off, 0), LANE_BYTES).to(tl.int32) // 16 * 16
+    tl.inline_asm_elementwise(
+        asm="{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; "
+        "mov.u32 $0, 0; }",
+        constraints="=r,l,r",
+        args=[src + off, size],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
+
+
 class L2Prefetcher:
     """Forks weight reads onto one side stream per device and joins them back."""
 
-    def __init__(self) -> None:
+    def __init__(self, bulk: bool = False) -> None:
+        self.bulk = bulk  # the copy engine's bulk prefetch instead of loads (`_bulk_into_l2`)
         self._side: dict[torch.device, torch.cuda.Stream] = {}
         self._sinks: dict[torch.device, torch.Tensor] = {}
         self._forked: set[torch.device] = set()
@@ -59,6 +83,14 @@ class L2Prefetcher:
             words = min(words, max_bytes // 8)
         if words == 0 or not weight.is_contiguous() or weight.data_ptr() % 8:
             return
+        if self.bulk:
+            self._fork(dev)
+            with torch.cuda.stream(self._side[dev]):
+                nbytes = words * 8
+                grid = triton.cdiv(nbytes, 32 * _LANE_BYTES)
+                flat = weight.view(-1)[: nbytes // weight.element_size()].view(torch.int8)
+                _bulk_into_l2[(grid,)](flat, nbytes, LANES=32, LANE_BYTES=_LANE_BYTES, num_warps=1)
+            return
         grid = triton.cdiv(words, _BLOCK * _ITERS)
         sink = self._sinks.get(dev)
         if sink is None or sink.numel() < grid:
@@ -67,14 +99,17 @@ class L2Prefetcher:
             if torch.cuda.is_current_stream_capturing():
                 return
             sink = self._sinks[dev] = torch.empty(max(grid, _SINK), dtype=torch.int64, device=dev)
+        self._fork(dev)
+        with torch.cuda.stream(self._side[dev]):
+            flat = weight.view(-1)[: words * 8 // weight.element_size()].view(torch.int64)
+            _read_into_l2[(grid,)](flat, sink, words, BLOCK=_BLOCK, ITERS=_ITERS)
+
+    def _fork(self, dev: torch.device) -> None:
+        """The side stream waits for what the current stream has launched so far."""
         side = self._side.get(dev)
         if side is None:
             side = self._side[dev] = torch.cuda.Stream(dev)
-        main = torch.cuda.current_stream(dev)
-        side.wait_stream(main)
-        with torch.cuda.stream(side):
-            flat = weight.view(-1)[: words * 8 // weight.element_size()].view(torch.int64)
-            _read_into_l2[(grid,)](flat, sink, words, BLOCK=_BLOCK, ITERS=_ITERS)
+        side.wait_stream(torch.cuda.current_stream(dev))
         self._forked.add(dev)
 
     def join(self) -> None:
