@@ -358,16 +358,9 @@ def bench_shape(
     # each variant once per graph row layout (`TokenGraphs.trim_rows`) and attention segment
     # grouping
     variants = [
-        v + (trim, g, pf)
-        for pf in args.l2_prefetch
-        for trim in args.graph_rows
-        for g in args.seg_group_max
-        for v in variants
+        v + (trim, g) for trim in args.graph_rows for g in args.seg_group_max for v in variants
     ]
-    for fused, small_gemms, fuse_small, pdl, fuse_norm, mode, trim, seg_max, pf in variants:
-        from specwire.common.model.ops import TritonOps
-
-        TritonOps.l2_prefetch = pf
+    for fused, small_gemms, fuse_small, pdl, fuse_norm, mode, trim, seg_max in variants:
         TokenGraphs.trim_rows = trim
         tag = "" if trim else "-fullrows"
         if seg_max is not None:
@@ -456,22 +449,6 @@ def markdown(results: list[dict]) -> str:
             f"{_f(r['plain_pytorch_graph_ms'], 2)} |" + diff
         )
     return "\n".join(lines) + "\n"
-
-
-def parse_prefetch(plan: str, ap) -> dict[str, int]:
-    """'none' -> {}; 'o_proj,gate_up:16' -> {'o_proj': 0, 'gate_up': 16 MiB}."""
-    out: dict[str, int] = {}
-    for item in plan.split(","):
-        name, _, mib = item.strip().partition(":")
-        if name in ("", "none"):
-            continue
-        if name == "bulk":
-            out["bulk"] = 1
-            continue
-        if name not in ("o_proj", "gate_up", "qkv") or (mib and not mib.isdigit()):
-            ap.error(f"--l2-prefetch: {item!r} is not o_proj|gate_up|qkv[:MiB]")
-        out[name] = int(mib or 0) << 20
-    return out
 
 
 def main() -> int:
@@ -573,15 +550,6 @@ def main() -> int:
         "(TritonOps.defer_splits off: before round 23)",
     )
     ap.add_argument(
-        "--l2-prefetch",
-        default="none",
-        help="'/'-separated plans, side by side (ops column '...-pf...'): none, or a comma list "
-        "of GEMM[:MiB] (o_proj, gate_up, qkv: read that GEMM's weight, or its first MiB, into "
-        "L2 on a side stream while the kernels before it run; steps of <= 16 tokens; "
-        "TritonOps.l2_prefetch), and 'bulk' for the copy engine's bulk prefetch instead of "
-        "loads, e.g. none/o_proj/o_proj,gate_up:16,qkv:16,bulk",
-    )
-    ap.add_argument(
         "--masked-k",
         action="store_true",
         help="our GEMMs mask their K loads as before round 21 (triton_ops.UNMASKED_K off)",
@@ -615,7 +583,6 @@ def main() -> int:
 
         triton_attention.GROUP_ROW_HEADS = args.seg_group_floor
     args.ks = [int(x) for x in args.ks.split(",")]
-    args.l2_prefetch = [parse_prefetch(plan, ap) for plan in args.l2_prefetch.split("/")]
     args.fused = [{"on": True, "off": False}[x] for x in args.fused.split(",")]
     args.fuse_small = [{"on": True, "off": False}[x] for x in args.fuse_small.split(",")]
     pdl_modes = {"on": (True, True), "late": (True, False), "off": (False, True)}

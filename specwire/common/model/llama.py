@@ -107,7 +107,6 @@ class DecoderLayer(nn.Module):
         # o_proj's and down's outputs reach the residual stream only through the next norm of
         # the ops (`defer`: TritonOps sums a K-split GEMM's partials in that norm's launch).
         x = self.ops.linear(attn, self.o_proj.weight, defer=True)
-        self.ops.prefetch("gate_up", self.gate_up_proj.weight, attn.shape[0])
         # Norm, gate_up GEMM, SiLU·up, down GEMM: SiLU·up in the gate_up GEMM with TritonOps.
         return self.ops.mlp(
             x,
@@ -138,12 +137,10 @@ class DecoderLayer(nn.Module):
             qkv, residual = ops.add_norm_qkv_rope_store(
                 *args, self.qkv_proj.bias, *rope, kv_cache, meta.slot_mapping, heads
             )
-            ops.prefetch("o_proj", self.o_proj.weight, t)  # while the attention runs
             out = self.attn.attend(qkv[:, : self.q_size].view(t, heads, d), kv_cache, meta)
             return out.reshape(t, self.q_size), residual
         # Norm (the residual add inside) then a GEMM: one kernel each with fused TritonOps.
         qkv, residual = ops.add_norm_linear(*args, self.qkv_proj.bias)
-        ops.prefetch("o_proj", self.o_proj.weight, t)
         # q and k sit side by side: rotated in one go (in place with TritonOps).
         qk = qkv[:, : self.q_size + self.kv_size].view(t, heads + kv_heads, d)
         v = qkv[:, self.q_size + self.kv_size :].view(t, kv_heads, d)
@@ -214,9 +211,6 @@ class LlamaModel(nn.Module):
         residual = None
         for i, layer in enumerate(self.layers):
             x, residual = layer(x, residual, rope, kv_caches[i], meta)
-            if i + 1 < len(self.layers):  # while the norm before its qkv GEMM runs
-                self.ops.prefetch("qkv", self.layers[i + 1].qkv_proj.weight, input_ids.shape[0])
-        self.ops.join_prefetch()
         if residual is None:  # no layers
             return self.ops.rms_norm(x, self.norm.weight, self.cfg.rms_norm_eps)
         return self.ops.add_rms_norm(x, residual, self.norm.weight, self.cfg.rms_norm_eps)[0]

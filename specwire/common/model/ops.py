@@ -135,14 +135,6 @@ class TorchOps:
         gate_up, residual = self.add_norm_linear(x, residual, norm_weight, eps, gate_up_weight)
         return self.silu_linear(gate_up, down_weight, defer=defer), residual
 
-    def prefetch(self, where: str, weight: torch.Tensor, tokens: int) -> None:
-        """A hint: the GEMM named `where` (o_proj, gate_up, qkv) reads `weight` next, in a step
-        of `tokens` tokens. `TritonOps` may start reading it into L2 on a side stream
-        (`triton_prefetch`); nothing here."""
-
-    def join_prefetch(self) -> None:
-        """The current stream waits for what `prefetch` started (before a forward returns)."""
-
 
 class TritonOps(TorchOps):
     name = "triton"
@@ -154,11 +146,6 @@ class TritonOps(TorchOps):
     # (`triton_ops.SplitPartials`); False sums them in their own launch, as before
     # (`bench/verify_step.py --no-defer-splits`). Not a bit changes.
     defer_splits = True
-    # GEMM name -> bytes of its weight to read into L2 while the kernels before it run (0: all),
-    # in steps of at most BLOCK_M tokens (`prefetch`, `triton_prefetch`); "bulk": by the copy
-    # engine's bulk prefetch, not loads. An experiment: empty (off) by default;
-    # `bench/verify_step.py --l2-prefetch` sets it.
-    l2_prefetch: dict[str, int] = {}
 
     def __init__(
         self,
@@ -215,29 +202,6 @@ class TritonOps(TorchOps):
             self.name += "-pdllate"
         if self._fuse_norm and self._fused is None:
             self.name += "-norm"
-        self._prefetch_plan = dict(self.l2_prefetch)
-        self._prefetcher = None
-        if self._prefetch_plan and torch.cuda.is_available():
-            from specwire.common.model.triton_prefetch import L2Prefetcher
-
-            self._prefetcher = L2Prefetcher(bulk=bool(self._prefetch_plan.pop("bulk", 0)))
-            self._prefetch_plan["bulk" if self._prefetcher.bulk else "load"] = 0
-            self.name += "-pf" + "+".join(
-                f"{k}{v >> 20 if v else ''}" for k, v in sorted(self._prefetch_plan.items())
-            )
-
-    def prefetch(self, where, weight, tokens):
-        if (
-            self._prefetcher is not None
-            and where in self._prefetch_plan
-            and tokens <= self._tiles.BLOCK_M
-            and weight.device.type == "cuda"
-        ):
-            self._prefetcher.prefetch(weight, self._prefetch_plan[where])
-
-    def join_prefetch(self):
-        if self._prefetcher is not None:
-            self._prefetcher.join()
 
     def rms_norm(self, x, weight, eps):
         return self._k.rms_norm(x, weight, eps)
