@@ -228,6 +228,7 @@ def main() -> int:
     ap.add_argument("--drafter-lookahead", type=int, default=-1, help="remote: -1 auto")
     ap.add_argument("--drafter-mode", default="stream", help="remote: stream or unary")
     ap.add_argument("--drafter-ask-at", default="auto", help="remote: auto or commit")
+    ap.add_argument("--drafter-max-inflight", type=int, default=1, help="remote: 1-4")
     ap.add_argument("--max-draft-len", type=int, default=4)
     ap.add_argument("--two-batch-rows", type=int, default=0)
     ap.add_argument(
@@ -269,6 +270,7 @@ def main() -> int:
         drafter_lookahead=args.drafter_lookahead,
         drafter_mode=args.drafter_mode,
         drafter_ask_at=args.drafter_ask_at,
+        drafter_max_inflight=args.drafter_max_inflight,
         max_draft_len=args.max_draft_len,
         two_batch_rows=args.two_batch_rows,
         max_batch_size=args.max_batch_size,
@@ -338,7 +340,7 @@ def main() -> int:
     if service is not None:
         label += f" branches={args.drafter_branches} patience={args.drafter_patience_ms:g}"
         label += f" lookahead={args.drafter_lookahead} mode={args.drafter_mode}"
-        label += f" ask-at={args.drafter_ask_at}"
+        label += f" ask-at={args.drafter_ask_at} inflight={args.drafter_max_inflight}"
     label += f" two-batch>={args.two_batch_rows}" if args.two_batch_rows else ""
 
     metrics = engine.executor.metrics

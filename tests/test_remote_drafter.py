@@ -356,7 +356,7 @@ def test_late_reply_is_never_applied_to_a_newer_step(servers):
         a = make_request("a", REPETITIVE)
         assert h.step([a]) == [[]]
         # The late reply for step 1 arrives while nobody waits (its stream slot frees).
-        wait_until(lambda: h.drafter.connection.inflight is None, timeout=10, what="step 1's reply")
+        wait_until(lambda: h.drafter.connection.inflight == 0, timeout=10, what="step 1's reply")
         assert h.step([a]) == [[1]]
         assert h.counters()["late"] == 1
         h.drafter.close()

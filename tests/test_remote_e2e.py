@@ -319,6 +319,34 @@ def test_questions_held_back_for_the_next_launch_are_lossless(tiny, baseline, dr
     eng.shutdown()
 
 
+def test_two_questions_in_flight_are_lossless(tiny, baseline, drafters):
+    """--drafter-max-inflight 2 with a drafter slower than a step (5 ms, never waited for):
+    commits ask again while the previous question is unanswered, the stream answers both in
+    order, and the replies draft later steps. Output unchanged; nothing failed, went stale or
+    leaked; sessions freed."""
+    server = drafters(drafter="ngram", delay_ms=5)
+    eng = engine(tiny, f"grpc://{server.address}", drafter_patience_ms=0, drafter_max_inflight=2)
+    drafter, seconds = eng.drafter, []
+    question = drafter._question
+
+    def counted(requests):  # a question sent while another is in flight
+        before = len(drafter._pending)
+        question(requests)
+        if before and len(drafter._pending) > before:
+            seconds.append(before)
+
+    drafter._question = counted
+    results = run_all(eng, PROMPTS)
+    assert [c.token_ids for c in results] == baseline["short"]
+    assert seconds and max(seconds) == 1  # second questions went out, never a third
+    c = drafter.counters()
+    assert c["prefetched"] > 0 and eng.executor.stats.accepted_tokens > 0
+    assert c["failed"] == c["stale"] == c["unknown_request"] == c["resynced"] == 0
+    wait_until(lambda: len(server.engine.store) == 0, timeout=10, what="sessions freed")
+    server.engine.check_integrity()
+    eng.shutdown()
+
+
 @pytest.mark.parametrize("patience_ms, delay_ms", [(0, 5), (-1, 50)], ids=["never", "auto"])
 @pytest.mark.parametrize("mode", ["stream", "unary"])
 def test_remote_drafter_that_is_not_waited_for_is_lossless(

@@ -80,6 +80,10 @@ ENGINE_FLAGS = {
         " ask once it is launched, off the critical path (auto), or at the commit (commit)",
         choices=("auto", "commit"),
     ),
+    "drafter_max_inflight": Flag(
+        "remote drafters, stream mode: questions the stream may have in flight at once (1-4);"
+        " with 2 a step commits and asks again while the previous question is unanswered"
+    ),
     "progress": Flag("no progress bars while loading"),
     "max_prompt_bytes": Flag("most UTF-8 bytes of a prompt (checked before tokenising)"),
     "max_stop_strings": Flag("most stop strings per request"),

@@ -59,6 +59,8 @@ class TargetConfig:
     # question asked as a step commits goes out once that step is launched (auto) or at the
     # commit (commit).
     drafter_ask_at: str = "auto"
+    # Remote drafters, stream mode: questions in flight at once (the stream answers in order).
+    drafter_max_inflight: int = 1
     progress: bool = True
     drafter_security: ClientSecurity = field(default_factory=ClientSecurity)  # grpc:// drafters
     # Admission limits (checked by the servicer before any work; see docs/security.md).
@@ -110,6 +112,10 @@ class TargetConfig:
             )
         if self.drafter_ask_at not in ("auto", "commit"):
             raise UserError(f"--drafter-ask-at must be auto or commit, got {self.drafter_ask_at!r}")
+        if not 1 <= self.drafter_max_inflight <= 4:
+            raise UserError(
+                f"--drafter-max-inflight must be between 1 and 4, got {self.drafter_max_inflight}"
+            )
         if self.drafter_lookahead < -1:
             raise UserError(
                 f"--drafter-lookahead must be >= 0 (or -1: auto), got {self.drafter_lookahead}"

@@ -85,6 +85,7 @@ def make_drafter(cfg: TargetConfig, loaded: LoadedModel) -> Drafter | None:
             patience_ms=cfg.drafter_patience_ms,
             branches=cfg.drafter_branches,
             ask_at=cfg.drafter_ask_at,
+            max_inflight=cfg.drafter_max_inflight,
         )
     if ":" in spec:
         return load_plugin_drafter(spec, cfg.max_draft_len)

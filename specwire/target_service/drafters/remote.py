@@ -131,10 +131,17 @@ class RemoteDrafter(PrefetchReplies, Drafter):
         patience_ms: float = -1.0,
         branches: int = -1,
         ask_at: str = "auto",
+        max_inflight: int = 1,
     ) -> None:
         super().__init__(max_draft_len)
         self.config = RemoteDrafterConfig(
-            address, mode, deadline_ms, connect_timeout_s, patience_ms=patience_ms, ask_at=ask_at
+            address,
+            mode,
+            deadline_ms,
+            connect_timeout_s,
+            patience_ms=patience_ms,
+            ask_at=ask_at,
+            max_inflight=max_inflight,
         )
         self.security = security or ClientSecurity()
         self.name = f"grpc://{self.config.target}"
@@ -151,10 +158,13 @@ class RemoteDrafter(PrefetchReplies, Drafter):
         self._cv = self.connection.cv
         self._step = 0
         self._notices: set[grpc.Future] = set()  # unary finished notices in flight
-        self._prefetch: Prefetch | None = None  # drafts in flight since the last step ended
+        # Questions asked early and not yet collected, oldest first (at most `max_inflight`).
+        self._pending: list[Prefetch] = []
         # A submit's question held back until the next step is launched (`launched`).
         self._held: list[Request] | None = None
         self.info, self.mode = self.connection.info, self.connection.mode
+        # Unary calls are answered side by side, not in order: one question at a time.
+        self.max_inflight = self.config.max_inflight if self.mode == "stream" else 1
         self.want_probs = "draft_probs" in self.info.capabilities
         offers_branches = "branches" in self.info.capabilities
         if lookahead < 0:  # auto: a lookup's longer proposal costs the drafter nothing
@@ -185,9 +195,9 @@ class RemoteDrafter(PrefetchReplies, Drafter):
         self.patience.committed(time.monotonic())
         self._held = None
         self._take_answered()
-        if self._prefetch is not None:  # still unanswered: nothing more goes out meanwhile
+        if len(self._pending) >= self.max_inflight:  # nothing more goes out meanwhile
             return
-        if self.patience.at_launch(self.device_busy):
+        if not self._pending and self.patience.at_launch(self.device_busy):
             # The next step would not wait for this reply: ask once it is on the device.
             self._held = list(requests)
             return
@@ -198,7 +208,7 @@ class RemoteDrafter(PrefetchReplies, Drafter):
         remote_patience.py, "Sending at launch")."""
         self.patience.launched(time.monotonic())
         held, self._held = self._held, None
-        if held and self._prefetch is None:
+        if held and not self._pending:
             self._count("at_launch")
             self._question(held)
 
@@ -210,7 +220,7 @@ class RemoteDrafter(PrefetchReplies, Drafter):
             return
         conn = self.connection
         with self._cv:
-            if not conn.connected or conn.lost_sync or conn.inflight is not None:
+            if not conn.connected or conn.lost_sync or conn.inflight >= self.max_inflight:
                 return
         self._step += 1
         step = self._step
@@ -219,10 +229,11 @@ class RemoteDrafter(PrefetchReplies, Drafter):
             with self._cv:
                 stream = conn.send(msg)  # in flight as `step` (the message's)
             if stream is not None:
-                self._prefetch = Prefetch(step, sent, stream, None, time.monotonic())
+                self._pending.append(Prefetch(step, sent, stream, None, time.monotonic()))
         else:
             future = conn.stub.Draft.future(msg, timeout=self.config.deadline_ms / 1000 + 1.0)
-            self._prefetch = pre = Prefetch(step, sent, None, future, time.monotonic())
+            pre = Prefetch(step, sent, None, future, time.monotonic())
+            self._pending.append(pre)
             future.add_done_callback(pre.mark_answered)
 
     def prepare_draft_tokens(
@@ -240,13 +251,22 @@ class RemoteDrafter(PrefetchReplies, Drafter):
             self.sessions.resync_all()
         self._take_answered()
         requests = [r for r in requests if not self._from_run(r)]
-        if self._held is not None:  # (no prefetch then: `submit` holds only without one)
+        if self._held is not None:  # (none pending then: `submit` holds only without one)
             # The question of the last commit goes out once this step is launched: the
             # requests no proposal covers join it and go without drafts this step (as when
             # the reply is not waited for), after the checks any question makes (below).
             held = {r.request_id for r in self._held}
             self._held += [r for r in requests if r.request_id not in held]
-        pre = self._prefetch
+        # The newest question in flight that covers a request at its length (the stream
+        # answers in order, so the older ones come first and `_take_answered` keeps them).
+        pre = next(
+            (
+                p
+                for p in reversed(self._pending)
+                if any(p.sent.get(r.request_id, (-1,))[0] == r.num_tokens for r in requests)
+            ),
+            None,
+        )
         covered = {
             r.request_id
             for r in requests
@@ -269,14 +289,14 @@ class RemoteDrafter(PrefetchReplies, Drafter):
         with self._cv:
             self._step += 1
             step, connected = self._step, conn.connected
-            inflight = conn.inflight is not None
+            inflight = conn.inflight > 0
             stalled = conn.stalled(time.monotonic())
         if not connected:
             return self._count("failed" if requests else None)
         if stalled:
             conn.disconnect(f"no reply for {self.config.stall_s:.1f} s")
             return self._count("failed")
-        if inflight or self._prefetch is not None:
+        if inflight or self._pending:
             # the drafter has not answered an earlier message yet: skip, keep the deltas
             return self._count("late" if requests else None)
         if self._held is not None:  # asked once this step is launched
@@ -289,6 +309,11 @@ class RemoteDrafter(PrefetchReplies, Drafter):
             self._apply(reply, sent)
             for r in requests:
                 self._from_run(r)
+
+    @property
+    def _prefetch(self) -> Prefetch | None:
+        """The newest question asked early and not yet collected (None: none)."""
+        return self._pending[-1] if self._pending else None
 
     def _ask(self, budget: int) -> int:
         """Tokens to ask for when a step may use `budget`: those and the look-ahead."""
@@ -372,7 +397,7 @@ class RemoteDrafter(PrefetchReplies, Drafter):
                 self.connection.send(notice, awaited=False)
                 return
         msg = drafter_pb2.DraftRequest(step=step, sequences=updates)
-        pre = self._prefetch
+        pre = self._prefetch  # unary: at most one
         if pre is not None and pre.future is not None and any(r in pre.sent for r in rids):
             # A Draft call still in flight names some of these requests. The drafter serves
             # unary calls side by side, so a notice sent now could be applied before that call,

@@ -27,6 +27,7 @@ CHANNEL_OPTIONS = [  # notice a restarted drafter within ~1 s (gRPC's default wa
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
+MAX_INFLIGHT = 4  # the most questions `--drafter-max-inflight` may keep on the stream at once
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,10 @@ class RemoteDrafterConfig:
     # When the next step would not wait for the reply (auto patience): send the question asked
     # as a step commits once the next step is launched ("auto"), or always at the commit.
     ask_at: str = "auto"
+    # Questions a stream may have in flight at once (the stream answers in order): with 1 a
+    # commit whose previous question is unanswered asks nothing; with 2 it asks again, so a
+    # reply that comes a step late still leaves one on the way. Unary calls keep 1.
+    max_inflight: int = 1
 
     def __post_init__(self) -> None:
         if not self.target or ":" not in self.target:
@@ -52,6 +57,11 @@ class RemoteDrafterConfig:
             raise UserError(f"drafter mode must be stream or unary, got {self.mode!r}")
         if self.ask_at not in ("auto", "commit"):
             raise UserError(f"drafter ask-at must be auto or commit, got {self.ask_at!r}")
+        if not 1 <= self.max_inflight <= MAX_INFLIGHT:
+            raise UserError(
+                f"drafter max in flight must be between 1 and {MAX_INFLIGHT}, "
+                f"got {self.max_inflight}"
+            )
         if self.deadline_ms <= 0 or self.connect_timeout_s <= 0:
             raise UserError("drafter deadline and connect timeout must be > 0")
         if self.patience_ms != -1 and not 0 <= self.patience_ms <= self.deadline_ms:

@@ -1,8 +1,9 @@
 """The remote drafter's connection: the channel, the handshake, and in stream mode the one open
 DraftStream and its reader thread; dropping the connection and re-opening it in the background.
 
-`RemoteConnection` owns that state: whether the connection is up, the open stream, the step
-sent on it and not yet answered, the reply the reader thread hands over, and `lost_sync`. It
+`RemoteConnection` owns that state: whether the connection is up, the open stream, the steps
+sent on it and not yet answered (at most `max_inflight` questions: the stream answers in
+order), the replies the reader thread hands over, and `lost_sync`. It
 also owns the lock that guards it, `cv`, and `RemoteDrafter` shares that one Condition for its
 own step state and counters: a step reads the connection and updates its own state in one
 critical section (e.g. "up, nothing in flight: this message is step n, and it is in flight"),
@@ -30,6 +31,7 @@ from specwire.common.security import ClientSecurity
 from specwire.common.transport import make_channel
 from specwire.target_service.drafters.remote_channel import (
     CHANNEL_OPTIONS,
+    MAX_INFLIGHT,
     DraftStreamCall,
     RemoteDrafterConfig,
     handshake,
@@ -37,6 +39,8 @@ from specwire.target_service.drafters.remote_channel import (
 from specwire.target_service.drafters.remote_sessions import Reply, read_reply
 
 log = logging.getLogger(__name__)
+
+_KEEP = MAX_INFLIGHT + 1  # replies held for their steps at most (`_hand`)
 
 
 class RemoteConnection:
@@ -61,10 +65,11 @@ class RemoteConnection:
         self.connections = 0  # made so far, the first one included (the `reconnects` counter)
         self._connected = False
         self._stream: DraftStreamCall | None = None
-        self._inflight: int | None = None  # stream: step sent and not yet answered
-        self._inflight_since = 0.0
-        self._reply: Reply | None = None  # read out of its protobuf by the reader
-        self._reply_at = 0.0  # when `_reply` arrived (reader thread)
+        self._inflight: dict[int, float] = {}  # stream: step sent and not answered -> when
+        # Replies read out of their protobuf by the reader, not yet taken: step -> (reply,
+        # when it arrived). At most a few: one whose step gave up on it is dropped (`_hand`).
+        self._replies: dict[int, tuple[Reply, float]] = {}
+        self._reply_at = 0.0  # when the reply `reply` last returned arrived
         self._lost_sync = False  # set on failure: every sequence restarts from base_len 0
         self._reconnecting = False
         self._closed = threading.Event()
@@ -97,13 +102,14 @@ class RemoteConnection:
         return self._lost_sync
 
     @property
-    def inflight(self) -> int | None:
-        """Stream mode: the step sent and not yet answered (None: the stream is free)."""
-        return self._inflight
+    def inflight(self) -> int:
+        """Stream mode: how many steps were sent and not yet answered (0: the stream is
+        free)."""
+        return len(self._inflight)
 
     def stalled(self, now: float) -> bool:
         """A step in flight for longer than `stall_s` (the caller then `disconnect`s)."""
-        return self._inflight is not None and now - self._inflight_since > self.config.stall_s
+        return bool(self._inflight) and now - min(self._inflight.values()) > self.config.stall_s
 
     def send(
         self, msg: drafter_pb2.DraftStreamRequest, awaited: bool = True
@@ -116,14 +122,18 @@ class RemoteConnection:
         if stream is None:
             return None
         if awaited:
-            self._inflight, self._inflight_since = msg.step, time.monotonic()
+            self._inflight[msg.step] = time.monotonic()
         stream.send(msg)
         return stream
 
     def reply(self, step: int) -> Reply | None:
-        """The stream's reply for `step`, once the reader has handed it over."""
-        reply = self._reply
-        return reply if reply is not None and reply.step == step else None
+        """The stream's reply for `step`, once the reader has handed it over; taken (a
+        second call returns None). Sets `reply_at`."""
+        got = self._replies.pop(step, None)
+        if got is None:
+            return None
+        reply, self._reply_at = got
+        return reply
 
     def is_open(self, stream: object) -> bool:
         """`stream` (from `send`) is still the open one: not dropped, so a reply may come."""
@@ -131,8 +141,8 @@ class RemoteConnection:
 
     @property
     def reply_at(self) -> float:
-        """When the last reply handed over arrived (time.monotonic(); read without `cv` once
-        `reply` has returned it: nothing else is in flight to replace it)."""
+        """When the reply `reply` last returned arrived (time.monotonic(); the executor
+        thread's alone: only `reply` sets it)."""
         return self._reply_at
 
     # -- the lifecycle (each takes `cv` itself) -----------------------------------------------
@@ -168,7 +178,8 @@ class RemoteConnection:
                 if stream is not None:
                     stream.close()
                 return
-            self._stream, self._connected, self._inflight = stream, True, None
+            self._stream, self._connected = stream, True
+            self._inflight, self._replies = {}, {}
             self.connections += 1
             # A stream whose reader ended before it was registered here (a drafter that fails
             # it at once) has nobody left to report it: drop it now, not at the stall check.
@@ -183,7 +194,7 @@ class RemoteConnection:
                 return
             log.warning("drafter %s: %s; reconnecting in the background", self.name, why)
             stream, self._stream, self._connected = self._stream, None, False
-            self._inflight, self._lost_sync = None, True
+            self._inflight, self._replies, self._lost_sync = {}, {}, True
             self.cv.notify_all()
             start = not self._reconnecting
             self._reconnecting = True
@@ -215,9 +226,8 @@ class RemoteConnection:
                 with self.cv:
                     if stream is not self._stream:
                         return
-                    if reply.step == self._inflight:  # anything else is junk: wait for ours
-                        self._inflight, self._reply = None, reply
-                        self._reply_at = time.monotonic()
+                    if self._inflight.pop(reply.step, None) is not None:  # else junk: ignore
+                        self._hand(reply)
                         self.cv.notify_all()
             why = "the drafter ended the stream"
         except grpc.RpcError as exc:
@@ -227,6 +237,13 @@ class RemoteConnection:
             current = stream is self._stream
         if current:
             self.disconnect(why)
+
+    def _hand(self, reply: Reply) -> None:
+        """Keep `reply` for the step that asked (`cv` held). A reply nobody took by the time
+        `_KEEP` later ones came was given up on (late): dropped, so none piles up."""
+        self._replies[reply.step] = (reply, time.monotonic())
+        while len(self._replies) > _KEEP:
+            del self._replies[min(self._replies)]
 
     def close(self) -> None:
         self._closed.set()

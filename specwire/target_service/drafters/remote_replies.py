@@ -2,7 +2,7 @@
 collecting them without waiting (`_take_answered`), or waiting at most a patience or the
 deadline (`_use_prefetch`), and keeping what they propose. A mixin of `RemoteDrafter`
 (remote.py), which owns the state it uses: `config`, `connection` and its lock `_cv`,
-`patience`, `_prefetch` (the question in flight), and `_count` / `_apply`."""
+`patience`, `_pending` (the questions in flight, oldest first), and `_count` / `_apply`."""
 
 from __future__ import annotations
 
@@ -36,26 +36,25 @@ class PrefetchReplies:
     """Collecting a `submit`'s reply (see the module docstring)."""
 
     def _take_answered(self) -> None:
-        """Keep the proposals of a `submit` the drafter has already answered (never waits).
-        One still unanswered a deadline after it was sent is given up on (counted late)."""
-        pre = self._prefetch
-        if pre is None:
-            return
-        if pre.future is not None:
-            if pre.future.done():
-                self._use_prefetch(pre)
-                return
-        else:
-            with self._cv:  # its reply, or None: the stream broke (no reply will come)
-                reply = self._stream_reply(pre.step, pre.stream, 0.0, patient=True)
-            if reply is not _PENDING:
-                self._keep_prefetched(pre, reply)
-                return
-        if time.monotonic() - pre.since > self.config.deadline_ms / 1000:
-            self._prefetch = None
+        """Keep the proposals of every `submit` the drafter has already answered, oldest
+        first (never waits). One still unanswered a deadline after it was sent is given up on
+        (counted late)."""
+        for pre in list(self._pending):
             if pre.future is not None:
-                pre.future.cancel()
-            self._count("late")
+                if pre.future.done():
+                    self._use_prefetch(pre)
+                    continue
+            else:
+                with self._cv:  # its reply, or None: the stream broke (no reply will come)
+                    reply = self._stream_reply(pre.step, pre.stream, 0.0, patient=True)
+                if reply is not _PENDING:
+                    self._keep_prefetched(pre, reply)
+                    continue
+            if time.monotonic() - pre.since > self.config.deadline_ms / 1000:
+                self._pending.remove(pre)
+                if pre.future is not None:
+                    pre.future.cancel()
+                self._count("late")
 
     def _use_prefetch(self, pre: Prefetch, wait_s: float | None = None) -> bool:
         """Collect a `submit`'s reply and keep its proposals. Waits at most the deadline, or
@@ -70,7 +69,7 @@ class PrefetchReplies:
 
     def _keep_prefetched(self, pre: Prefetch, reply: Reply | None) -> None:
         """The `submit` is over: keep its reply's proposals (None: late or failed)."""
-        self._prefetch = None
+        self._pending.remove(pre)
         if reply is not None:
             arrived = pre.answered_at if pre.future is not None else self.connection.reply_at
             if arrived > pre.since:
