@@ -27,7 +27,8 @@ and every thread's contention for the GIL are real.
         --device-ms 0.7 --adaptive --drafter remote-ngram --min-prompts 24 --max-new-tokens 128
 
 Prints tok/s per pass and, with --profile, the top functions of that thread (cProfile;
-wall time, so a function's share includes its waits for the GIL).
+wall time, so a function's share includes its waits for the GIL); with --draft-lengths, how
+many drafts each drafting row got over the run (0: a step that went without).
 """
 
 from __future__ import annotations
@@ -189,6 +190,33 @@ class StubForward:
                 j += 1
 
 
+class DraftLengths:
+    """`--draft-lengths`: per decode row of every step that asked the drafter (a budget > 0),
+    how many drafts it got, wrapped around this engine's draft intake."""
+
+    def __init__(self, intake) -> None:
+        self.counts: Counter[int] = Counter()
+        prepare = intake.prepare
+
+        def counted(rows, ask_drafter, step_no, device_busy=False):
+            asked = prepare(rows, ask_drafter, step_no, device_busy)
+            if asked:
+                self.counts.update(len(r.drafts) for r in rows if r.request.draft_budget > 0)
+            return asked
+
+        intake.prepare = counted
+
+    def summary(self) -> str:
+        rows = sum(self.counts.values())
+        none = self.counts[0]
+        drafted = sum(n * c for n, c in self.counts.items())
+        return (
+            f"{rows} drafting rows, {none} ({100 * none / max(rows, 1):.0f} %) without drafts, "
+            f"{drafted / max(rows - none, 1):.2f} drafts a row that had any; "
+            f"by length {sorted(self.counts.items())}"
+        )
+
+
 class StepCPU:
     """The executor thread's CPU time in its steps (`time.thread_time`: time spent waiting for
     the GIL or sleeping is not counted, so it is steadier on a small shared machine than
@@ -251,6 +279,11 @@ def main() -> int:
     )
     ap.add_argument("--profile", choices=("executor", "output"), default=None)
     ap.add_argument(
+        "--draft-lengths",
+        action="store_true",
+        help="print how many drafts each drafting row got (0 = a step that went without)",
+    )
+    ap.add_argument(
         "--gc-threshold", type=int, default=None, help="gc.set_threshold(N) after warm-up"
     )
     args = ap.parse_args()
@@ -299,6 +332,7 @@ def main() -> int:
     runner.forward = StubForward(runner, vocab, cfg.max_num_tokens, device, truths=truths)
     engine.executor.drafts.pads = False  # as on the GPU's varlen backends: real drafts only
     cpu = StepCPU(engine.executor)
+    lengths = DraftLengths(engine.executor.drafts) if args.draft_lengths else None
     gc.collect()
     gc.freeze()
     if args.gc_threshold is not None:
@@ -371,6 +405,8 @@ def main() -> int:
 
     try:
         asyncio.run(go())
+        if lengths is not None:
+            print(f"host-only {label}: {lengths.summary()}", flush=True)
         if service is not None:
             print(f"host-only {label}: drafter counters {engine.drafter.counters()}", flush=True)
             p = engine.drafter.patience  # the auto patience's view: round trip against a step
