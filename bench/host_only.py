@@ -256,7 +256,7 @@ def main() -> int:
     ap.add_argument("--drafter-lookahead", type=int, default=-1, help="remote: -1 auto")
     ap.add_argument("--drafter-mode", default="stream", help="remote: stream or unary")
     ap.add_argument("--drafter-ask-at", default="auto", help="remote: auto or commit")
-    ap.add_argument("--drafter-max-inflight", type=int, default=1, help="remote: 1-4")
+    ap.add_argument("--drafter-max-inflight", type=int, default=2, help="remote: 1-4")
     ap.add_argument("--max-draft-len", type=int, default=4)
     ap.add_argument("--two-batch-rows", type=int, default=0)
     ap.add_argument(

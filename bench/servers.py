@@ -43,9 +43,9 @@ from specwire.target_service.drafters.remote import LOOKAHEAD_STEPS  # noqa: E40
 # process of its own (--engine-process on: the default on CUDA), "-inproc" in the target's
 # (--engine-process off); "-nobranch" asks the drafter
 # for no branches (--drafter-branches 0), "-la1" for a look-ahead of K+1 (round 23's auto),
-# "-atcommit" for questions always sent at the commit (--drafter-ask-at commit), "-inflight2"
-# for two questions in flight on the stream (--drafter-max-inflight 2), to measure them side
-# by side.
+# "-atcommit" for questions always sent at the commit (--drafter-ask-at commit), "-inflight1"
+# for one question at a time on the stream (--drafter-max-inflight 1; round 27 made 2 the
+# default; "-inflight2" names it explicitly), to measure them side by side.
 CONFIGS = {
     "none": "none",
     "none-sync": "none",
@@ -62,6 +62,7 @@ CONFIGS = {
     "remote-ngram-la1": "remote",
     "remote-ngram-atcommit": "remote",
     "remote-ngram-inflight2": "remote",
+    "remote-ngram-inflight1": "remote",
     "none-proc": "none",
     "ngram-proc": "ngram",
     "remote-ngram-proc": "remote",
@@ -85,6 +86,7 @@ REMOTE_DRAFTERS = {  # service --drafter
     "remote-ngram-la1": "ngram",
     "remote-ngram-atcommit": "ngram",
     "remote-ngram-inflight2": "ngram",
+    "remote-ngram-inflight1": "ngram",
     "remote-ngram-proc": "ngram",
     "remote-ngram-inproc": "ngram",
     "remote-ngram-exact": "ngram",
@@ -224,6 +226,8 @@ def running_config(config: str, args: argparse.Namespace) -> Iterator[Server]:
             cmd += ["--drafter-ask-at", "commit"]
         if config.endswith("-inflight2"):  # a second question while the first is unanswered
             cmd += ["--drafter-max-inflight", "2"]
+        if config.endswith("-inflight1"):  # one question at a time (before round 27)
+            cmd += ["--drafter-max-inflight", "1"]
         if config.endswith("-la1"):  # round 23's auto look-ahead: one step's worth (K+1)
             cmd += ["--drafter-lookahead", str(args.max_draft_len + 1)]
         if config.endswith("-proc"):

@@ -1,7 +1,8 @@
-"""Two questions in flight on the remote drafter's stream (`--drafter-max-inflight 2`): a step
-that commits while the previous question is unanswered asks again instead of asking nothing,
-so a reply a step late still leaves a newer one on the way. Against real drafter services on
-loopback; the executor-level test (lossless) is in test_remote_e2e.py."""
+"""Two questions in flight on the remote drafter's stream (`--drafter-max-inflight`, default
+2; 1 is the old one at a time): a step that commits while the previous question is unanswered
+asks again instead of asking nothing, so a reply a step late still leaves a newer one on the
+way. Against real drafter services on loopback; the executor-level test (lossless) is in
+test_remote_e2e.py."""
 
 from __future__ import annotations
 

@@ -82,7 +82,8 @@ ENGINE_FLAGS = {
     ),
     "drafter_max_inflight": Flag(
         "remote drafters, stream mode: questions the stream may have in flight at once (1-4);"
-        " with 2 a step commits and asks again while the previous question is unanswered"
+        " with 2 (default) a step that commits asks again while the previous question is"
+        " unanswered"
     ),
     "progress": Flag("no progress bars while loading"),
     "max_prompt_bytes": Flag("most UTF-8 bytes of a prompt (checked before tokenising)"),

@@ -59,8 +59,9 @@ class TargetConfig:
     # question asked as a step commits goes out once that step is launched (auto) or at the
     # commit (commit).
     drafter_ask_at: str = "auto"
-    # Remote drafters, stream mode: questions in flight at once (the stream answers in order).
-    drafter_max_inflight: int = 1
+    # Remote drafters, stream mode: questions in flight at once (the stream answers in order;
+    # 2: a commit asks again while the previous question is unanswered).
+    drafter_max_inflight: int = 2
     progress: bool = True
     drafter_security: ClientSecurity = field(default_factory=ClientSecurity)  # grpc:// drafters
     # Admission limits (checked by the servicer before any work; see docs/security.md).

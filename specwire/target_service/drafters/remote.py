@@ -6,9 +6,12 @@ waits at most `deadline_ms`; a late, failed or malformed reply costs that step i
 output.
 
 Stream mode (default) keeps one DraftStream open: a queue feeds the request iterator, a reader
-thread hands replies to the waiting step. At most one message is in flight: while the drafter
-has not answered the previous step, a step sends nothing (its deltas ride along next time), so
-a slow drafter drafts every other step instead of building an ever-growing backlog. A stream
+thread hands replies to the waiting step. At most `max_inflight` questions are in flight
+(default 2; the stream answers in order): a step that commits while the previous question is
+unanswered asks again, so a reply a step late still leaves a newer one on the way (on an H100,
+1.27x against 1.12-1.20x with one at a time: bench/RESULTS.md, round 27). Past that a step
+sends nothing (its deltas ride along next time), so a slow drafter never builds an
+ever-growing backlog. A stream
 that breaks, or stays silent for `stall_s`, is dropped and re-opened in the background with
 exponential back-off, after re-checking the handshake (the drafter may have restarted with
 another model); every sequence is then re-sent from base_len 0 (`remote_connection.py`).
@@ -131,7 +134,7 @@ class RemoteDrafter(PrefetchReplies, Drafter):
         patience_ms: float = -1.0,
         branches: int = -1,
         ask_at: str = "auto",
-        max_inflight: int = 1,
+        max_inflight: int = 2,
     ) -> None:
         super().__init__(max_draft_len)
         self.config = RemoteDrafterConfig(

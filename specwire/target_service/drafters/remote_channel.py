@@ -46,9 +46,9 @@ class RemoteDrafterConfig:
     # as a step commits once the next step is launched ("auto"), or always at the commit.
     ask_at: str = "auto"
     # Questions a stream may have in flight at once (the stream answers in order): with 1 a
-    # commit whose previous question is unanswered asks nothing; with 2 it asks again, so a
-    # reply that comes a step late still leaves one on the way. Unary calls keep 1.
-    max_inflight: int = 1
+    # commit whose previous question is unanswered asks nothing; with 2 (the default) it asks
+    # again, so a reply that comes a step late still leaves one on the way. Unary calls keep 1.
+    max_inflight: int = 2
 
     def __post_init__(self) -> None:
         if not self.target or ":" not in self.target:
