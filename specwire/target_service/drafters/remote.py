@@ -6,15 +6,13 @@ waits at most `deadline_ms`; a late, failed or malformed reply costs that step i
 output.
 
 Stream mode (default) keeps one DraftStream open: a queue feeds the request iterator, a reader
-thread hands replies to the waiting step. At most `max_inflight` questions are in flight
-(default 2; the stream answers in order): a step that commits while the previous question is
-unanswered asks again, so a reply a step late still leaves a newer one on the way (on an H100,
-1.27x against 1.12-1.20x with one at a time: bench/RESULTS.md, round 27). Past that a step
-sends nothing (its deltas ride along next time), so a slow drafter never builds an
-ever-growing backlog. A stream
-that breaks, or stays silent for `stall_s`, is dropped and re-opened in the background with
-exponential back-off, after re-checking the handshake (the drafter may have restarted with
-another model); every sequence is then re-sent from base_len 0 (`remote_connection.py`).
+thread hands replies to the waiting step. At most `max_inflight` questions (default 2; the
+stream answers in order) are in flight: a commit asks again while the previous question is
+unanswered (bench/RESULTS.md, round 27); past that a step sends nothing (its deltas ride along
+next time), so a slow drafter never builds a backlog. A stream that breaks, or stays silent
+for `stall_s`, is dropped and re-opened in the background with exponential back-off, after
+re-checking the handshake (the drafter may have restarted with another model); every sequence
+is then re-sent from base_len 0 (`remote_connection.py`).
 
 Drafting off the critical path. `submit` (the moment a step commits) sends what it learnt and
 asks for the next drafts *plus a look-ahead*: `lookahead` more tokens (auto: four more steps'
@@ -260,21 +258,7 @@ class RemoteDrafter(PrefetchReplies, Drafter):
             # the reply is not waited for), after the checks any question makes (below).
             held = {r.request_id for r in self._held}
             self._held += [r for r in requests if r.request_id not in held]
-        # The newest question in flight that covers a request at its length (the stream
-        # answers in order, so the older ones come first and `_take_answered` keeps them).
-        pre = next(
-            (
-                p
-                for p in reversed(self._pending)
-                if any(p.sent.get(r.request_id, (-1,))[0] == r.num_tokens for r in requests)
-            ),
-            None,
-        )
-        covered = {
-            r.request_id
-            for r in requests
-            if pre is not None and pre.sent.get(r.request_id, (-1,))[0] == r.num_tokens
-        }
+        pre, covered = self._covering(requests)
         if covered:
             # The reply in flight covers requests no kept proposal does: wait for it (once: a
             # late reply costs them this step's drafts, not a second question). With a

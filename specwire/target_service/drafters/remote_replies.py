@@ -56,6 +56,20 @@ class PrefetchReplies:
                     pre.future.cancel()
                 self._count("late")
 
+    def _covering(self, requests) -> tuple[Prefetch | None, set[str]]:
+        """The newest question in flight that was asked for some of `requests` at their
+        current length, and those requests (the stream answers in order: the older questions'
+        replies come first, and `_take_answered` keeps them)."""
+        for pre in reversed(self._pending):
+            covered = {
+                r.request_id
+                for r in requests
+                if pre.sent.get(r.request_id, (-1,))[0] == r.num_tokens
+            }
+            if covered:
+                return pre, covered
+        return None, set()
+
     def _use_prefetch(self, pre: Prefetch, wait_s: float | None = None) -> bool:
         """Collect a `submit`'s reply and keep its proposals. Waits at most the deadline, or
         `wait_s` (the step's patience): then False, and the reply stays awaited — kept when it
