@@ -457,6 +457,40 @@ def test_smollm2_remote_ngram_is_lossless(smollm2, drafters):
 # -- a drafter killed and restarted mid-generation ------------------------------------------------
 
 
+def test_drafter_killed_with_two_questions_in_flight_then_restarted(tiny, baseline, drafters):
+    """The default two questions in flight, a drafter slower than a step (10 ms, never waited
+    for), killed while both questions are unanswered and restarted on the same port: both
+    questions fail (nothing waits on the dead stream), the client reconnects in the background
+    and re-sends every sequence, and the restarted drafter's replies draft again. Output
+    unchanged, nothing stale or unknown, KV intact, sessions freed."""
+    port = free_port()
+    server = drafters(port=port, delay_ms=10)
+    eng = engine(tiny, f"grpc://127.0.0.1:{port}", drafter_patience_ms=0, deadline_ms=1000)
+    ex, drafter = eng.executor, eng.drafter
+    assert drafter.max_inflight == 2  # the default
+    streams = submit_all(eng, PROMPTS[:6], 150)
+    step_until(ex, lambda: len(drafter._pending) == 2, "two questions in flight")
+    server.stop(None)
+    step_until(ex, lambda: drafter.counters()["failed"] > 0, "the dead drafter to be noticed")
+    assert not drafter._pending  # both given up with the stream
+    restarted = drafters(port=port, delay_ms=10)
+    wait_until(
+        lambda: drafter.counters()["reconnects"] >= 2,
+        timeout=20,
+        interval=0.05,
+        what="the drafter client to reconnect",
+    )
+    before = drafter.counters()["prefetched"]
+    step_until(ex, lambda: drafter.counters()["prefetched"] > before, "replies again", 400)
+    ex.run_until_idle()
+    assert [c.token_ids for c in completions(streams)] == baseline["long"]
+    eng.kv.check_integrity()
+    c = drafter.counters()
+    assert c["stale"] == c["unknown_request"] == 0
+    wait_until(lambda: len(restarted.engine.store) == 0, timeout=10, what="sessions freed")
+    eng.shutdown()
+
+
 @pytest.mark.parametrize("mode", ["stream", "unary"])
 def test_drafter_killed_mid_generation_then_restarted(tiny, baseline, drafters, mode):
     port = free_port()
