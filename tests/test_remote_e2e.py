@@ -327,15 +327,15 @@ def test_two_questions_in_flight_are_lossless(tiny, baseline, drafters):
     server = drafters(drafter="ngram", delay_ms=5)
     eng = engine(tiny, f"grpc://{server.address}", drafter_patience_ms=0, drafter_max_inflight=2)
     drafter, seconds = eng.drafter, []
-    question = drafter._question
+    conn = drafter.connection
+    send = conn.send
 
-    def counted(requests):  # a question sent while another is in flight
-        before = len(drafter._pending)
-        question(requests)
-        if before and len(drafter._pending) > before:
-            seconds.append(before)
+    def counted(msg, awaited=True):  # how many were in flight when a question went out
+        if awaited and conn.inflight:
+            seconds.append(conn.inflight)
+        return send(msg, awaited)
 
-    drafter._question = counted
+    conn.send = counted
     results = run_all(eng, PROMPTS)
     assert [c.token_ids for c in results] == baseline["short"]
     assert seconds and max(seconds) == 1  # second questions went out, never a third
@@ -469,10 +469,9 @@ def test_drafter_killed_with_two_questions_in_flight_then_restarted(tiny, baseli
     ex, drafter = eng.executor, eng.drafter
     assert drafter.max_inflight == 2  # the default
     streams = submit_all(eng, PROMPTS[:6], 150)
-    step_until(ex, lambda: len(drafter._pending) == 2, "two questions in flight")
+    step_until(ex, lambda: drafter.connection.inflight == 2, "two questions in flight")
     server.stop(None)
     step_until(ex, lambda: drafter.counters()["failed"] > 0, "the dead drafter to be noticed")
-    assert not drafter._pending  # both given up with the stream
     restarted = drafters(port=port, delay_ms=10)
     wait_until(
         lambda: drafter.counters()["reconnects"] >= 2,
@@ -480,6 +479,8 @@ def test_drafter_killed_with_two_questions_in_flight_then_restarted(tiny, baseli
         interval=0.05,
         what="the drafter client to reconnect",
     )
+    # Replies collected again: the two questions lost with the stream were given up (had they
+    # stayed pending, no new question would go out).
     before = drafter.counters()["prefetched"]
     step_until(ex, lambda: drafter.counters()["prefetched"] > before, "replies again", 400)
     ex.run_until_idle()

@@ -15,6 +15,18 @@ from specwire.target_service.config import TargetConfig
 from specwire.target_service.drafters.remote_channel import RemoteDrafterConfig
 
 
+def count_sends(conn) -> list[int]:
+    """The steps of every message the connection sends on its stream, from now on."""
+    sent, send = [], conn.send
+
+    def counted(msg, awaited=True):
+        sent.append(msg.step)
+        return send(msg, awaited)
+
+    conn.send = counted
+    return sent
+
+
 @pytest.mark.parametrize("max_inflight", [1, 2])
 def test_a_commit_asks_again_while_the_previous_question_is_unanswered(servers, max_inflight):
     """A drafter 100 ms away, a step that never waits (patience 0). The step after a question
@@ -25,6 +37,7 @@ def test_a_commit_asks_again_while_the_previous_question_is_unanswered(servers, 
     server = servers(max_draft_len=16, delay_ms=100)
     h = servers.harness(f"grpc://{server.address}", patience_ms=0, max_inflight=max_inflight)
     conn, store = h.drafter.connection, server.engine.store
+    sent = count_sends(conn)
     a = make_request("a", REPETITIVE)  # 1 2 3 4 1 2 3 4 1 2
     assert h.step([a]) == [[3, 4, 1, 2]]  # no proposal yet: asked and waited for
     a.output_ids += [3, 4, 1, 2, 9]  # all accepted, then a token nobody foresaw
@@ -32,7 +45,7 @@ def test_a_commit_asks_again_while_the_previous_question_is_unanswered(servers, 
     assert h.step([a]) == [[]]  # went without: the reply is 100 ms away
     a.output_ids += [1]
     h.drafter.submit([a])  # question 2, with max_inflight 2 only
-    assert len(h.drafter._pending) == conn.inflight == max_inflight
+    assert conn.inflight == max_inflight and len(sent) == 1 + max_inflight
     wait_until(lambda: reply_kept(h.drafter), timeout=10, what="the replies")
     c = h.counters()
     assert c["prefetched"] == max_inflight and c["late"] == c["failed"] == c["stale"] == 0
@@ -41,16 +54,15 @@ def test_a_commit_asks_again_while_the_previous_question_is_unanswered(servers, 
         # request is now and drafts this step unasked (after "... 2 9 1": the latest earlier
         # "1" was followed by "2 9 1 2").
         assert store.get("a").tokens == a.token_ids
-        step = h.drafter._step
         assert h.step([a]) == [[2, 9, 1, 2]]
-        assert h.drafter._step == step  # no message went out
+        assert len(sent) == 3  # no message went out for it
     else:
         # The one reply answers for the prefix before the "1"; it proposed nothing after the
         # unforeseen 9, so this step asks afresh and waits for a drafter 100 ms away.
         assert len(store.get("a").tokens) == len(a.token_ids) - 1
         assert h.step([a]) == [[2, 9, 1, 2]]
-        assert store.get("a").tokens == a.token_ids
-    assert conn.inflight == 0 and not h.drafter._pending
+        assert store.get("a").tokens == a.token_ids and len(sent) == 3
+    assert conn.inflight == 0
 
 
 def test_unary_calls_keep_one_question_at_a_time(servers):
@@ -65,9 +77,9 @@ def test_unary_calls_keep_one_question_at_a_time(servers):
     h.drafter.submit([a])
     h.step([a])
     a.output_ids += [1]
-    h.drafter.submit([a])
-    assert len(h.drafter._pending) == 1
+    h.drafter.submit([a])  # the first call is unanswered: nothing goes out
     wait_until(lambda: reply_kept(h.drafter), timeout=10, what="the reply")
+    assert len(server.engine.store.get("a").tokens) == len(a.token_ids) - 1
 
 
 def test_max_inflight_must_be_between_one_and_four():
