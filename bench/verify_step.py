@@ -358,24 +358,16 @@ def bench_shape(
     # each variant once per graph row layout (`TokenGraphs.trim_rows`) and attention segment
     # grouping
     variants = [
-        v + (trim, g, m)
-        for trim in args.graph_rows
-        for g in args.seg_group_max
-        for m in args.attention_merge
-        for v in variants
+        v + (trim, g) for trim in args.graph_rows for g in args.seg_group_max for v in variants
     ]
-    for fused, small_gemms, fuse_small, pdl, fuse_norm, mode, trim, seg_max, merge in variants:
+    for fused, small_gemms, fuse_small, pdl, fuse_norm, mode, trim, seg_max in variants:
         TokenGraphs.trim_rows = trim
         tag = "" if trim else "-fullrows"
-        if seg_max is not None or merge is not None:
+        if seg_max is not None:
             from specwire.common.model import triton_attention  # needs Triton: only when asked
 
-            if seg_max is not None:
-                triton_attention.SEG_GROUP_MAX = seg_max
-                tag += f"-seg{seg_max}" if len(args.seg_group_max) > 1 else ""
-            if merge is not None:
-                triton_attention.MERGE_IN_KERNEL = merge == "kernel"
-                tag += "-combine" if merge == "combine" else ""
+            triton_attention.SEG_GROUP_MAX = seg_max
+            tag += f"-seg{seg_max}" if len(args.seg_group_max) > 1 else ""
         compiled = None
         if mode == "off":
             ops = make_ops(
@@ -539,14 +531,6 @@ def main() -> int:
         "'...-segN'); the numerics are the same. Default: the module's",
     )
     ap.add_argument(
-        "--attention-merge",
-        default="",
-        help="comma list of kernel | combine: a query's KV-split partials merged by the "
-        "attention kernel's last program (kernel, triton_attention.MERGE_IN_KERNEL) or by a "
-        "second launch (combine: before round 28; ops column '...-combine'), side by side; "
-        "the numerics are the same. Default: the module's",
-    )
-    ap.add_argument(
         "--seg-group-floor",
         type=int,
         default=-1,
@@ -594,9 +578,6 @@ def main() -> int:
         ap.error(f"--graph-rows takes a comma list of trim, full, not {args.graph_rows!r}")
     args.graph_rows = [x == "trim" for x in args.graph_rows.split(",")]
     args.seg_group_max = [int(x) for x in args.seg_group_max.split(",") if x] or [None]
-    args.attention_merge = [x for x in args.attention_merge.split(",") if x] or [None]
-    if not set(args.attention_merge) <= {None, "kernel", "combine"}:
-        ap.error(f"--attention-merge: kernel or combine, not {args.attention_merge}")
     if args.seg_group_floor >= 0:
         from specwire.common.model import triton_attention  # needs Triton: only when asked
 

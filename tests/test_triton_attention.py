@@ -68,13 +68,6 @@ def split(request, monkeypatch):
     return triton_attention.SEGMENT
 
 
-@pytest.fixture(params=[True, False], ids=["merge-in-kernel", "combine"])
-def merge(request, monkeypatch):
-    """Both places a query's segment partials can be merged (`MERGE_IN_KERNEL`)."""
-    monkeypatch.setattr(triton_attention, "MERGE_IN_KERNEL", request.param)
-    return request.param
-
-
 @dataclass
 class Row:
     seq: int | None  # which stored sequence the row reads; None: a padding row
@@ -189,7 +182,7 @@ MIXED_ROWS = [
         (SMALL_SHAPES[1], 8, torch.float32),
     ],
 )
-def test_mixed_batch_matches_reference(shape, block_size, dtype, split, merge):
+def test_mixed_batch_matches_reference(shape, block_size, dtype, split):
     seqs = PagedSequences(MIXED_LENGTHS, *shape, block_size, dtype)
     out = seqs.run(MIXED_ROWS, pad_tokens=3)
     real = sum(r.qlen for r in MIXED_ROWS)
@@ -241,7 +234,7 @@ def test_output_depends_on_the_row_alone(shape, dtype, split):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_segments_walked_per_program_change_no_bit(dtype, split, merge):
+def test_segments_walked_per_program_change_no_bit(dtype, split):
     """A program may walk several segments (`seg_group`, chosen by the step's size): each
     segment's partial is still computed alone, so every output bit is the same for 1, 2, 3, 4
     or 8 segments a program, over rows that span one to five segments, a wider block table and
@@ -284,7 +277,7 @@ def test_positions_past_several_default_segments_depend_on_the_row_alone():
 
 
 @pytest.mark.parametrize("seg_group", [1, 2, 3, 4])
-def test_segments_merge_in_order_0_1_2(monkeypatch, seg_group, merge):
+def test_segments_merge_in_order_0_1_2(monkeypatch, seg_group):
     """The combine folds a query's segment partials first to last, however many segments a
     program walked (`seg_group`). Weights are all 1 here (zero query: equal scores), so the
     output is the fp32 sum of the per-segment value sums 2^24, 1, 1, 1 in merge order over 64
@@ -309,34 +302,6 @@ def test_segments_merge_in_order_0_1_2(monkeypatch, seg_group, merge):
         seg_group=seg_group,
     ).cpu()
     assert torch.equal(out, torch.full_like(out, 2.0**24 / 64))
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_merge_in_kernel_gives_the_combines_bits(monkeypatch, dtype, split):
-    """The attention kernel's own merge (by the last program of a query block) and the
-    separate combine launch fold the same partials in the same order: the same bits."""
-    seqs = PagedSequences(MIXED_LENGTHS, *SMALL_SHAPES[1], 16, dtype, seed=6)
-    outs = []
-    for in_kernel in (True, False):
-        monkeypatch.setattr(triton_attention, "MERGE_IN_KERNEL", in_kernel)
-        outs.append(seqs.run(MIXED_ROWS, pad_tokens=3, extra_blocks=2))
-    assert torch.equal(outs[0], outs[1])
-
-
-def test_every_output_written_call_after_call():
-    """The in-kernel merge counts its programs' arrivals on counters that must be back at zero
-    after every call: steps of other shapes in between, then the first step again into an
-    output full of NaN, which only a merge that ran overwrites. The same bits each time."""
-    seqs = PagedSequences(MIXED_LENGTHS, *SMALL_SHAPES[0], 16, torch.bfloat16, seed=7)
-    steps = [MIXED_ROWS, [Row(2, 1, 137)], [Row(1, 5, 40), Row(5, 5, 35)], MIXED_ROWS]
-    outs = []
-    for rows in steps:
-        q, tables, cu, seq_lens = seqs.batch(rows, pad_tokens=1)
-        out = torch.full_like(q, float("nan"))
-        paged_attention(q, seqs.cache, tables, cu, seq_lens, _scale(q), out=out)
-        assert not out.isnan().any()
-        outs.append(out.cpu())
-    assert torch.equal(outs[0], outs[-1])
 
 
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])

@@ -109,18 +109,6 @@ NUM_STAGES = 2
 # up to 127 rows, two up to 16383.
 SEARCH_FANOUT = 128
 COMBINE_WARPS = 2
-# Where a query's segment partials are merged. True: in the attention kernel itself, by the
-# last of a query block's programs to finish (it counts arrivals on a per-(query block, KV
-# head) counter), so a layer's attention is one launch, not two. False: `_combine_kernel`, a
-# launch of its own after the attention (the kernel before round 28). Both merge segments
-# 0, 1, 2, ... in that order with the same `_merge`, so neither depends on the batch or the
-# query length; read at each call (`bench/verify_step.py --attention-merge`).
-MERGE_IN_KERNEL = True
-# Arrival counters: int32, zero at rest (the merging program puts its counter back to 0).
-# One buffer per device, allocated outside graph capture; a larger one is allocated beside it
-# when a step needs more, and the old one is kept, since captured graphs hold its address.
-_COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
-_MIN_COUNTERS = 1 << 14
 # Pinned, not left to the Triton default (which flips to False in Triton 3.10): FMA contraction
 # changes the low bits, and the exact mode needs the same bits from every install.
 FP_FUSION = True
@@ -207,17 +195,13 @@ def _paged_attention_kernel(
     part_acc_ptr,  # [S, T, H, D] fp32 workspace: unnormalised partial outputs
     part_m_ptr,  # [S, T, H] fp32: running max (exp2 domain)
     part_l_ptr,  # [S, T, H] fp32: sum of weights
-    nseg_ptr,  # [T] int32: segments each token's query merges (0: padding token); unused: MERGE
-    out_ptr,  # [T, H, D] the output (MERGE only)
-    ctr_ptr,  # [q blocks * KVH] int32 arrival counters, zero at rest (MERGE only)
+    nseg_ptr,  # [T] int32: segments each token's query merges (0: padding token)
     qk_scale,  # softmax scale * log2(e): scores live in the exp2 domain
     num_tokens,
     num_rows,
     num_heads,
     stride_qt,
     stride_qh,
-    stride_ot,
-    stride_oh,
     stride_ckv,
     stride_cb,
     stride_cs,
@@ -236,7 +220,6 @@ def _paged_attention_kernel(
     DOT_PRECISION: tl.constexpr,
     EARLY: tl.constexpr,
     GROUPED: tl.constexpr,
-    MERGE: tl.constexpr,
 ):
     # PDL: with EARLY, everything up to the early exits reads only the step's metadata
     # (query offsets, lengths, block table), which no kernel writes: done while the qkv GEMM
@@ -291,18 +274,12 @@ def _paged_attention_kernel(
         return
     if EARLY:
         _grid_sync()
-    if is_tail:  # padding tokens: no partials, 0 segments to merge: their output is zeros
-        if MERGE:
-            if seg == 0:
-                _store_zeros(
-                    out_ptr, row_start, q_start, qlen, kvh, group, stride_ot, stride_oh,
-                    head_dim, BLOCK_Q, GROUP_P, BLOCK_D,
-                )  # fmt: skip
-        elif (seg == 0) & (kvh == 0):
+    if is_tail:  # padding tokens: no partials, 0 segments to merge, so the combine writes zeros
+        if (seg == 0) & (kvh == 0):
             qv = q_start + tl.arange(0, BLOCK_Q)
             tl.store(nseg_ptr + row_start + qv, tl.zeros([BLOCK_Q], tl.int32), mask=qv < qlen)
         return
-    if (not MERGE) & (seg == 0) & (kvh == 0):
+    if (seg == 0) & (kvh == 0):
         # Query i of the row sits at ctx - qlen + i and merges segments 0..its_position // SEGMENT.
         qv = q_start + tl.arange(0, BLOCK_Q)
         pos = ctx - qlen + qv
@@ -343,13 +320,6 @@ def _paged_attention_kernel(
         tl.store(part_acc_ptr + part[:, None] * head_dim + offs_d[None, :], acc, mask=io_mask)
         tl.store(part_m_ptr + part, m_i, mask=row_ok)
         tl.store(part_l_ptr + part, l_i, mask=row_ok)
-        if MERGE:
-            _merge_if_last(
-                ctr_ptr + pid * tl.num_programs(2) + kvh, 1,
-                tl.maximum(tl.cdiv(num_keys, SEGMENT), 1), part_acc_ptr, part_m_ptr, part_l_ptr,
-                out_ptr, tok, head, q_pos, row_ok, offs_d, d_ok, num_heads,
-                num_tokens * num_heads, head_dim, stride_ot, stride_oh, SEGMENT,
-            )  # fmt: skip
         return
     # GROUPED: the program walks the key tiles of segments seg, seg + P, seg + 2P, ... (those
     # that start before its queries' last key) as one loop, so that the loads of a segment's
@@ -396,13 +366,6 @@ def _paged_attention_kernel(
         tl.store(part_acc_ptr + part[:, None] * head_dim + offs_d[None, :], acc, mask=io_mask)
         tl.store(part_m_ptr + part, m_i, mask=row_ok)
         tl.store(part_l_ptr + part, l_i, mask=row_ok)
-    if MERGE:
-        _merge_if_last(
-            ctr_ptr + pid * tl.num_programs(2) + kvh, tl.maximum(mine, 1),
-            tl.maximum(tl.cdiv(num_keys, SEGMENT), 1), part_acc_ptr, part_m_ptr, part_l_ptr,
-            out_ptr, tok, head, q_pos, row_ok, offs_d, d_ok, num_heads, num_tokens * num_heads,
-            head_dim, stride_ot, stride_oh, SEGMENT,
-        )  # fmt: skip
 
 
 @triton.jit
@@ -456,14 +419,9 @@ def _partial(acc_rows, max_rows, sum_rows, seg, total, stride, head_dim, h_ok, d
     segment 0, `stride` rows per segment); (0, -inf, 0) past the workspace's `total` segments.
     May be unwritten memory: see `_merge`."""
     ok = tl.where(seg < total, h_ok, False)
-    acc = tl.load(
-        acc_rows + seg * stride * head_dim,
-        mask=ok[:, None] & d_ok[None, :],
-        other=0.0,
-        cache_modifier=".cg",
-    )
-    mx = tl.load(max_rows + seg * stride, mask=ok, other=float("-inf"), cache_modifier=".cg")
-    den = tl.load(sum_rows + seg * stride, mask=ok, other=0.0, cache_modifier=".cg")
+    acc = tl.load(acc_rows + seg * stride * head_dim, mask=ok[:, None] & d_ok[None, :], other=0.0)
+    mx = tl.load(max_rows + seg * stride, mask=ok, other=float("-inf"))
+    den = tl.load(sum_rows + seg * stride, mask=ok, other=0.0)
     return acc, mx, den
 
 
@@ -472,7 +430,7 @@ def _merge(acc, mx, den, acc_s, mx_s, den_s, live):
     """Fold one segment's partial into the running (acc, max, sum); `live` false: fold the
     identity (0, -inf, 0) instead (selected, so unwritten memory never reaches arithmetic),
     which leaves them bitwise unchanged: factors 1 and 0, products of exact zeros."""
-    acc_s = tl.where(live[:, None], acc_s, 0.0)
+    acc_s = tl.where(live, acc_s, 0.0)
     mx_s = tl.where(live, mx_s, float("-inf"))
     den_s = tl.where(live, den_s, 0.0)
     mx_new = tl.maximum(mx, mx_s)
@@ -508,76 +466,6 @@ def _merge_chunk(
     return acc, mx, den
 
 
-@triton.jit
-def _merge_if_last(
-    ctr, stored, needed, part_acc_ptr, part_m_ptr, part_l_ptr, out_ptr, tok, head, q_pos,
-    row_ok, offs_d, d_ok, num_heads, stride, head_dim, stride_ot, stride_oh,
-    SEGMENT: tl.constexpr,
-):  # fmt: skip
-    """MERGE: count this program's `stored` partials on its query block's counter; the program
-    that brings the count to `needed` (the block's segments) merges each query's segments 0, 1,
-    2, ... up to its own last, in that order, normalises, writes the output and puts the
-    counter back to 0. Which program merges changes nothing: the merge reads every partial
-    back from the workspace (`stride` rows a segment), in the same order and with the same
-    `_merge` as `_combine_kernel`."""
-    tl.debug_barrier()  # every thread's partial stores come before the release below
-    arrived = tl.atomic_add(ctr, stored, sem="acq_rel") + stored
-    if arrived == needed:
-        tl.atomic_xchg(ctr, 0, sem="relaxed")
-        nseg = tl.where(row_ok & (q_pos >= 0), q_pos // SEGMENT + 1, 0)
-        part = tok * num_heads + head  # [M] the rows' workspace rows in segment 0
-        a_rows = part_acc_ptr + part[:, None] * head_dim + offs_d[None, :]
-        m_rows = part_m_ptr + part
-        l_rows = part_l_ptr + part
-        acc = tl.zeros(a_rows.shape, tl.float32)
-        mx = tl.full(m_rows.shape, float("-inf"), tl.float32)
-        den = tl.zeros(m_rows.shape, tl.float32)
-        s = tl.zeros([], tl.int64)  # 64-bit workspace offsets
-        for start in range(0, _index(needed), 4):
-            acc, mx, den = _merge_four(
-                acc, mx, den, a_rows, m_rows, l_rows, s + start, nseg, needed, stride,
-                head_dim, row_ok, d_ok,
-            )  # fmt: skip
-        out = acc / tl.where(den == 0.0, 1.0, den)[:, None]
-        tl.store(
-            out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
-            out.to(out_ptr.dtype.element_ty),
-            mask=row_ok[:, None] & d_ok[None, :],
-        )
-
-
-@triton.jit
-def _merge_four(acc, mx, den, a_rows, m_rows, l_rows, s, nseg, total, stride, head_dim, h_ok, d_ok):
-    """`_merge_chunk` for four segments s..s+3 (the attention kernel's merge holds a whole
-    query block's tile, eight times the combine's rows, so it loads fewer at once)."""
-    a0, m0, l0 = _partial(a_rows, m_rows, l_rows, s, total, stride, head_dim, h_ok, d_ok)
-    a1, m1, l1 = _partial(a_rows, m_rows, l_rows, s + 1, total, stride, head_dim, h_ok, d_ok)
-    a2, m2, l2 = _partial(a_rows, m_rows, l_rows, s + 2, total, stride, head_dim, h_ok, d_ok)
-    a3, m3, l3 = _partial(a_rows, m_rows, l_rows, s + 3, total, stride, head_dim, h_ok, d_ok)
-    acc, mx, den = _merge(acc, mx, den, a0, m0, l0, s < nseg)
-    acc, mx, den = _merge(acc, mx, den, a1, m1, l1, s + 1 < nseg)
-    acc, mx, den = _merge(acc, mx, den, a2, m2, l2, s + 2 < nseg)
-    acc, mx, den = _merge(acc, mx, den, a3, m3, l3, s + 3 < nseg)
-    return acc, mx, den
-
-
-@triton.jit
-def _store_zeros(
-    out_ptr, row_start, q_start, qlen, kvh, group, stride_ot, stride_oh, head_dim,
-    BLOCK_Q: tl.constexpr, GROUP_P: tl.constexpr, BLOCK_D: tl.constexpr,
-):  # fmt: skip
-    """MERGE: zeros for a block of padding tokens (>= cu[B]), KV head kvh's query heads."""
-    offs_m = tl.arange(0, BLOCK_Q * GROUP_P)
-    qi = q_start + offs_m // GROUP_P
-    hg = offs_m % GROUP_P
-    tok = (row_start + qi).to(tl.int64)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask = ((qi < qlen) & (hg < group))[:, None] & (offs_d < head_dim)[None, :]
-    dst = out_ptr + tok[:, None] * stride_ot + (kvh * group + hg)[:, None] * stride_oh
-    zeros = tl.zeros([BLOCK_Q * GROUP_P, BLOCK_D], tl.float32)
-    tl.store(dst + offs_d[None, :], zeros.to(out_ptr.dtype.element_ty), mask=mask)
-
-
 @triton.jit(do_not_specialize=["stride", "total"])
 def _combine_kernel(
     part_acc_ptr,
@@ -609,7 +497,7 @@ def _combine_kernel(
     a_rows = part_acc_ptr + part[:, None] * head_dim + offs_d[None, :]
     m_rows = part_m_ptr + part
     l_rows = part_l_ptr + part
-    nseg = tl.zeros([GROUP_P], tl.int32) + tl.load(nseg_ptr + t)  # per head, as `_merge` takes it
+    nseg = tl.load(nseg_ptr + t)
     acc = tl.zeros([GROUP_P, BLOCK_D], tl.float32)
     mx = tl.full([GROUP_P], float("-inf"), tl.float32)
     den = tl.zeros([GROUP_P], tl.float32)
@@ -617,7 +505,7 @@ def _combine_kernel(
     acc, mx, den = _merge_chunk(
         acc, mx, den, a_rows, m_rows, l_rows, s, nseg, total, stride, head_dim, h_ok, d_ok
     )
-    for start in range(8, _index(tl.max(nseg, 0)), 8):
+    for start in range(8, _index(nseg), 8):
         c = s + start
         acc, mx, den = _merge_chunk(
             acc, mx, den, a_rows, m_rows, l_rows, c, nseg, total, stride, head_dim, h_ok, d_ok
@@ -675,8 +563,6 @@ def paged_attention(
     nseg = torch.empty(t, dtype=torch.int32, device=q.device)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32: ignored for 16-bit
     q_blocks = t // block_q + b + 1
-    merge = MERGE_IN_KERNEL
-    counters = _counters(q.device, q_blocks * kvh) if merge else nseg
     if seg_group is None:
         seg_group = segment_group(q_blocks * kvh, segments, b * kvh)
     _paged_attention_kernel[(q_blocks, triton.cdiv(segments, seg_group), kvh)](  # P: axis 1
@@ -689,16 +575,12 @@ def paged_attention(
         part_m,
         part_l,
         nseg,
-        out,
-        counters,
         scale * _LOG2E,
         t,
         b,
         h,
         q.stride(0),
         q.stride(1),
-        out.stride(0),
-        out.stride(1),
         *kv_cache.stride()[:4],
         block_tables.stride(0),
         width,
@@ -714,14 +596,11 @@ def paged_attention(
         DOT_PRECISION=precision,
         EARLY=early_loads(),
         GROUPED=seg_group > 1,
-        MERGE=merge,
         num_warps=warps,
         num_stages=NUM_STAGES,
         enable_fp_fusion=FP_FUSION,
         **launch_opts(),
     )
-    if merge:
-        return out
     _combine_kernel[(t, kvh)](
         part_acc,
         part_m,
@@ -742,20 +621,6 @@ def paged_attention(
         **launch_opts(),
     )
     return out
-
-
-def _counters(device: torch.device, n: int) -> torch.Tensor:
-    """At least `n` arrival counters on `device`, zero at rest (see `_COUNTERS`)."""
-    held = _COUNTERS.setdefault(device, [])
-    if held and held[-1].numel() >= n:
-        return held[-1]
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError(
-            f"paged_attention needs {n} arrival counters while capturing a CUDA graph, and "
-            f"none were allocated before: run the step's shape once before capturing it"
-        )
-    held.append(torch.zeros(max(n, _MIN_COUNTERS), dtype=torch.int32, device=device))
-    return held[-1]
 
 
 def segment_group(blocks: int, segments: int, row_heads: int) -> int:
