@@ -358,11 +358,17 @@ def bench_shape(
     # each variant once per graph row layout (`TokenGraphs.trim_rows`) and attention segment
     # grouping
     variants = [
-        v + (trim, g) for trim in args.graph_rows for g in args.seg_group_max for v in variants
+        v + (trim, g, am)
+        for trim in args.graph_rows
+        for g in args.seg_group_max
+        for am in args.argmax
+        for v in variants
     ]
-    for fused, small_gemms, fuse_small, pdl, fuse_norm, mode, trim, seg_max in variants:
+    for fused, small_gemms, fuse_small, pdl, fuse_norm, mode, trim, seg_max, am in variants:
         TokenGraphs.trim_rows = trim
+        TokenGraphs.triton_argmax = am == "triton"
         tag = "" if trim else "-fullrows"
+        tag += "-torchargmax" if am == "torch" else ""
         if seg_max is not None:
             from specwire.common.model import triton_attention  # needs Triton: only when asked
 
@@ -531,6 +537,13 @@ def main() -> int:
         "'...-segN'); the numerics are the same. Default: the module's",
     )
     ap.add_argument(
+        "--argmax",
+        default="triton",
+        help="comma list of triton | torch: the graph's logits copy and greedy argmax as our "
+        "two launches (triton_argmax, what the target runs) or PyTorch's copy and argmax "
+        "(torch: before round 28; ops column '...-torchargmax'), side by side",
+    )
+    ap.add_argument(
         "--seg-group-floor",
         type=int,
         default=-1,
@@ -578,6 +591,9 @@ def main() -> int:
         ap.error(f"--graph-rows takes a comma list of trim, full, not {args.graph_rows!r}")
     args.graph_rows = [x == "trim" for x in args.graph_rows.split(",")]
     args.seg_group_max = [int(x) for x in args.seg_group_max.split(",") if x] or [None]
+    args.argmax = args.argmax.split(",")
+    if not set(args.argmax) <= {"triton", "torch"}:
+        ap.error(f"--argmax: triton or torch, not {args.argmax}")
     if args.seg_group_floor >= 0:
         from specwire.common.model import triton_attention  # needs Triton: only when asked
 

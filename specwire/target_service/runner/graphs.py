@@ -141,6 +141,12 @@ class TokenGraphs:
         self.twins: list[dict[int, torch.cuda.CUDAGraph]] = [{}, {}]
         self.graphs = self.twins[0]
         self.pool = None
+        try:  # Triton comes with PyTorch's CUDA builds; without it, PyTorch's argmax
+            from specwire.common.model.triton_argmax import copy_argmax
+        except ImportError:
+            copy_argmax = None
+            self.triton_argmax = False
+        self._copy_argmax = copy_argmax
 
     def _logit_rows_for(self, bucket: int) -> int:
         return min(bucket, self.max_logit_rows)
@@ -153,6 +159,11 @@ class TokenGraphs:
             if t >= step.num_tokens and t in self.graphs and step.num_rows <= self._rows_for(t):
                 return t if len(step.logit_rows) <= self._logit_rows_for(t) else None
         return None
+
+    # The logits copy and the argmax as our two Triton launches (`triton_argmax`) where Triton
+    # is installed (True), or PyTorch's copy and argmax (False: before round 28;
+    # `bench/verify_step.py --argmax` compares the two). The same index either way.
+    triton_argmax = True
 
     # Rows per bucket: min(bucket, max_rows) (True), or max_rows for every bucket (False: what
     # the graphs did before round 17; `bench/verify_step.py --graph-rows` compares the two).
@@ -180,8 +191,11 @@ class TokenGraphs:
         # (still in `self.argmax`) before this step overwrites it; unused entries hit scratch.
         self.ids_ext.index_copy_(0, self.feed_dst, self.argmax.index_select(0, self.feed_src))
         out = self.forward(self.ids[:bucket], self.pos[:bucket], meta, self.logit_rows[:n_logits])
-        self.logits[:n_logits].copy_(out)
-        torch.argmax(self.logits[:n_logits], dim=-1, out=self.argmax[:n_logits])
+        if self.triton_argmax:
+            self._copy_argmax(out, self.logits[:n_logits], self.argmax[:n_logits])
+        else:
+            self.logits[:n_logits].copy_(out)
+            torch.argmax(self.logits[:n_logits], dim=-1, out=self.argmax[:n_logits])
         self.h_argmax[twin][:n_logits].copy_(self.argmax[:n_logits], non_blocking=True)
         return self.logits[:n_logits]
 
