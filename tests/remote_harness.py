@@ -16,8 +16,7 @@ MODES = ["stream", "unary"]
 def reply_kept(drafter: RemoteDrafter) -> bool:
     """True once a `submit`'s reply has arrived and been kept (what the next step does first);
     True at once when nothing was submitted."""
-    drafter._take_answered()
-    return drafter._prefetch is None
+    return drafter.unanswered() == 0
 
 
 def make_request(rid: str, prompt: list[int], k: int = 4) -> Request:
