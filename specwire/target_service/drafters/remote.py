@@ -297,17 +297,6 @@ class RemoteDrafter(PrefetchReplies, Drafter):
             for r in requests:
                 self._from_run(r)
 
-    @property
-    def _prefetch(self) -> Prefetch | None:
-        """The newest question asked early and not yet collected (None: none)."""
-        return self._pending[-1] if self._pending else None
-
-    def unanswered(self) -> int:
-        """Questions asked early whose replies have not arrived, once every reply that has is
-        kept (never waits; executor thread): what the next step would still find in flight."""
-        self._take_answered()
-        return len(self._pending)
-
     def _ask(self, budget: int) -> int:
         """Tokens to ask for when a step may use `budget`: those and the look-ahead."""
         return min(budget + self.lookahead, self._most) if budget > 0 else 0

@@ -35,6 +35,17 @@ class Prefetch:
 class PrefetchReplies:
     """Collecting a `submit`'s reply (see the module docstring)."""
 
+    @property
+    def _prefetch(self) -> Prefetch | None:
+        """The newest question asked early and not yet collected (None: none)."""
+        return self._pending[-1] if self._pending else None
+
+    def unanswered(self) -> int:
+        """Questions asked early whose replies have not arrived, once every reply that has is
+        kept (never waits; executor thread): what the next step would still find in flight."""
+        self._take_answered()
+        return len(self._pending)
+
     def _take_answered(self) -> None:
         """Keep the proposals of every `submit` the drafter has already answered, oldest
         first (never waits). One still unanswered a deadline after it was sent is given up on
