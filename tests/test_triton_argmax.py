@@ -36,10 +36,10 @@ def test_first_index_of_the_maximum_like_torch(vocab, dtype):
     g = torch.Generator().manual_seed(vocab)
     logits = torch.randn(7, vocab, generator=g).to(dtype)
     last = vocab - 1
-    logits[1, [3, last]] = 50.0  # a tie across chunks: the first wins
+    logits[1, [3, last]] = 50.0  # a tie, first and last chunk (one chunk at 100): first wins
     logits[2, [last - 1, last]] = 50.0  # a tie inside the last, partial chunk
     logits[3] = float("-inf")  # nothing finite: index 0, as torch gives
-    logits[4, last] = 60.0  # the maximum in the masked-off tail's chunk
+    logits[4, last] = 60.0  # the maximum at the very end, in the last (partial) chunk
     logits[5] = 1.0  # all equal
     logits[6, vocab // 2 :] = 9.0  # a tie spanning chunks, from the middle on
     dst, out = _run(logits)
