@@ -329,6 +329,12 @@ async def run_server(server, plans: list[PassPlan], args) -> dict:
                         "at_launch",
                     )
                 },
+                # the remote drafter's auto-patience EMAs at the pass's end, ms
+                drafter_ema_ms={
+                    k: after[name] * 1e3
+                    for k in ("round_trip", "drafting_step", "commit_to_launch")
+                    if (name := f"specwire_drafter_{k}_seconds") in after
+                },
                 # device time of the pass's graph steps (mean of the sampled ones x their
                 # number): / wall = how busy the GPU was
                 gpu_s=_graph_gpu_s(before, after),

@@ -218,23 +218,28 @@ def drafting_table(passes: list[dict]) -> str:
     what running a step synchronously cost), and where a remote drafter's drafts came from
     (deferred: steps that went without the drafts asked as the step before committed, their
     reply not there within the patience; sent at launch: questions held back at a commit and
-    sent once the next step launched)."""
+    sent once the next step launched; EMAs: the remote drafter's round trip, drafting step and
+    commit-to-launch gap as its auto patience saw them at the pass's end)."""
     lines = [
         "| pass | drafting steps | exposed ms/drafting step | exposed share of step time | "
         "sync steps | ms/sync step | look-ahead hits | branch hits | prefetched replies | "
-        "deferred | late | failed | sent at launch |",
-        "|---" * 13 + "|",
+        "deferred | late | failed | sent at launch | EMAs rtt / step / gap ms |",
+        "|---" * 14 + "|",
     ]
     for p in passes:
         n, s, total = p.get("draft_steps"), p.get("draft_s"), p.get("step_s")
         d = p.get("drafter") or {}
+        ema = p.get("drafter_ema_ms") or {}
+        emas = " / ".join(
+            _f(ema.get(k), ".2f") for k in ("round_trip", "drafting_step", "commit_to_launch")
+        )
         lines.append(
             f"| {p['name']} | {_delta(n)} | {_f(s / n * 1e3 if n else None, '.3f')} | "
             f"{f'{s / total:.1%}' if n and total else 'n/a'} | {_delta(p.get('sync_steps'))} | "
             f"{_f(p.get('sync_ms'), '.3f')} | {_delta(d.get('lookahead'))} | "
             f"{_delta(d.get('branched'))} | {_delta(d.get('prefetched'))} | "
             f"{_delta(d.get('deferred'))} | {_delta(d.get('late'))} | {_delta(d.get('failed'))} | "
-            f"{_delta(d.get('at_launch'))} |"
+            f"{_delta(d.get('at_launch'))} | {emas if ema else 'n/a'} |"
         )
     return "\n".join(lines) + "\n"
 

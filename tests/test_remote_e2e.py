@@ -556,6 +556,14 @@ def test_drafter_killed_mid_generation_then_restarted(tiny, baseline, drafters, 
             f"specwire_drafter_{name}_total", {"model": "tiny-random"}
         )
         assert sample == counters[name], name
+    # ... with the auto patience's timings as gauges, once sampled.
+    timings = eng.drafter.timings()
+    assert timings["round_trip"] > 0 and timings["drafting_step"] > 0
+    for key, value in timings.items():
+        sample = ex.metrics.registry.get_sample_value(
+            f"specwire_drafter_{key}_seconds", {"model": "tiny-random"}
+        )
+        assert sample == value, key
 
 
 # -- a drafter slower than the deadline ----------------------------------------------------------

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from specwire.target_service import request_log
@@ -69,6 +69,14 @@ DRAFTER_COUNTERS = {
     "deferred": "Steps that went without asked-for drafts after the patience; reply kept for later",
     "branched": "Requests drafted from a kept branch: another way the drafter foresaw, unasked",
     "at_launch": "Questions held back at a step's commit and sent once the next step launched",
+}
+
+# The remote drafter's timings() keys (its auto patience's EMAs), exported as
+# specwire_drafter_<key>_seconds once sampled.
+DRAFTER_TIMINGS = {
+    "round_trip": "Remote drafter: EMA of a question's round trip (sent to reply arrived)",
+    "drafting_step": "Remote drafter: EMA of a drafting step (drafts taken to the commit)",
+    "commit_to_launch": "Remote drafter: EMA of the host gap from a commit to the next launch",
 }
 
 
@@ -297,13 +305,14 @@ class TargetMetrics:
 
     def watch(self, scheduler: Scheduler, kv: KVCacheManager, drafter: object | None) -> None:
         """Read the engine's state when scraped: the batch, the queue, the KV pool and, for a
-        drafter with `counters()` (the remote drafter), its counters."""
+        drafter with `counters()` and `timings()` (the remote drafter), those."""
         usable = kv.num_blocks - 1  # block 0 is the dummy block
         self.running.set_function(lambda: len(scheduler.running))
         self.waiting.set_function(lambda: len(scheduler.waiting))
         self.kv_free.set_function(lambda: kv.num_free_blocks)
         self.kv_usage.set_function(lambda: 1.0 - kv.num_free_blocks / usable)
         self._scrape.drafter_counters = getattr(drafter, "counters", None)
+        self._scrape.drafter_timings = getattr(drafter, "timings", None)
         self._scrape.grow(scheduler.config.max_draft_len)
 
     # -- lifecycle hooks ---------------------------------------------------------------------
@@ -395,6 +404,7 @@ class _ScrapeTimeCollector(Collector):
     def __init__(self, model: str) -> None:
         self.model = model
         self.drafter_counters = None  # () -> dict[str, int], or None
+        self.drafter_timings = None  # () -> dict[str, float | None], or None
         self._lock = threading.Lock()
         self._drafted: list[int] = []  # [i]: steps that drafted a token at position i
         self._accepted: list[int] = []  # [i]: ... and accepted it
@@ -437,6 +447,13 @@ class _ScrapeTimeCollector(Collector):
             family = CounterMetricFamily(f"specwire_drafter_{key}", doc, labels=["model"])
             family.add_metric([self.model], value)
             yield family
+        timings = self.drafter_timings() if self.drafter_timings is not None else {}
+        for key, value in timings.items():
+            if value is not None:
+                doc = DRAFTER_TIMINGS.get(key, f"Remote drafter timing {key!r}")
+                family = GaugeMetricFamily(f"specwire_drafter_{key}_seconds", doc, labels=["model"])
+                family.add_metric([self.model], value)
+                yield family
 
     def _by_position(self, name: str, doc: str, counts: Sequence[int]) -> CounterMetricFamily:
         family = CounterMetricFamily(name, doc, labels=["model", "position"])

@@ -403,6 +403,11 @@ class RemoteDrafter(PrefetchReplies, Drafter):
         if name is not None:
             self._counters[name] += 1
 
+    def timings(self) -> dict[str, float | None]:
+        """`Patience.timings`: the EMAs its auto rules weigh (round trip, drafting step, commit
+        to the next launch), exported as gauges."""
+        return self.patience.timings()
+
     def counters(self) -> dict[str, int]:
         """`COUNTERS`: late (no reply by the deadline, or not asked because an earlier message
         was still unanswered), failed, stale, resynced, unknown_request, reconnects (the first

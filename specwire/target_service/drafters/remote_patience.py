@@ -84,6 +84,14 @@ class Patience:
         gap = self.gap_s or 0.0
         return PATIENCE_SHARE * step < rtt - gap and rtt + gap <= step
 
+    def timings(self) -> dict[str, float | None]:
+        """The three EMAs in seconds (None before a first sample): what the auto rules weigh."""
+        return {
+            "round_trip": self.rtt_s,
+            "drafting_step": self.step_s,
+            "commit_to_launch": self.gap_s,
+        }
+
     def replied(self, seconds: float) -> None:
         """A reply arrived `seconds` after its question was sent."""
         self.rtt_s = _ema(self.rtt_s, seconds)
