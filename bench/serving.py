@@ -63,6 +63,7 @@ from serving_stats import (  # noqa: E402
 from specwire.common.client import FINISH_NAMES, build_request  # noqa: E402
 from specwire.common.protogen import generation_pb2 as pb  # noqa: E402
 from specwire.common.protogen import generation_pb2_grpc as pb_grpc  # noqa: E402
+from specwire.target_service.metrics import DRAFTER_TIMINGS  # noqa: E402
 
 EAGER = "specwire_eager_steps_total"
 OVERLAPPED = "specwire_overlapped_steps_total"
@@ -329,11 +330,13 @@ async def run_server(server, plans: list[PassPlan], args) -> dict:
                         "at_launch",
                     )
                 },
-                # the remote drafter's auto-patience EMAs at the pass's end, ms
+                # the remote drafter's auto-patience EMAs at the pass's end, ms (None: not
+                # sampled yet, or no remote drafter)
                 drafter_ema_ms={
                     k: after[name] * 1e3
-                    for k in ("round_trip", "drafting_step", "commit_to_launch")
                     if (name := f"specwire_drafter_{k}_seconds") in after
+                    else None
+                    for k in DRAFTER_TIMINGS
                 },
                 # device time of the pass's graph steps (mean of the sampled ones x their
                 # number): / wall = how busy the GPU was

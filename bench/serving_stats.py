@@ -230,16 +230,15 @@ def drafting_table(passes: list[dict]) -> str:
         n, s, total = p.get("draft_steps"), p.get("draft_s"), p.get("step_s")
         d = p.get("drafter") or {}
         ema = p.get("drafter_ema_ms") or {}
-        emas = " / ".join(
-            _f(ema.get(k), ".2f") for k in ("round_trip", "drafting_step", "commit_to_launch")
-        )
+        emas = " / ".join(_f(v, ".2f") for v in ema.values())  # metrics.DRAFTER_TIMINGS' order
+        emas = emas if any(v is not None for v in ema.values()) else "n/a"
         lines.append(
             f"| {p['name']} | {_delta(n)} | {_f(s / n * 1e3 if n else None, '.3f')} | "
             f"{f'{s / total:.1%}' if n and total else 'n/a'} | {_delta(p.get('sync_steps'))} | "
             f"{_f(p.get('sync_ms'), '.3f')} | {_delta(d.get('lookahead'))} | "
             f"{_delta(d.get('branched'))} | {_delta(d.get('prefetched'))} | "
             f"{_delta(d.get('deferred'))} | {_delta(d.get('late'))} | {_delta(d.get('failed'))} | "
-            f"{_delta(d.get('at_launch'))} | {emas if ema else 'n/a'} |"
+            f"{_delta(d.get('at_launch'))} | {emas} |"
         )
     return "\n".join(lines) + "\n"
 
