@@ -206,7 +206,7 @@ def test_remote_drafter_with_the_two_batch_overlap_is_lossless(
     busy = []
     if patience_ms == "held":
 
-        def at_launch(device_busy: bool) -> bool:
+        def at_launch(device_busy: bool, covered) -> bool:
             busy.append(device_busy)
             return not device_busy
 
@@ -299,7 +299,7 @@ def test_questions_held_back_for_the_next_launch_are_lossless(tiny, baseline, dr
     _adaptive(eng, {1: 1e-3, 4: 1e-3, 8: 1.1e-3, 12: 1.2e-3, 16: 4e-3, 64: 16e-3, 1024: 0.3})
     asked = []  # device_busy, per submit that found nothing in flight
 
-    def at_launch(device_busy: bool) -> bool:
+    def at_launch(device_busy: bool, covered) -> bool:
         asked.append(device_busy)
         return not device_busy
 

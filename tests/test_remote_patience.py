@@ -134,8 +134,10 @@ def test_a_question_the_next_step_would_not_wait_for_goes_out_once_it_is_launche
     store = server.engine.store
     a = make_request("a", REPETITIVE)
     timed_step(h, a, 0.25, [3, 4, 1, 2, 1])  # asked and waited (~0.1 s); a 0.25 s step
-    assert h.drafter.patience.at_launch(device_busy=False)
-    assert not h.drafter.patience.at_launch(device_busy=True)  # a step in flight: send now
+    assert h.drafter.patience.at_launch(device_busy=False, covered=never)
+    assert not h.drafter.patience.at_launch(
+        device_busy=True, covered=never
+    )  # a step in flight: send now
     assert reply_kept(h.drafter)  # nothing in flight: the question was held back
     assert len(store.get("a").tokens) == len(REPETITIVE)  # the drafter has not heard yet
     h.drafter.prepare_draft_tokens([a], h.resources)  # the next step's drafts
@@ -149,6 +151,32 @@ def test_a_question_the_next_step_would_not_wait_for_goes_out_once_it_is_launche
     assert h.step([a]) == [[1, 2, 1, 2]]  # drafted from its look-ahead, unasked; launched
     c = h.counters()
     assert c["at_launch"] == 1 and c["lookahead"] == 1 and c["late"] == c["failed"] == 0
+
+
+@pytest.mark.parametrize("ask_at", ["auto", "timed"])
+def test_a_question_no_next_step_needs_goes_out_once_it_is_launched(servers, ask_at):
+    """Auto patience, a round trip the next step would wait for (20 ms against a 0.25 s step).
+    A commit that accepted every draft and the proposal's bonus token leaves the next step
+    drafting from the kept look-ahead: it needs no reply, so (auto) the question waits for
+    the launch. A commit that leaves the proposal asks at once: the next step may wait for
+    that reply. `--drafter-ask-at timed` asks at once either way."""
+    server = servers(max_draft_len=16, delay_ms=20)
+    h = servers.harness(f"grpc://{server.address}", ask_at=ask_at)
+    a = make_request("a", REPETITIVE)
+    assert timed_step(h, a, 0.25, [3, 4, 1, 2, 3]) == [[3, 4, 1, 2]]  # all, and the bonus
+    held = ask_at == "auto"
+    assert h.drafter.unanswered() == (0 if held else 1)
+    assert h.step([a]) == [[4, 1, 2, 3]]  # the look-ahead, either way; then launched
+    assert h.counters()["at_launch"] == (1 if held else 0)
+    assert h.drafter.unanswered() == 1 or reply_kept(h.drafter)
+    wait_until(lambda: reply_kept(h.drafter), timeout=10, what="the reply")
+    time.sleep(0.25)
+    a.output_ids += [4, 3]  # the step leaves the proposal at its second draft
+    h.drafter.submit([a])
+    assert h.drafter.unanswered() == 1  # asked at the commit: the next step may wait for it
+    assert h.step([a]) != [[]]  # waited for (within its share) and drafted from the reply
+    c = h.counters()
+    assert c["at_launch"] == (1 if held else 0) and c["deferred"] == c["late"] == 0
 
 
 def test_a_drafter_that_wedges_while_questions_wait_for_launch_is_still_dropped(servers):
@@ -166,7 +194,7 @@ def test_a_drafter_that_wedges_while_questions_wait_for_launch_is_still_dropped(
 
     for _ in range(3):
         one_step()
-    assert h.drafter.patience.at_launch(device_busy=False)
+    assert h.drafter.patience.at_launch(device_busy=False, covered=never)
     server.engine.delay_s = 2.5  # wedged: past the deadline and the stall time
     end = time.monotonic() + 15
     while h.counters()["failed"] == 0 and time.monotonic() < end:
@@ -185,7 +213,7 @@ def test_while_questions_wait_for_launch_a_dead_drafter_counts_failed(servers, m
     h = servers.harness(f"grpc://{server.address}", mode=mode)
     a = make_request("a", REPETITIVE)
     timed_step(h, a, 0.25, [3, 4, 1, 2, 1])  # the question is held for the launch
-    assert h.drafter.patience.at_launch(device_busy=False)
+    assert h.drafter.patience.at_launch(device_busy=False, covered=never)
     server.stop(None)
     h.drafter.launched()  # the held question goes out to a drafter that is gone
     # (stream: the reader sees the stream end; unary: the failed call, once collected)
@@ -241,13 +269,21 @@ def test_patience_must_lie_between_zero_and_the_deadline():
     assert RemoteDrafterConfig("h:1", deadline_ms=50).patience_s is None  # auto
     with pytest.raises(UserError, match="--drafter-patience-ms must be between 0"):
         TargetConfig(drafter_deadline_ms=50, drafter_patience_ms=-0.5)
-    with pytest.raises(UserError, match="--drafter-ask-at must be auto or commit"):
+    with pytest.raises(UserError, match="--drafter-ask-at must be one of auto, timed, commit"):
         TargetConfig(drafter_ask_at="later")
-    with pytest.raises(UserError, match="ask-at must be auto or commit"):
+    with pytest.raises(UserError, match="ask-at must be one of auto, timed, commit"):
         RemoteDrafterConfig("h:1", ask_at="later")
 
 
 # -- the rule, with explicit times -----------------------------------------------------------
+
+
+def never() -> bool:  # `at_launch`'s `covered`: some request needs the reply
+    return False
+
+
+def always() -> bool:  # every request drafts from a kept proposal
+    return True
 
 
 def rule(patience_ms: float = -1, lookahead: int = 5, deadline_ms: float = 50) -> Patience:
@@ -296,29 +332,39 @@ def test_a_fixed_patience_is_used_as_is_and_the_whole_deadline_means_the_deadlin
     assert rule(patience_ms=50).wait_s(0.0, 0.0, device_busy=False) is None
 
 
-def test_the_rule_holds_a_question_back_only_when_no_step_would_wait_and_it_comes_in_time():
+def test_the_rule_holds_a_question_back_only_when_no_step_would_use_it_and_it_comes_in_time():
     """`at_launch`: auto patience only, a look-ahead, nothing on the device; the round trip
-    less the commit-to-launch gap past the share of a step (the next step would not wait),
-    and the round trip plus that gap within a step (the step after still gets the reply)."""
+    less the commit-to-launch gap past the share of a step (the next step would not wait), or
+    every request covered by a kept proposal (auto, not timed), and the round trip plus that
+    gap within a step (the step after still gets the reply)."""
     p = rule()
-    assert not p.at_launch(device_busy=False)  # nothing timed yet
+    assert not p.at_launch(device_busy=False, covered=never)  # nothing timed yet
     p.drafted(0.0, device_busy=False)
     p.committed(0.010)  # a 10 ms step
     p.launched(0.011)  # the next launched 1 ms after the commit
     assert p.gap_s == pytest.approx(0.001)
     p.replied(0.005)  # 5 ms: 4 ms past the gap > the 3 ms share; 6 ms with it <= 10 ms
-    assert p.at_launch(device_busy=False)
-    assert not p.at_launch(device_busy=True)
-    assert not rule(lookahead=0).at_launch(device_busy=False)
+    assert p.at_launch(device_busy=False, covered=never)
+    assert not p.at_launch(device_busy=True, covered=never)
+    assert not rule(lookahead=0).at_launch(device_busy=False, covered=never)
     fixed = rule(patience_ms=0)
     fixed.step_s, fixed.rtt_s = p.step_s, p.rtt_s
-    assert not fixed.at_launch(device_busy=False)  # a fixed patience: asked at the commit
+    assert not fixed.at_launch(
+        device_busy=False, covered=never
+    )  # a fixed patience: asked at the commit
     commit = Patience(RemoteDrafterConfig("h:1", deadline_ms=50, ask_at="commit"), 5)
     commit.step_s, commit.rtt_s, commit.gap_s = p.step_s, p.rtt_s, p.gap_s
-    assert not commit.at_launch(device_busy=False)  # --drafter-ask-at commit
-    p.rtt_s = 0.0035  # 2.5 ms after the gap: the next step would wait for it
-    assert not p.at_launch(device_busy=False)
+    assert not commit.at_launch(device_busy=False, covered=never)  # --drafter-ask-at commit
+    p.rtt_s = 0.0035  # 2.5 ms after the gap: the next step would wait for it...
+    assert not p.at_launch(device_busy=False, covered=never)
+    assert p.at_launch(device_busy=False, covered=always)  # ...unless it drafts from proposals
+    timed = Patience(RemoteDrafterConfig("h:1", deadline_ms=50, ask_at="timed"), 5)
+    timed.step_s, timed.rtt_s, timed.gap_s = p.step_s, p.rtt_s, p.gap_s
+    assert not timed.at_launch(device_busy=False, covered=always)  # --drafter-ask-at timed
+    assert not commit.at_launch(device_busy=False, covered=always)
+    assert not p.at_launch(device_busy=True, covered=always)
     p.rtt_s = 0.0095  # 10.5 ms with the gap: the step after would miss it if sent late
-    assert not p.at_launch(device_busy=False)
+    assert not p.at_launch(device_busy=False, covered=never)
+    assert not p.at_launch(device_busy=False, covered=always)
     p.launched(0.5)  # no commit since the last launch: not a gap
     assert p.gap_s == pytest.approx(0.001)

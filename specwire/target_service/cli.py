@@ -15,6 +15,7 @@ from specwire.common.security import (
     server_security_from_args,
 )
 from specwire.target_service.config import TargetConfig
+from specwire.target_service.drafters.remote_channel import ASK_AT
 
 # The TargetConfig fields a user sets; flag, variable, type and default come from the field.
 ENGINE_FLAGS = {
@@ -76,9 +77,11 @@ ENGINE_FLAGS = {
         " only when the look-ahead the drafter's max-draft-len leaves is at least 2)"
     ),
     "drafter_ask_at": Flag(
-        "remote drafters, auto patience: when the next step would not wait for the reply,"
-        " ask once it is launched, off the critical path (auto), or at the commit (commit)",
-        choices=("auto", "commit"),
+        "remote drafters, auto patience: ask once the next step is launched, off the critical"
+        " path, when that step will not use the reply: it would not wait for it, or every"
+        " request's drafts come from a kept proposal (auto); the first reason only (timed);"
+        " or always at the commit (commit)",
+        choices=ASK_AT,
     ),
     "drafter_max_inflight": Flag(
         "remote drafters, stream mode: questions the stream may have in flight at once (1-4);"

@@ -10,7 +10,7 @@ from specwire.common.errors import UserError
 from specwire.common.model.paged import blocks_for
 from specwire.common.ngram import DEFAULT_MAX_NGRAM, VOTE
 from specwire.common.security import ClientSecurity
-from specwire.target_service.drafters.remote_channel import MAX_INFLIGHT
+from specwire.target_service.drafters.remote_channel import ASK_AT, MAX_INFLIGHT
 
 if TYPE_CHECKING:  # torch loads when a config is built, not when the CLI reads this class
     import torch
@@ -112,8 +112,10 @@ class TargetConfig:
                 f"({self.drafter_deadline_ms:g}), or -1 (auto); "
                 f"got {self.drafter_patience_ms:g}"
             )
-        if self.drafter_ask_at not in ("auto", "commit"):
-            raise UserError(f"--drafter-ask-at must be auto or commit, got {self.drafter_ask_at!r}")
+        if self.drafter_ask_at not in ASK_AT:
+            raise UserError(
+                f"--drafter-ask-at must be one of {', '.join(ASK_AT)}, got {self.drafter_ask_at!r}"
+            )
         if not 1 <= self.drafter_max_inflight <= MAX_INFLIGHT:
             raise UserError(
                 f"--drafter-max-inflight must be between 1 and {MAX_INFLIGHT}, "

@@ -198,11 +198,24 @@ class RemoteDrafter(PrefetchReplies, Drafter):
         self._take_answered()
         if len(self._pending) >= self.max_inflight:  # nothing more goes out meanwhile
             return
-        if not self._pending and self.patience.at_launch(self.device_busy):
-            # The next step would not wait for this reply: ask once it is on the device.
+        if not self._pending and self.patience.at_launch(
+            self.device_busy, lambda: self._covered(requests)
+        ):
+            # The next step will not use this reply: ask once it is on the device.
             self._held = list(requests)
             return
         self._question(requests)
+
+    def _covered(self, requests: Sequence[Request]) -> bool:
+        """Whether every request the next step may draft for has drafts in its kept proposal
+        (at this step's cap; `RemoteSessions.drafts_from_run`, peeking: `_prepare` takes
+        them), so that step needs no reply."""
+        for r in requests:
+            if not r.finished and r.useful_drafts > 0:
+                got = self.sessions.drafts_from_run(r, peek=True)
+                if got is None or not got[0]:
+                    return False
+        return True
 
     def launched(self) -> None:
         """The step after a submit is on the device: send the question held back (see

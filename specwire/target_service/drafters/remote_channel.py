@@ -28,6 +28,8 @@ CHANNEL_OPTIONS = [  # notice a restarted drafter within ~1 s (gRPC's default wa
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 MAX_INFLIGHT = 4  # the most questions `--drafter-max-inflight` may keep on the stream at once
+# `--drafter-ask-at`: when a question asked as a step commits goes out (remote_patience.py).
+ASK_AT = ("auto", "timed", "commit")
 
 
 @dataclass(frozen=True)
@@ -42,8 +44,10 @@ class RemoteDrafterConfig:
     # (a share of the step's own time). A reply later than this is still kept for the steps
     # after (see remote.py).
     patience_ms: float = -1.0
-    # When the next step would not wait for the reply (auto patience): send the question asked
-    # as a step commits once the next step is launched ("auto"), or always at the commit.
+    # When the question asked as a step commits goes out (auto patience): once the next step is
+    # launched when that step will not use the reply ("auto": it would not wait for it, or every
+    # request's drafts come from a kept proposal; "timed": the first reason only), or always at
+    # the commit ("commit"). See remote_patience.py, "Sending at launch".
     ask_at: str = "auto"
     # Questions a stream may have in flight at once (the stream answers in order): with 1 a
     # commit whose previous question is unanswered asks nothing; with 2 (the default) it asks
@@ -55,8 +59,10 @@ class RemoteDrafterConfig:
             raise UserError(f"--drafter {self.address!r}: expected grpc://HOST:PORT")
         if self.mode not in ("stream", "unary"):
             raise UserError(f"drafter mode must be stream or unary, got {self.mode!r}")
-        if self.ask_at not in ("auto", "commit"):
-            raise UserError(f"drafter ask-at must be auto or commit, got {self.ask_at!r}")
+        if self.ask_at not in ASK_AT:
+            raise UserError(
+                f"drafter ask-at must be one of {', '.join(ASK_AT)}, got {self.ask_at!r}"
+            )
         if not 1 <= self.max_inflight <= MAX_INFLIGHT:
             raise UserError(
                 f"drafter max in flight must be between 1 and {MAX_INFLIGHT}, "

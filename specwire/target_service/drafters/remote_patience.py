@@ -12,16 +12,21 @@ Three EMAs, all from the remote drafter's own calls: a drafting step (drafts tak
 step's `submit`), a round trip (sent -> the reply's arrival) and the host's gap between a
 step's commit and the next launch (`submit` -> `launched`).
 
-Sending at launch (`at_launch`). When the next step would not wait for the reply anyway (auto:
-the round trip is longer than its share), the question asked as a step commits serves only the
-step after next. Building and sending it then costs the synchronous step ~50 us of host time on
-its critical path for nothing, so the drafter holds it back and sends it once the next step
-has been launched, while the device runs; it is still in time when the round trip plus that
-gap fits in a step. Auto patience only (a fixed one keeps the question at the commit);
-`--drafter-ask-at commit` turns it off (an A/B switch).
+Sending at launch (`at_launch`). When the next step will not use the reply, the question asked
+as a step commits serves only the step after next. Building and sending it then costs the
+synchronous step ~50 us of host time on its critical path for nothing (and gRPC's threads
+serialise it while the executor wants the GIL), so the drafter holds it back and sends it once
+the next step has been launched, while the device runs; it is still in time when the round trip
+plus that gap fits in a step. The next step will not use the reply when it would not wait for
+it (the round trip is longer than its share: "timed"), or when every request's drafts come
+from a kept proposal (the last step accepted what it was proposed: `covered`). Auto patience
+only (a fixed one keeps the question at the commit); `--drafter-ask-at timed` keeps the first
+reason only and `commit` turns it off (A/B switches).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from specwire.target_service.drafters.remote_channel import RemoteDrafterConfig
 
@@ -68,12 +73,13 @@ class Patience:
             if gap < self.config.stall_s:
                 self.gap_s = _ema(self.gap_s, gap)
 
-    def at_launch(self, device_busy: bool) -> bool:
+    def at_launch(self, device_busy: bool, covered: Callable[[], bool]) -> bool:
         """Whether a question asked as a step commits should wait for the next launch (see
         the module docstring): auto patience, nothing on the device, a look-ahead (the reply
-        serves the step after next), and a round trip that the next step would not wait for
-        (its remainder at the launch is longer than its share) yet that, sent at the launch,
-        still ends within a step (with the gap to spare)."""
+        serves the step after next), a round trip that, sent at the launch, still ends within
+        a step (with the gap to spare), and a next step that will not use the reply: it would
+        not wait for it (its remainder at the launch is longer than its share), or (auto)
+        `covered()`, every request's drafts come from a kept proposal."""
         if self.config.patience_s is not None or device_busy or self.lookahead == 0:
             return False
         if self.config.ask_at == "commit":
@@ -82,7 +88,11 @@ class Patience:
         if step is None or rtt is None:
             return False
         gap = self.gap_s or 0.0
-        return PATIENCE_SHARE * step < rtt - gap and rtt + gap <= step
+        if rtt + gap > step:
+            return False
+        if PATIENCE_SHARE * step < rtt - gap:
+            return True
+        return self.config.ask_at == "auto" and covered()
 
     def timings(self) -> dict[str, float | None]:
         """The three EMAs in seconds (None before a first sample): what the auto rules weigh."""

@@ -163,12 +163,15 @@ class RemoteSessions(ResourceManager):
             return
         self.runs[request_id] = Run(anchor, tokens, probs, asked, branches)
 
-    def drafts_from_run(self, request: Request) -> tuple[list[int], list | None, str] | None:
+    def drafts_from_run(
+        self, request: Request, peek: bool = False
+    ) -> tuple[list[int], list | None, str] | None:
         """(drafts, their distributions or None, where they come from) from the request's
         kept proposal, if what was committed since it was made is exactly its prefix, or the
         prefix of one of its branches, and enough of it is left; None when the drafter must be
         asked. Where: "asked" (the proposal's start), "lookahead" (further along it) or
-        "branch"."""
+        "branch". Unless `peek`, a proposal the target left is dropped, or replaced by the
+        branch it took."""
         rid = request.request_id
         run = self.runs.get(rid)
         if run is None:
@@ -176,7 +179,8 @@ class RemoteSessions(ResourceManager):
         n, budget = request.num_tokens, request.draft_budget
         m = n - run.anchor  # tokens committed since the proposal
         if m < 0:
-            del self.runs[rid]
+            if not peek:
+                del self.runs[rid]
             return None
         where = "lookahead" if m else "asked"
         if m:
@@ -187,9 +191,11 @@ class RemoteSessions(ResourceManager):
                 p = _first_difference(committed, run.tokens)
                 run = run.branch(p, committed[p]) if run.branches else None
                 if run is None or committed[p + 1 :] != run.tokens[: m - p - 1]:
-                    del self.runs[rid]
+                    if not peek:
+                        del self.runs[rid]
                     return None
-                self.runs[rid] = run
+                if not peek:
+                    self.runs[rid] = run
                 m, where = n - run.anchor, "branch"
             rest = len(run.tokens) - m
             if rest <= 0 or (rest < budget and not run.complete):
