@@ -42,12 +42,14 @@ few ms, lower it (`--drafter-deadline-ms`).
 
 This module is the step: what to ask and when, keeping the replies' proposals and the
 counters. Pieces: `remote_replies.py` (`PrefetchReplies`, a mixin: collecting the reply to a
-question asked early, waiting at most the patience or the deadline), `remote_connection.py`
-(`RemoteConnection`: the channel, the stream and its reader thread, stall detection, dropping
-and re-opening the connection; it owns the lock, `cv`, which the step shares),
-`remote_channel.py` (config, handshake checks, the DraftStream call), `remote_sessions.py`
-(what the drafter holds per request, a resource manager, and the per-request wire deltas and
-kept proposals) and `remote_patience.py` (how long a step waits for a reply asked for early).
+question asked early, waiting at most the patience or the deadline), `remote_notices.py`
+(`FinishedNotices`, a mixin: telling the drafter at once that requests finished),
+`remote_connection.py` (`RemoteConnection`: the channel, the stream and its reader thread,
+stall detection, dropping and re-opening the connection; it owns the lock, `cv`, which the step
+shares), `remote_channel.py` (config, handshake checks, the DraftStream call),
+`remote_sessions.py` (what the drafter holds per request, a resource manager, and the
+per-request wire deltas and kept proposals) and `remote_patience.py` (how long a step waits for
+a reply asked for early).
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ from specwire.target_service.drafters.remote_channel import (
     RemoteDrafterConfig,
 )
 from specwire.target_service.drafters.remote_connection import RemoteConnection
+from specwire.target_service.drafters.remote_notices import FinishedNotices
 from specwire.target_service.drafters.remote_patience import Patience
 from specwire.target_service.drafters.remote_replies import Prefetch, PrefetchReplies
 from specwire.target_service.drafters.remote_sessions import (
@@ -115,7 +118,7 @@ COUNTERS = (
 LOOKAHEAD_STEPS = 4
 
 
-class RemoteDrafter(PrefetchReplies, Drafter):
+class RemoteDrafter(PrefetchReplies, FinishedNotices, Drafter):
     """A `Drafter` backed by a drafter service; see the module docstring."""
 
     def __init__(
@@ -365,51 +368,6 @@ class RemoteDrafter(PrefetchReplies, Drafter):
         """Keep `reply`'s proposals (`RemoteSessions.apply`); count what it refused."""
         for name in self.sessions.apply(reply, sent):
             self._count(name)
-
-    # -- finished notices ---------------------------------------------------------------------
-
-    def _send_finished(self) -> None:
-        """Tell the drafter now that requests finished, so it frees their sessions even when
-        the target goes idle (no next step to carry the notice). Runs on the executor thread
-        when the registry frees a request; sends one small message and waits for nothing.
-
-        Stream mode: the notice goes on the stream, after the request's last update (order
-        kept); its empty reply carries a step nobody waits for and is dropped. Unary mode: a
-        `Draft` call whose reply is ignored. Disconnected: the notices stay queued and ride on
-        the first step after reconnecting.
-        """
-        with self._cv:
-            if not self.connection.connected or self.connection.closed:
-                return
-            rids = self.sessions.take_finished()
-            if not rids:
-                return
-            self._step += 1
-            step = self._step
-            updates = [drafter_pb2.SequenceUpdate(request_id=r, finished=True) for r in rids]
-            if self.mode == "stream":
-                notice = drafter_pb2.DraftStreamRequest(step=step, sequences=updates)
-                self.connection.send(notice, awaited=False)
-                return
-        msg = drafter_pb2.DraftRequest(step=step, sequences=updates)
-        pre = self._prefetch  # unary: at most one
-        if pre is not None and pre.future is not None and any(r in pre.sent for r in rids):
-            # A Draft call still in flight names some of these requests. The drafter serves
-            # unary calls side by side, so a notice sent now could be applied before that call,
-            # which would then re-create the session (until the TTL): send it after the call.
-            pre.future.add_done_callback(lambda _done: self._send_notice(msg))
-            return
-        self._send_notice(msg)
-
-    def _send_notice(self, msg: drafter_pb2.DraftRequest) -> None:
-        """Unary mode: one `Draft` call of finished notices, reply ignored (any thread)."""
-        try:
-            future = self.connection.stub.Draft.future(msg, timeout=self.config.connect_timeout_s)
-        except ValueError:  # the channel closed under us (shutdown): the drafter's TTL is left
-            log.debug("drafter %s: finished notice not sent: channel closed", self.name)
-            return
-        self._notices.add(future)  # held until done; a lost notice only leaves it to the TTL
-        future.add_done_callback(self._notices.discard)
 
     def _count(self, name: str | None) -> None:
         """Bump a counter (executor thread only: the one writer, so no lock)."""
