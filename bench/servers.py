@@ -44,7 +44,8 @@ from specwire.target_service.drafters.remote import LOOKAHEAD_STEPS  # noqa: E40
 # (--engine-process off); "-nobranch" asks the drafter
 # for no branches (--drafter-branches 0), "-la1" for a look-ahead of K+1 (round 23's auto),
 # "-atcommit" for questions always sent at the commit (--drafter-ask-at commit), "-timed" for
-# questions held for the launch on the timing rule only (--drafter-ask-at timed), "-inflight1"
+# questions held for the launch on the timing rule only (--drafter-ask-at timed), "-atlaunch"
+# for every question held for the launch (--drafter-ask-at launch), "-inflight1"
 # for one question at a time on the stream (--drafter-max-inflight 1; round 27 made 2 the
 # default; "-inflight2" names it explicitly), to measure them side by side.
 CONFIGS = {
@@ -63,6 +64,7 @@ CONFIGS = {
     "remote-ngram-la1": "remote",
     "remote-ngram-atcommit": "remote",
     "remote-ngram-timed": "remote",
+    "remote-ngram-atlaunch": "remote",
     "remote-ngram-inflight2": "remote",
     "remote-ngram-inflight1": "remote",
     "none-proc": "none",
@@ -88,6 +90,7 @@ REMOTE_DRAFTERS = {  # service --drafter
     "remote-ngram-la1": "ngram",
     "remote-ngram-atcommit": "ngram",
     "remote-ngram-timed": "ngram",
+    "remote-ngram-atlaunch": "ngram",
     "remote-ngram-inflight2": "ngram",
     "remote-ngram-inflight1": "ngram",
     "remote-ngram-proc": "ngram",
@@ -229,6 +232,8 @@ def running_config(config: str, args: argparse.Namespace) -> Iterator[Server]:
             cmd += ["--drafter-ask-at", "commit"]
         if config.endswith("-timed"):  # held for the launch on the timing rule only
             cmd += ["--drafter-ask-at", "timed"]
+        if config.endswith("-atlaunch"):  # every question held for the launch
+            cmd += ["--drafter-ask-at", "launch"]
         if config.endswith("-inflight2"):  # a second question while the first is unanswered
             cmd += ["--drafter-max-inflight", "2"]
         if config.endswith("-inflight1"):  # one question at a time (before round 27)

@@ -269,9 +269,11 @@ def test_patience_must_lie_between_zero_and_the_deadline():
     assert RemoteDrafterConfig("h:1", deadline_ms=50).patience_s is None  # auto
     with pytest.raises(UserError, match="--drafter-patience-ms must be between 0"):
         TargetConfig(drafter_deadline_ms=50, drafter_patience_ms=-0.5)
-    with pytest.raises(UserError, match="--drafter-ask-at must be one of auto, timed, commit"):
+    with pytest.raises(
+        UserError, match="--drafter-ask-at must be one of auto, timed, commit, launch"
+    ):
         TargetConfig(drafter_ask_at="later")
-    with pytest.raises(UserError, match="ask-at must be one of auto, timed, commit"):
+    with pytest.raises(UserError, match="ask-at must be one of auto, timed, commit, launch"):
         RemoteDrafterConfig("h:1", ask_at="later")
 
 
@@ -361,6 +363,9 @@ def test_the_rule_holds_a_question_back_only_when_no_step_would_use_it_and_it_co
     timed = Patience(RemoteDrafterConfig("h:1", deadline_ms=50, ask_at="timed"), 5)
     timed.step_s, timed.rtt_s, timed.gap_s = p.step_s, p.rtt_s, p.gap_s
     assert not timed.at_launch(device_busy=False, covered=always)  # --drafter-ask-at timed
+    launch = Patience(RemoteDrafterConfig("h:1", deadline_ms=50, ask_at="launch"), 5)
+    assert launch.at_launch(device_busy=False, covered=never)  # always, nothing timed needed
+    assert not launch.at_launch(device_busy=True, covered=always)  # a step in flight: now
     assert not commit.at_launch(device_busy=False, covered=always)
     assert not p.at_launch(device_busy=True, covered=always)
     p.rtt_s = 0.0095  # 10.5 ms with the gap: the step after would miss it if sent late

@@ -80,7 +80,7 @@ ENGINE_FLAGS = {
         "remote drafters, auto patience: ask once the next step is launched, off the critical"
         " path, when that step will not use the reply: it would not wait for it, or every"
         " request's drafts come from a kept proposal (auto); the first reason only (timed);"
-        " or always at the commit (commit)",
+        " always at the commit (commit); or always at the launch (launch)",
         choices=ASK_AT,
     ),
     "drafter_max_inflight": Flag(

@@ -29,7 +29,7 @@ CHANNEL_OPTIONS = [  # notice a restarted drafter within ~1 s (gRPC's default wa
 ]
 MAX_INFLIGHT = 4  # the most questions `--drafter-max-inflight` may keep on the stream at once
 # `--drafter-ask-at`: when a question asked as a step commits goes out (remote_patience.py).
-ASK_AT = ("auto", "timed", "commit")
+ASK_AT = ("auto", "timed", "commit", "launch")
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,8 @@ class RemoteDrafterConfig:
     # When the question asked as a step commits goes out (auto patience): once the next step is
     # launched when that step will not use the reply ("auto": it would not wait for it, or every
     # request's drafts come from a kept proposal; "timed": the first reason only), or always at
-    # the commit ("commit"). See remote_patience.py, "Sending at launch".
+    # the commit ("commit"), or always at the launch ("launch"). See remote_patience.py,
+    # "Sending at launch".
     ask_at: str = "auto"
     # Questions a stream may have in flight at once (the stream answers in order): with 1 a
     # commit whose previous question is unanswered asks nothing; with 2 (the default) it asks

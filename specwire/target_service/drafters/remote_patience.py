@@ -21,7 +21,9 @@ plus that gap fits in a step. The next step will not use the reply when it would
 it (the round trip is longer than its share: "timed"), or when every request's drafts come
 from a kept proposal (the last step accepted what it was proposed: `covered`). Auto patience
 only (a fixed one keeps the question at the commit); `--drafter-ask-at timed` keeps the first
-reason only and `commit` turns it off (A/B switches).
+reason only, `commit` turns it off and `launch` holds every such question (A/B switches:
+`launch` tests whether the round trip, measured while questions go out at the commit, is
+itself lengthened by the host work they then compete with).
 """
 
 from __future__ import annotations
@@ -79,11 +81,12 @@ class Patience:
         serves the step after next), a round trip that, sent at the launch, still ends within
         a step (with the gap to spare), and a next step that will not use the reply: it would
         not wait for it (its remainder at the launch is longer than its share), or (auto)
-        `covered()`, every request's drafts come from a kept proposal."""
+        `covered()`, every request's drafts come from a kept proposal. `--drafter-ask-at
+        launch` skips the timings (always), `commit` says never."""
         if self.config.patience_s is not None or device_busy or self.lookahead == 0:
             return False
-        if self.config.ask_at == "commit":
-            return False
+        if self.config.ask_at in ("commit", "launch"):  # the A/B switches: never, always
+            return self.config.ask_at == "launch"
         step, rtt = self.step_s, self.rtt_s
         if step is None or rtt is None:
             return False
