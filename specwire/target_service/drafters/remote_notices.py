@@ -1,7 +1,7 @@
 """Telling the drafter service at once that requests finished (`FinishedNotices`), so that it
 frees their sessions even when the target goes idle. A mixin of `RemoteDrafter` (remote.py),
-which owns the state it uses: `connection` and its lock `_cv`, `sessions`, `mode`, `_step`,
-`_prefetch` and `_notices` (the unary notices in flight)."""
+which owns the state it uses: `config`, `name`, `connection` and its lock `_cv`, `sessions`,
+`mode`, `_step`, `_prefetch` and `_notices` (the unary notices in flight)."""
 
 from __future__ import annotations
 
