@@ -81,6 +81,24 @@ def test_a_rejected_draft_continues_from_the_branch_that_foresaw_it():
     assert sessions.drafts_from_run(req) is None
 
 
+def test_peeking_at_a_run_finds_the_same_drafts_and_changes_nothing():
+    """`peek=True` (the remote drafter's check at a commit whether the next step needs a
+    reply) answers as the step's own call will, yet neither adopts a branch nor drops a run the
+    target left, so the step's call still does both (and counts them)."""
+    branches = [Branch(0, 3, [4, 9, 1, 2, 5, 6, 9, 1])]
+    sessions, req = _sessions_with_run(FORKED, [5, 6, 9, 1, 2, 5, 6, 9, 1], branches)
+    kept = sessions.runs["a"]
+    req.output_ids += [3]  # the branch's token
+    assert sessions.drafts_from_run(req, peek=True) == ([4, 9, 1, 2], None, "branch")
+    assert sessions.runs["a"] is kept  # not adopted
+    assert sessions.drafts_from_run(req) == ([4, 9, 1, 2], None, "branch")
+    assert sessions.runs["a"] is not kept  # adopted by the step's call
+    sessions, req = _sessions_with_run(FORKED, [5, 6, 9, 1], [])
+    req.output_ids += [7]  # a token nobody foresaw
+    assert sessions.drafts_from_run(req, peek=True) is None and "a" in sessions.runs
+    assert sessions.drafts_from_run(req) is None and "a" not in sessions.runs
+
+
 def test_a_branch_past_the_proposal_and_an_older_reply_after_a_branch():
     sessions, req = _sessions_with_run(FORKED, [5, 6], [Branch(2, 7, [8, 8])])
     req.output_ids += [5, 6, 7]  # past the whole proposal, with the token the branch foresaw
