@@ -9,6 +9,7 @@ import logging
 
 from specwire.common.protogen import drafter_pb2
 
+# The remote drafter's logger: these lines moved from remote.py, and their logger name stays.
 log = logging.getLogger("specwire.target_service.drafters.remote")
 
 
