@@ -208,7 +208,7 @@ def main() -> int:
     ap.add_argument("--drafter-patience-ms", type=float, default=-1.0, help="remote: -1 auto")
     ap.add_argument("--drafter-lookahead", type=int, default=-1, help="remote: -1 auto")
     ap.add_argument("--drafter-mode", default="stream", help="remote: stream or unary")
-    ap.add_argument("--drafter-ask-at", default="auto", help="remote: auto or commit")
+    ap.add_argument("--drafter-ask-at", default="auto", help="remote: remote_channel.ASK_AT")
     ap.add_argument("--drafter-max-inflight", type=int, default=2, help="remote: 1-4")
     ap.add_argument("--max-draft-len", type=int, default=4)
     ap.add_argument("--two-batch-rows", type=int, default=0)
@@ -362,12 +362,9 @@ def main() -> int:
             print(f"host-only {label}: {lengths.summary()}", flush=True)
         if service is not None:
             print(f"host-only {label}: drafter counters {engine.drafter.counters()}", flush=True)
-            p = engine.drafter.patience  # the auto patience's view: round trip against a step
-            ms = [f"{x * 1e3:.2f} ms" if x else "n/a" for x in (p.rtt_s, p.step_s, p.gap_s)]
-            print(
-                f"host-only {label}: round trip {ms[0]}, drafting step {ms[1]},"
-                f" commit to launch {ms[2]} (EMAs)"
-            )
+            timings = engine.drafter.timings()  # the auto patience's view (EMAs)
+            ms = ", ".join(f"{k} {v * 1e3:.2f} ms" if v else f"{k} n/a" for k, v in timings.items())
+            print(f"host-only {label}: {ms} (EMAs)")
     finally:
         engine.shutdown()
         pool.shutdown()

@@ -328,6 +328,7 @@ async def run_server(server, plans: list[PassPlan], args) -> dict:
                         "failed",
                         "deferred",
                         "at_launch",
+                        "probes",
                     )
                 },
                 # the remote drafter's auto-patience EMAs at the pass's end, ms (None: not

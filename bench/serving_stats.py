@@ -218,12 +218,15 @@ def drafting_table(passes: list[dict]) -> str:
     what running a step synchronously cost), and where a remote drafter's drafts came from
     (deferred: steps that went without the drafts asked as the step before committed, their
     reply not there within the patience; sent at launch: questions held back at a commit and
-    sent once the next step launched; EMAs: the remote drafter's round trip, drafting step and
-    commit-to-launch gap as its auto patience saw them at the pass's end)."""
+    sent once the next step launched, of which probes were sent only to time a launch's round
+    trip; EMAs: the remote drafter's round trip of questions sent at the commit, drafting step,
+    commit-to-launch gap, round trip of questions sent at the launch and launch-to-commit span,
+    as its auto patience saw them at the pass's end)."""
     lines = [
         "| pass | drafting steps | exposed ms/drafting step | exposed share of step time | "
         "sync steps | ms/sync step | look-ahead hits | branch hits | prefetched replies | "
-        "deferred | late | failed | sent at launch | EMAs rtt / step / gap ms |",
+        "deferred | late | failed | sent at launch (probes) | "
+        "EMAs rtt / step / gap / launch rtt / launch-to-commit ms |",
         "|---" * 14 + "|",
     ]
     for p in passes:
@@ -238,7 +241,7 @@ def drafting_table(passes: list[dict]) -> str:
             f"{_f(p.get('sync_ms'), '.3f')} | {_delta(d.get('lookahead'))} | "
             f"{_delta(d.get('branched'))} | {_delta(d.get('prefetched'))} | "
             f"{_delta(d.get('deferred'))} | {_delta(d.get('late'))} | {_delta(d.get('failed'))} | "
-            f"{_delta(d.get('at_launch'))} | {emas} |"
+            f"{_delta(d.get('at_launch'))} ({_delta(d.get('probes'))}) | {emas} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -19,7 +19,11 @@ from remote_harness import (
 from specwire.common.errors import UserError
 from specwire.target_service.config import TargetConfig
 from specwire.target_service.drafters.remote_channel import RemoteDrafterConfig
-from specwire.target_service.drafters.remote_patience import PATIENCE_SHARE, Patience
+from specwire.target_service.drafters.remote_patience import (
+    PATIENCE_SHARE,
+    PROBE_EVERY,
+    Patience,
+)
 from specwire.target_service.request import Request
 
 
@@ -145,8 +149,13 @@ def test_a_question_the_next_step_would_not_wait_for_goes_out_once_it_is_launche
     assert h.counters()["deferred"] == 1 and h.counters()["at_launch"] == 0
     h.drafter.launched()  # the step is on the device: the question goes out now
     assert h.counters()["at_launch"] == 1 and not reply_kept(h.drafter)
+    commit_rtt = h.drafter.timings()["round_trip"]
+    assert h.drafter.timings()["launch_round_trip"] is None
     wait_until(lambda: reply_kept(h.drafter), timeout=10, what="the reply to the held question")
     assert store.get("a").tokens == a.token_ids
+    # Its round trip (the drafter's 100 ms delay and more) is timed as a launch's, apart.
+    assert h.drafter.timings()["launch_round_trip"] >= 0.1
+    assert h.drafter.timings()["round_trip"] == commit_rtt
     a.output_ids += [2]  # the draftless step committed the proposal's first token
     assert h.step([a]) == [[1, 2, 1, 2]]  # drafted from its look-ahead, unasked; launched
     c = h.counters()
@@ -336,42 +345,79 @@ def test_a_fixed_patience_is_used_as_is_and_the_whole_deadline_means_the_deadlin
     assert rule(patience_ms=50).wait_s(0.0, 0.0, device_busy=False) is None
 
 
+def timed_rule(ask_at: str = "auto", rtt: float = 0.005) -> Patience:
+    """A rule that has timed a 10 ms drafting step, a launch 1 ms after its commit and that
+    step's commit 8 ms after its launch, and a round trip of `rtt` (sent at the commit)."""
+    p = Patience(RemoteDrafterConfig("h:1", deadline_ms=50, ask_at=ask_at), 5)
+    p.drafted(0.0, device_busy=False)
+    p.committed(0.010)
+    p.launched(0.011)
+    p.committed(0.019)
+    p.replied(rtt)
+    return p
+
+
 def test_the_rule_holds_a_question_back_only_when_no_step_would_use_it_and_it_comes_in_time():
     """`at_launch`: auto patience only, a look-ahead, nothing on the device; the round trip
     less the commit-to-launch gap past the share of a step (the next step would not wait), or
-    every request covered by a kept proposal (auto, not timed), and the round trip plus that
-    gap within a step (the step after still gets the reply)."""
+    every request covered by a kept proposal (auto, not timed), and the round trip within the
+    time from a launch to that step's commit (the step after still gets the reply)."""
     p = rule()
     assert not p.at_launch(device_busy=False, covered=never)  # nothing timed yet
-    p.drafted(0.0, device_busy=False)
-    p.committed(0.010)  # a 10 ms step
-    p.launched(0.011)  # the next launched 1 ms after the commit
-    assert p.gap_s == pytest.approx(0.001)
-    p.replied(0.005)  # 5 ms: 4 ms past the gap > the 3 ms share; 6 ms with it <= 10 ms
+    p = timed_rule()
+    assert p.step_s == pytest.approx(0.010) and p.gap_s == pytest.approx(0.001)
+    assert p.span_s == pytest.approx(0.008)
+    # 5 ms: 4 ms past the gap > the 3 ms share; sent at the launch, in before its commit
     assert p.at_launch(device_busy=False, covered=never)
     assert not p.at_launch(device_busy=True, covered=never)
     assert not rule(lookahead=0).at_launch(device_busy=False, covered=never)
     fixed = rule(patience_ms=0)
-    fixed.step_s, fixed.rtt_s = p.step_s, p.rtt_s
-    assert not fixed.at_launch(
-        device_busy=False, covered=never
-    )  # a fixed patience: asked at the commit
-    commit = Patience(RemoteDrafterConfig("h:1", deadline_ms=50, ask_at="commit"), 5)
-    commit.step_s, commit.rtt_s, commit.gap_s = p.step_s, p.rtt_s, p.gap_s
+    fixed.step_s, fixed.rtt_s, fixed.span_s = p.step_s, p.rtt_s, p.span_s
+    assert not fixed.at_launch(device_busy=False, covered=never)  # fixed: asked at the commit
+    commit = timed_rule("commit")
     assert not commit.at_launch(device_busy=False, covered=never)  # --drafter-ask-at commit
-    p.rtt_s = 0.0035  # 2.5 ms after the gap: the next step would wait for it...
+    p = timed_rule(rtt=0.0035)  # 2.5 ms after the gap: the next step would wait for it...
     assert not p.at_launch(device_busy=False, covered=never)
     assert p.at_launch(device_busy=False, covered=always)  # ...unless it drafts from proposals
-    timed = Patience(RemoteDrafterConfig("h:1", deadline_ms=50, ask_at="timed"), 5)
-    timed.step_s, timed.rtt_s, timed.gap_s = p.step_s, p.rtt_s, p.gap_s
+    timed = timed_rule("timed", rtt=0.0035)
     assert not timed.at_launch(device_busy=False, covered=always)  # --drafter-ask-at timed
     launch = Patience(RemoteDrafterConfig("h:1", deadline_ms=50, ask_at="launch"), 5)
     assert launch.at_launch(device_busy=False, covered=never)  # always, nothing timed needed
     assert not launch.at_launch(device_busy=True, covered=always)  # a step in flight: now
     assert not commit.at_launch(device_busy=False, covered=always)
     assert not p.at_launch(device_busy=True, covered=always)
-    p.rtt_s = 0.0095  # 10.5 ms with the gap: the step after would miss it if sent late
+    p = timed_rule(rtt=0.0095)  # past the 8 ms a launch has: the step after would miss it
     assert not p.at_launch(device_busy=False, covered=never)
     assert not p.at_launch(device_busy=False, covered=always)
-    p.launched(0.5)  # no commit since the last launch: not a gap
+    p.launched(0.020)  # 1 ms after the commit at 19 ms: a gap sample
+    p.launched(0.6)  # no commit since the last launch: not a gap
     assert p.gap_s == pytest.approx(0.001)
+
+
+def test_a_gate_the_commits_round_trip_shuts_is_probed_and_opens_on_the_launchs():
+    """While only the round trip keeps questions at the commit, every PROBE_EVERY-th goes at
+    the launch; the launch's own round trip then decides, and the patience for a reply sent
+    at a launch reckons with it."""
+    p = timed_rule(rtt=0.0095)  # the next step would not wait (8.5 ms left > 3 ms share)
+    answers = [p.at_launch(device_busy=False, covered=never) for _ in range(PROBE_EVERY)]
+    assert answers == [False] * (PROBE_EVERY - 1) + [True] and p.probes == 1
+    p.replied(0.004, at_launch=True)  # sent at the launch, the round trip is 4 ms
+    assert p.launch_rtt_s == pytest.approx(0.004) and p.rtt_s == pytest.approx(0.0095)
+    assert p.timings()["launch_round_trip"] == pytest.approx(0.004)
+    assert p.at_launch(device_busy=False, covered=never) and p.probes == 1  # fits: no probe
+    # A reply asked at a launch 2 ms ago is due within the 3 ms share: waited for; reckoned
+    # with the commit's round trip it would be 7.5 ms away, not waited for.
+    share = PATIENCE_SHARE * p.step_s
+    assert p.wait_s(20.0, 20.002, device_busy=False, at_launch=True) == pytest.approx(share)
+    assert p.wait_s(20.0, 20.002, device_busy=False) == 0
+    for _ in range(10):
+        p.replied(0.012, at_launch=True)  # the launch's round trip grew past its 8 ms
+    assert not p.at_launch(device_busy=False, covered=never)  # shut again, probing resumes
+    answers = [p.at_launch(device_busy=False, covered=never) for _ in range(PROBE_EVERY)]
+    assert answers.count(True) == 1 and p.probes == 2
+    # A probe needs a reason too: a step that would wait for the reply keeps it at the commit.
+    q = timed_rule("timed", rtt=0.0095)
+    q.rtt_s = 0.0035  # would be waited for; the gate is shut by the (unmeasured) launch...
+    q.span_s = 0.003  # ...since 3.5 ms does not fit in 3 ms
+    assert not any(q.at_launch(device_busy=False, covered=always) for _ in range(PROBE_EVERY))
+    assert q.probes == 0

@@ -69,6 +69,7 @@ DRAFTER_COUNTERS = {
     "deferred": "Steps that went without asked-for drafts after the patience; reply kept for later",
     "branched": "Requests drafted from a kept branch: another way the drafter foresaw, unasked",
     "at_launch": "Questions held back at a step's commit and sent once the next step launched",
+    "probes": "Questions sent at a launch only to time the launch's round trip (in at_launch)",
 }
 
 # The remote drafter's timings() keys (its auto patience's EMAs), exported as
@@ -77,6 +78,8 @@ DRAFTER_TIMINGS = {
     "round_trip": "Remote drafter: EMA of a question's round trip (sent to reply arrived)",
     "drafting_step": "Remote drafter: EMA of a drafting step (drafts taken to the commit)",
     "commit_to_launch": "Remote drafter: EMA of the host gap from a commit to the next launch",
+    "launch_round_trip": "Remote drafter: EMA of the round trip of questions sent at a launch",
+    "launch_to_commit": "Remote drafter: EMA of a launch to that step's commit",
 }
 
 

@@ -24,10 +24,10 @@ the drafter only for requests no proposal covers (then for the reply already in 
 there is one). When the next step would not wait for the reply anyway, `submit` holds the
 question and `launched` (the executor's hook after every launch) sends it while the device
 runs: off the synchronous step's critical path (`remote_patience.py`, "Sending at launch").
-Drafts stay unpadded on the wire: the look-ahead is only a longer
-`max_draft_tokens`. A drafter with the "branches" capability also sends other ways on at the
-proposal's first positions; when a step leaves the proposal for a token a branch foresaw, the
-branch drafts the next step (`branched`).
+Drafts stay unpadded on the wire: the look-ahead is only a longer `max_draft_tokens`. A drafter
+with the "branches" capability also sends other ways on at the proposal's first positions; when
+a step leaves the proposal for a token a branch foresaw, the branch drafts the next step
+(`branched`).
 
 Patience. A step waits for the reply in flight only as long as `remote_patience.Patience`
 says (auto: only when it is due within 30 % of a drafting step). Otherwise the step goes
@@ -35,10 +35,9 @@ without those drafts (`deferred`) and the reply stays awaited: when it comes it 
 any proposal, so the next step drafts from it if what this step committed is its first
 token(s). A reply still missing a deadline after it was asked for is given up (`late`).
 
-Deadline default, 50 ms: about one CPU decode step of the default 135M target. Drafts slower
-than a target step cost more than they save, and a loopback n-gram reply takes ~1 ms, so the
-deadline only fires for a drafter that is genuinely too slow. On a GPU target, whose step is a
-few ms, lower it (`--drafter-deadline-ms`).
+Deadline default, 50 ms: about one CPU decode step of the default 135M target; it fires only
+for a drafter that is genuinely too slow (a loopback n-gram reply takes ~1 ms). On a GPU
+target, whose step is a few ms, lower it (`--drafter-deadline-ms`).
 
 This module is the step: what to ask and when, keeping the replies' proposals and the
 counters. Pieces: `remote_replies.py` (`PrefetchReplies`, a mixin: collecting the reply to a
@@ -105,6 +104,7 @@ COUNTERS = (
     "deferred",
     "branched",
     "at_launch",
+    "probes",
 )
 
 # The auto look-ahead of a drafter whose longer proposal costs nothing (a lookup), in steps:
@@ -227,9 +227,9 @@ class RemoteDrafter(PrefetchReplies, FinishedNotices, Drafter):
         held, self._held = self._held, None
         if held and not self._pending:
             self._count("at_launch")
-            self._question(held)
+            self._question(held, at_launch=True)
 
-    def _question(self, requests: Sequence[Request]) -> None:
+    def _question(self, requests: Sequence[Request], at_launch: bool = False) -> None:
         """Send the drafter what was committed and ask for the next drafts and the look-ahead
         (as `submit`'s prefetch). Skipped while the connection is down or busy."""
         live = [(r, n) for r in requests if not r.finished and (n := r.useful_drafts) > 0]
@@ -246,10 +246,11 @@ class RemoteDrafter(PrefetchReplies, FinishedNotices, Drafter):
             with self._cv:
                 stream = conn.send(msg)  # in flight as `step` (the message's)
             if stream is not None:
-                self._pending.append(Prefetch(step, sent, stream, None, time.monotonic()))
+                pre = Prefetch(step, sent, stream, None, time.monotonic(), at_launch=at_launch)
+                self._pending.append(pre)
         else:
             future = conn.stub.Draft.future(msg, timeout=self.config.deadline_ms / 1000 + 1.0)
-            pre = Prefetch(step, sent, None, future, time.monotonic())
+            pre = Prefetch(step, sent, None, future, time.monotonic(), at_launch=at_launch)
             self._pending.append(pre)
             future.add_done_callback(pre.mark_answered)
 
@@ -280,7 +281,8 @@ class RemoteDrafter(PrefetchReplies, FinishedNotices, Drafter):
             # late reply costs them this step's drafts, not a second question). With a
             # patience shorter than the deadline, a reply not there by then is still kept
             # when it comes: the steps after use it if this step commits its first tokens.
-            wait = self.patience.wait_s(pre.since, time.monotonic(), self.device_busy)
+            now = time.monotonic()
+            wait = self.patience.wait_s(pre.since, now, self.device_busy, pre.at_launch)
             if self._use_prefetch(pre, wait):
                 for r in requests:
                     if r.request_id in covered:
@@ -375,22 +377,16 @@ class RemoteDrafter(PrefetchReplies, FinishedNotices, Drafter):
             self._counters[name] += 1
 
     def timings(self) -> dict[str, float | None]:
-        """`Patience.timings`: the EMAs its auto rules weigh (round trip, drafting step, commit
-        to the next launch), exported as gauges."""
+        """`Patience.timings`: the EMAs its auto rules weigh, exported as gauges."""
         return self.patience.timings()
 
     def counters(self) -> dict[str, int]:
-        """`COUNTERS`: late (no reply by the deadline, or not asked because an earlier message
-        was still unanswered), failed, stale, resynced, unknown_request, reconnects (the first
-        connection counts: the wire field is "(re)connections made"), prefetched (submit
-        replies collected), lookahead (requests drafted from a kept proposal past its start:
-        its look-ahead, or a deferred reply), deferred (steps that went without a submit's
-        reply after the patience; the reply is kept for the steps after), branched (requests
-        drafted from a kept branch), at_launch (questions held back at a commit and sent once
-        the next step was launched)."""
+        """`COUNTERS`, as metrics.DRAFTER_COUNTERS describes them (reconnects: the first
+        connection counts; probes: `Patience.at_launch`'s, counted in at_launch too)."""
         with self._cv:
             counts = dict(self._counters)
             counts["reconnects"] = self.connection.connections
+            counts["probes"] = self.patience.probes
             return counts
 
     def close(self) -> None:

@@ -8,22 +8,33 @@ which auto also answers before anything was timed, while another step keeps the 
 (the two-batch overlap: waiting is nearly free), and for a drafter asked without a look-ahead
 (its late proposal holds just the drafts asked for: one token later it is too short to use).
 
-Three EMAs, all from the remote drafter's own calls: a drafting step (drafts taken -> the
-step's `submit`), a round trip (sent -> the reply's arrival) and the host's gap between a
-step's commit and the next launch (`submit` -> `launched`).
+Five EMAs, all from the remote drafter's own calls: a drafting step (drafts taken -> the
+step's `submit`), a round trip (sent -> the reply's arrival) of the questions sent at a commit
+or inside a step, the same for those sent at a launch, the host's gap between a step's commit
+and the next launch (`submit` -> `launched`) and the time from a launch to that step's commit
+(`launched` -> `submit`: what a question sent at the launch has before the step after drafts).
 
 Sending at launch (`at_launch`). When the next step will not use the reply, the question asked
 as a step commits serves only the step after next. Building and sending it then costs the
 synchronous step ~50 us of host time on its critical path for nothing (and gRPC's threads
 serialise it while the executor wants the GIL), so the drafter holds it back and sends it once
 the next step has been launched, while the device runs; it is still in time when the round trip
-plus that gap fits in a step. The next step will not use the reply when it would not wait for
-it (the round trip is longer than its share: "timed"), or when every request's drafts come
-from a kept proposal (the last step accepted what it was proposed: `covered`). Auto patience
-only (a fixed one keeps the question at the commit); `--drafter-ask-at timed` keeps the first
-reason only, `commit` turns it off and `launch` holds every such question (A/B switches:
-`launch` tests whether the round trip, measured while questions go out at the commit, is
-itself lengthened by the host work they then compete with).
+fits in the time from the launch to that step's commit. The next step will not use the reply
+when it would not wait for it (the round trip is longer than its share: "timed"), or when every
+request's drafts come from a kept proposal (the last step accepted what it was proposed:
+`covered`). Auto patience only (a fixed one keeps the question at the commit);
+`--drafter-ask-at timed` keeps the first reason only, `commit` turns it off and `launch`
+holds every such question (A/B switches: `launch` tests whether the round trip, measured while
+questions go out at the commit, is itself lengthened by the host work they compete with).
+
+The two round trips are timed apart because they can differ: a question sent at the commit
+travels while the executor builds the next step, holding the GIL that gRPC's threads need to
+send it and to hand its reply over; one sent at the launch travels mostly while the executor
+waits for the device (H100, round 29: 0.7-1.2 ms inside the target at the commit against a
+0.42 ms bare round trip; in the CPU proxy 0.53 ms at the commit, 0.40-0.44 at the launch).
+Judging a launch by the commit's round trip would keep the gate shut for good, so while it
+is shut for the time alone, every PROBE_EVERY-th question that has a reason goes at the launch
+anyway (`probes`): it measures the launch's round trip, and the gate opens when that fits.
 """
 
 from __future__ import annotations
@@ -39,6 +50,10 @@ from specwire.target_service.drafters.remote_channel import RemoteDrafterConfig
 # so its drafts are verified.
 PATIENCE_SHARE = 0.3
 _EMA = 0.2  # weight of a new sample
+# While only the timing keeps questions at the commit, one in this many that has a reason to
+# wait for the launch goes then anyway, to measure the launch's round trip (a probe costs at
+# most one step's asked-for drafts: its reply comes a step late and serves the steps after).
+PROBE_EVERY = 32
 
 
 class Patience:
@@ -49,9 +64,14 @@ class Patience:
         self.lookahead = lookahead
         self.step_s: float | None = None  # EMA of a drafting step: drafts taken -> submit
         self.rtt_s: float | None = None  # EMA of a round trip: sent -> reply arrived
+        self.launch_rtt_s: float | None = None  # the same, of questions sent at a launch
         self.gap_s: float | None = None  # EMA of a step's commit -> the next launch (host)
+        self.span_s: float | None = None  # EMA of a launch -> that step's commit
+        self.probes = 0  # questions sent at a launch only to measure its round trip
+        self._shut = 0  # questions kept at the commit by the timing alone since the last probe
         self._drafted_at: float | None = None
         self._committed_at: float | None = None
+        self._launched_at: float | None = None
 
     def drafted(self, now: float, device_busy: bool) -> None:
         """A step took its drafts. A two-batch half's drafts -> submit spans only part of a
@@ -60,8 +80,13 @@ class Patience:
 
     def committed(self, now: float) -> None:
         """The step that last took drafts committed (`submit`): one step-time sample, unless it
-        is longer than the stall time (a step that failed left `drafted` set)."""
+        is longer than the stall time (a step that failed left `drafted` set); and one
+        launch-to-commit sample."""
         self._committed_at = now
+        if self._launched_at is not None:
+            span, self._launched_at = now - self._launched_at, None
+            if span < self.config.stall_s:
+                self.span_s = _ema(self.span_s, span)
         if self._drafted_at is None:
             return
         took, self._drafted_at = now - self._drafted_at, None
@@ -70,6 +95,7 @@ class Patience:
 
     def launched(self, now: float) -> None:
         """The step after the last commit was launched: one gap sample."""
+        self._launched_at = now
         if self._committed_at is not None:
             gap, self._committed_at = now - self._committed_at, None
             if gap < self.config.stall_s:
@@ -78,45 +104,63 @@ class Patience:
     def at_launch(self, device_busy: bool, covered: Callable[[], bool]) -> bool:
         """Whether a question asked as a step commits should wait for the next launch (see
         the module docstring): auto patience, nothing on the device, a look-ahead (the reply
-        serves the step after next), a round trip that, sent at the launch, still ends within
-        a step (with the gap to spare), and a next step that will not use the reply: it would
-        not wait for it (its remainder at the launch is longer than its share), or (auto)
-        `covered()`, every request's drafts come from a kept proposal. `--drafter-ask-at
-        launch` skips the timings (always), `commit` says never."""
+        serves the step after next), a round trip that, sent at the launch, still ends before
+        that step commits (the launch's own round trip once measured, else the commit's; a
+        probe now and then while that shuts the gate), and a next step that will not use the
+        reply: it would not wait for it (its remainder at the launch is longer than its
+        share), or (auto) `covered()`, every request's drafts come from a kept proposal.
+        `--drafter-ask-at launch` skips the timings (always), `commit` says never."""
         if self.config.patience_s is not None or device_busy or self.lookahead == 0:
             return False
         if self.config.ask_at in ("commit", "launch"):  # the A/B switches: never, always
             return self.config.ask_at == "launch"
-        step, rtt = self.step_s, self.rtt_s
-        if step is None or rtt is None:
+        step, rtt, span = self.step_s, self.rtt_s, self.span_s
+        if step is None or rtt is None or span is None:
+            return False
+        late = self.launch_rtt_s if self.launch_rtt_s is not None else rtt
+        fits = late <= span
+        if not fits and self._shut + 1 < PROBE_EVERY:
+            self._shut += 1
             return False
         gap = self.gap_s or 0.0
-        if rtt + gap > step:
+        unused = PATIENCE_SHARE * step < rtt - gap
+        if not (unused or (self.config.ask_at == "auto" and covered())):
             return False
-        if PATIENCE_SHARE * step < rtt - gap:
-            return True
-        return self.config.ask_at == "auto" and covered()
+        if not fits:
+            self._shut = 0
+            self.probes += 1
+        return True
 
     def timings(self) -> dict[str, float | None]:
-        """The three EMAs in seconds (None before a first sample): what the auto rules weigh."""
+        """The five EMAs in seconds (None before a first sample): what the auto rules weigh
+        (keys: metrics.DRAFTER_TIMINGS)."""
         return {
             "round_trip": self.rtt_s,
             "drafting_step": self.step_s,
             "commit_to_launch": self.gap_s,
+            "launch_round_trip": self.launch_rtt_s,
+            "launch_to_commit": self.span_s,
         }
 
-    def replied(self, seconds: float) -> None:
-        """A reply arrived `seconds` after its question was sent."""
-        self.rtt_s = _ema(self.rtt_s, seconds)
+    def replied(self, seconds: float, at_launch: bool = False) -> None:
+        """A reply arrived `seconds` after its question was sent (`at_launch`: at a launch)."""
+        if at_launch:
+            self.launch_rtt_s = _ema(self.launch_rtt_s, seconds)
+        else:
+            self.rtt_s = _ema(self.rtt_s, seconds)
 
-    def wait_s(self, sent_at: float, now: float, device_busy: bool) -> float | None:
-        """How long a step at `now` waits for the reply to a question sent at `sent_at`."""
+    def wait_s(
+        self, sent_at: float, now: float, device_busy: bool, at_launch: bool = False
+    ) -> float | None:
+        """How long a step at `now` waits for the reply to a question sent at `sent_at` (at a
+        launch: due after the launch's round trip, once measured)."""
         patience = self.config.patience_s
         if patience is None:
-            if self.step_s is None or self.rtt_s is None or device_busy or self.lookahead == 0:
+            rtt = self.launch_rtt_s if at_launch and self.launch_rtt_s is not None else self.rtt_s
+            if self.step_s is None or rtt is None or device_busy or self.lookahead == 0:
                 return None
             budget = PATIENCE_SHARE * self.step_s
-            patience = budget if sent_at + self.rtt_s - now <= budget else 0.0
+            patience = budget if sent_at + rtt - now <= budget else 0.0
         return None if patience >= self.config.deadline_ms / 1000 else patience
 
 

@@ -27,6 +27,7 @@ class Prefetch:
     future: grpc.Future | None  # unary mode: the call
     since: float = 0.0  # time.monotonic() when it was sent
     answered_at: float = 0.0  # unary: when the call completed (gRPC's callback)
+    at_launch: bool = False  # sent once the next step was launched (`RemoteDrafter.launched`)
 
     def mark_answered(self, _future) -> None:
         self.answered_at = time.monotonic()
@@ -98,7 +99,7 @@ class PrefetchReplies:
         if reply is not None:
             arrived = pre.answered_at if pre.future is not None else self.connection.reply_at
             if arrived > pre.since:
-                self.patience.replied(arrived - pre.since)
+                self.patience.replied(arrived - pre.since, pre.at_launch)
             self._apply(reply, pre.sent)
             self._count("prefetched")
 
