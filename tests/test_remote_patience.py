@@ -22,6 +22,7 @@ from specwire.target_service.drafters.remote_channel import RemoteDrafterConfig
 from specwire.target_service.drafters.remote_patience import (
     PATIENCE_SHARE,
     PROBE_EVERY,
+    PROBE_MOST,
     Patience,
 )
 from specwire.target_service.request import Request
@@ -412,9 +413,16 @@ def test_a_gate_the_commits_round_trip_shuts_is_probed_and_opens_on_the_launchs(
     assert p.wait_s(20.0, 20.002, device_busy=False) == 0
     for _ in range(10):
         p.replied(0.012, at_launch=True)  # the launch's round trip grew past its 8 ms
-    assert not p.at_launch(device_busy=False, covered=never)  # shut again, probing resumes
-    answers = [p.at_launch(device_busy=False, covered=never) for _ in range(PROBE_EVERY)]
-    assert answers.count(True) == 1 and p.probes == 2
+    # Shut again: probing resumes, every PROBE_EVERY-th question, and each probe that finds
+    # the gate shut doubles the interval (64, 128, ...) up to PROBE_MOST.
+    gaps = []
+    for _ in range(7):
+        n = 1
+        while not p.at_launch(device_busy=False, covered=never):
+            n += 1
+        gaps.append(n)
+    assert gaps == [min(PROBE_EVERY * 2**i, PROBE_MOST) for i in range(7)]
+    assert p.probes == 1 + 7
     # A probe needs a reason too: a step that would wait for the reply keeps it at the commit.
     q = timed_rule("timed", rtt=0.0095)
     q.rtt_s = 0.0035  # would be waited for; the gate is shut by the (unmeasured) launch...

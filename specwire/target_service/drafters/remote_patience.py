@@ -33,8 +33,9 @@ send it and to hand its reply over; one sent at the launch travels mostly while 
 waits for the device (H100, round 29: 0.7-1.2 ms inside the target at the commit against a
 0.42 ms bare round trip; in the CPU proxy 0.53 ms at the commit, 0.40-0.44 at the launch).
 Judging a launch by the commit's round trip would keep the gate shut for good, so while it
-is shut for the time alone, every PROBE_EVERY-th question that has a reason goes at the launch
-anyway (`probes`): it measures the launch's round trip, and the gate opens when that fits.
+is shut for the time alone, now and then a question that has a reason goes at the launch
+anyway (`probes`, every PROBE_EVERY-th, backing off to PROBE_MOST): it measures the launch's
+round trip, and the gate opens when that fits.
 """
 
 from __future__ import annotations
@@ -53,7 +54,11 @@ _EMA = 0.2  # weight of a new sample
 # While only the timing keeps questions at the commit, one in this many that has a reason to
 # wait for the launch goes then anyway, to measure the launch's round trip (a probe costs at
 # most one step's asked-for drafts: its reply comes a step late and serves the steps after).
+# Each probe that finds the gate still shut doubles the interval, up to PROBE_MOST; the gate
+# found open resets it. On the H100 a launch's round trip (0.66-0.85 ms) never fit the
+# 0.2-0.5 ms from a launch to its commit: 27-28 probes a pass at a fixed 32 (round 30).
 PROBE_EVERY = 32
+PROBE_MOST = 1024
 
 
 class Patience:
@@ -69,6 +74,7 @@ class Patience:
         self.span_s: float | None = None  # EMA of a launch -> that step's commit
         self.probes = 0  # questions sent at a launch only to measure its round trip
         self._shut = 0  # questions kept at the commit by the timing alone since the last probe
+        self._probe_every = PROBE_EVERY  # doubles with each probe while the gate stays shut
         self._drafted_at: float | None = None
         self._committed_at: float | None = None
         self._launched_at: float | None = None
@@ -119,7 +125,9 @@ class Patience:
             return False
         late = self.launch_rtt_s if self.launch_rtt_s is not None else rtt
         fits = late <= span
-        if not fits and self._shut + 1 < PROBE_EVERY:
+        if fits:
+            self._probe_every = PROBE_EVERY
+        elif self._shut + 1 < self._probe_every:
             self._shut += 1
             return False
         gap = self.gap_s or 0.0
@@ -128,6 +136,7 @@ class Patience:
             return False
         if not fits:
             self._shut = 0
+            self._probe_every = min(2 * self._probe_every, PROBE_MOST)
             self.probes += 1
         return True
 
