@@ -30,8 +30,8 @@ questions go out at the commit, is itself lengthened by the host work they compe
 The two round trips are timed apart because they can differ: a question sent at the commit
 travels while the executor builds the next step, holding the GIL that gRPC's threads need to
 send it and to hand its reply over; one sent at the launch travels mostly while the executor
-waits for the device (H100, round 29: 0.7-1.2 ms inside the target at the commit against a
-0.42 ms bare round trip; in the CPU proxy 0.53 ms at the commit, 0.40-0.44 at the launch).
+waits for the device (in the CPU proxy 0.5-0.6 ms at the commit, 0.37-0.45 at the launch; on
+the H100, round 30, no shorter: 0.66-0.85 at the launch, 0.76-1.21 at the commit).
 Judging a launch by the commit's round trip would keep the gate shut for good, so while it
 is shut for the time alone, now and then a question that has a reason goes at the launch
 anyway (`probes`, every PROBE_EVERY-th, backing off to PROBE_MOST): it measures the launch's
