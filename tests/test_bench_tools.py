@@ -3,6 +3,7 @@ bench/RESULTS.md, never in tests). Real subprocesses, the real engine on tiny-ra
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -11,9 +12,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run(*args: str) -> str:
+def _run(*args: str, env: dict[str, str] | None = None) -> str:
     proc = subprocess.run(
-        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+        [sys.executable, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout
@@ -75,13 +81,24 @@ def test_branch_replay_cost_and_index_comparison_run_on_tiny_random(tmp_path):
     assert out.count("| real") == 1 and out.count("| straddling") == 1, out
 
 
-def test_host_only_drafts_through_a_remote_drafter_service():
+def test_host_only_drafts_through_a_remote_drafter_service(tmp_path):
+    """...with SPECWIRE_HOP_TRACE set: both sides write their hops, and bench/hop_trace.py
+    joins them into round trips with all five hops."""
+    trace = tmp_path / "hops"
     out = _run(
         "bench/host_only.py", "--concurrency", "2", "--pass-factor", "1", "--min-prompts", "2",
         "--max-new-tokens", "16", "--drafter", "remote-ngram", "--device-ms", "0.2",
+        env={"SPECWIRE_HOP_TRACE": str(trace)},
     )  # fmt: skip
     assert re.search(r"host-only remote-ngram .* c=2: \d+ tokens .* errors 0", out), out
     assert re.search(r"drafter counters \{.*'failed': 0", out), out
+    sides = sorted(p.name.split("-")[0] for p in trace.iterdir())
+    assert sides == ["drafter", "target"], sides
+    out = _run("bench/hop_trace.py", str(trace))
+    n = int(re.match(r"(\d+) round trips", out).group(1))
+    assert n > 0, out
+    hops = re.findall(r"^\| ([^|]+?) \| ([\d.]+) \| ([\d.]+) \| (\d+)% \|$", out, re.M)
+    assert len(hops) == 5, out  # every hop of the round trip, in order
 
 
 def test_host_only_replays_recorded_outputs_through_the_drafters(tmp_path):

@@ -22,6 +22,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from specwire.common.drafting import PROTOCOL_VERSION
 from specwire.common.errors import UserError
+from specwire.common.hoptrace import DRAFTER as TRACE
 from specwire.common.protogen import drafter_pb2, drafter_pb2_grpc
 from specwire.common.reflection import enable_reflection
 from specwire.common.security import peer_identity
@@ -130,7 +131,10 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServiceServicer):
         self.streams[group] += 1
         try:
             async for request in request_iterator:
-                yield await self._draft(request, owner, drafter_pb2.DraftStreamResponse)
+                TRACE.mark("in", request.step)
+                reply = await self._draft(request, owner, drafter_pb2.DraftStreamResponse)
+                TRACE.mark("out", request.step)
+                yield reply
         finally:
             self.streams[group] -= 1
             if not self.streams[group]:
@@ -198,6 +202,7 @@ class DrafterServer:
         if engine is not None:
             engine.store.clear()
             engine.drafter.close()
+        TRACE.flush()
 
 
 def serve(config: DrafterServiceConfig, drafter: SessionDrafter | None = None) -> DrafterServer:

@@ -19,6 +19,7 @@ import grpc
 
 from specwire.common.drafting import PROTOCOL_VERSION, check_compatible
 from specwire.common.errors import UserError
+from specwire.common.hoptrace import TARGET as TRACE
 from specwire.common.protogen import drafter_pb2, drafter_pb2_grpc
 
 DEFAULT_DEADLINE_MS = 50.0
@@ -161,9 +162,11 @@ class DraftStreamCall:
 
     def _requests(self) -> Iterator[drafter_pb2.DraftStreamRequest]:
         while (msg := self._queue.get()) is not None:
+            TRACE.mark("taken", msg.step)
             yield msg
 
     def send(self, msg: drafter_pb2.DraftStreamRequest) -> None:
+        TRACE.mark("send", msg.step)
         self._queue.put(msg)
 
     def close(self) -> None:

@@ -26,6 +26,7 @@ import time
 import grpc
 
 from specwire.common.errors import UserError
+from specwire.common.hoptrace import TARGET as TRACE
 from specwire.common.protogen import drafter_pb2, drafter_pb2_grpc
 from specwire.common.security import ClientSecurity
 from specwire.common.transport import make_channel
@@ -222,6 +223,7 @@ class RemoteConnection:
         """The reader thread: hand the reply to the step in flight to the waiting step."""
         try:
             for message in call:
+                TRACE.mark("recv", message.step)
                 reply = read_reply(message)  # here, not on the executor's critical path
                 with self.cv:
                     if stream is not self._stream:
@@ -229,6 +231,7 @@ class RemoteConnection:
                     if self._inflight.pop(reply.step, None) is not None:  # else junk: ignore
                         self._hand(reply)
                         self.cv.notify_all()
+                TRACE.mark("handed", reply.step)
             why = "the drafter ended the stream"
         except grpc.RpcError as exc:
             why = f"stream failed ({exc.code().name}: {exc.details()})"
@@ -253,3 +256,4 @@ class RemoteConnection:
         if stream is not None:
             stream.close()
         self._channel.close()
+        TRACE.flush()
