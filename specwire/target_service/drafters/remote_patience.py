@@ -34,7 +34,7 @@ waits for the device (in the CPU proxy 0.5-0.6 ms at the commit, 0.37-0.45 at th
 the H100, round 30, no shorter: 0.66-0.85 at the launch, 0.76-1.21 at the commit).
 Judging a launch by the commit's round trip would keep the gate shut for good, so while it
 is shut for the time alone, now and then a question that has a reason goes at the launch
-anyway (`probes`, every PROBE_EVERY-th, backing off to PROBE_MOST): it measures the launch's
+anyway (`probes`, one per PROBE_EVERY commits, backing off to PROBE_MOST): it measures the launch's
 round trip, and the gate opens when that fits.
 """
 
@@ -51,9 +51,10 @@ from specwire.target_service.drafters.remote_channel import RemoteDrafterConfig
 # so its drafts are verified.
 PATIENCE_SHARE = 0.3
 _EMA = 0.2  # weight of a new sample
-# While only the timing keeps questions at the commit, one in this many that has a reason to
-# wait for the launch goes then anyway, to measure the launch's round trip (a probe costs at
-# most one step's asked-for drafts: its reply comes a step late and serves the steps after).
+# While only the timing keeps questions at the commit, after this many commits so judged the
+# next question that has a reason to wait for the launch goes then anyway, to measure the
+# launch's round trip (a probe costs at most one step's asked-for drafts: its reply comes a
+# step late and serves the steps after).
 # Each probe that finds the gate still shut doubles the interval, up to PROBE_MOST; the gate
 # found open resets it. On the H100 a launch's round trip (0.66-0.85 ms) never fit the
 # 0.2-0.5 ms from a launch to its commit: 27-28 probes a pass at a fixed 32 (round 30).
