@@ -23,15 +23,18 @@ log = logging.getLogger(__name__)
 
 
 _INT32 = 1 << 31
+_INT_ONLY = {int}
 
 
 def token_ids(values, limit: int) -> list[int]:
     """The first `limit` of `values` as token ids that fit the wire (integers in int32);
     an exception for anything else."""
-    ids = list(itertools.islice(values, limit))
-    if not all(type(t) is int for t in ids):
+    ids = values[:limit] if type(values) is list else list(itertools.islice(values, limit))
+    if not ids:
+        return ids
+    if set(map(type, ids)) != _INT_ONLY:  # (in C: ~3x faster than a generator per id)
         ids = [operator.index(t) for t in ids]  # numpy ints, not floats or strings
-    if ids and not (-_INT32 <= min(ids) and max(ids) < _INT32):
+    if not (-_INT32 <= min(ids) and max(ids) < _INT32):
         raise ValueError("a token id outside int32")
     return ids
 
