@@ -13,6 +13,10 @@ REPETITIVE = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
 MODES = ["stream", "unary"]
 
 
+def never() -> bool:  # `Patience.at_launch`'s `covered`: some request needs the reply
+    return False
+
+
 def reply_kept(drafter: RemoteDrafter) -> bool:
     """True once a `submit`'s reply has arrived and been kept (what the next step does first);
     True at once when nothing was submitted."""
