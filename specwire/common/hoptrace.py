@@ -19,6 +19,7 @@ process killed without `flush` loses at most its last block.
 
 from __future__ import annotations
 
+import collections
 import os
 import threading
 import time
@@ -33,13 +34,13 @@ class HopTrace:
     def __init__(self, side: str) -> None:
         self.side = side
         self.dir = os.environ.get(ENV) or None
-        self._rows: list[tuple[str, int, float]] = []
-        self._lock = threading.Lock()
+        self._rows: collections.deque[tuple[str, int, float]] = collections.deque()
+        self._lock = threading.Lock()  # one writer of the file at a time
 
     def mark(self, hop: str, step: int) -> None:
         if self.dir is None:
             return
-        self._rows.append((hop, step, time.monotonic()))  # atomic under the GIL
+        self._rows.append((hop, step, time.monotonic()))  # thread-safe, as popleft is
         if len(self._rows) >= FLUSH_ROWS:
             self.flush()
 
@@ -47,7 +48,7 @@ class HopTrace:
         if self.dir is None:
             return
         with self._lock:
-            rows, self._rows = self._rows, []
+            rows = [self._rows.popleft() for _ in range(len(self._rows))]  # none lost
             if not rows:
                 return
             os.makedirs(self.dir, exist_ok=True)
