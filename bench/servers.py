@@ -47,7 +47,8 @@ from specwire.target_service.drafters.remote import LOOKAHEAD_STEPS  # noqa: E40
 # questions held for the launch on the timing rule only (--drafter-ask-at timed), "-atlaunch"
 # for every question held for the launch (--drafter-ask-at launch), "-inflight1"
 # for one question at a time on the stream (--drafter-max-inflight 1; round 27 made 2 the
-# default; "-inflight2" names it explicitly), to measure them side by side.
+# default; "-inflight2" names it explicitly), "-relay" for the stream held by a relay process
+# (--drafter-mode relay), to measure them side by side.
 CONFIGS = {
     "none": "none",
     "none-sync": "none",
@@ -67,6 +68,8 @@ CONFIGS = {
     "remote-ngram-atlaunch": "remote",
     "remote-ngram-inflight2": "remote",
     "remote-ngram-inflight1": "remote",
+    "remote-ngram-relay": "remote",
+    "remote-ngram-relay-nobranch": "remote",
     "none-proc": "none",
     "ngram-proc": "ngram",
     "remote-ngram-proc": "remote",
@@ -93,6 +96,8 @@ REMOTE_DRAFTERS = {  # service --drafter
     "remote-ngram-atlaunch": "ngram",
     "remote-ngram-inflight2": "ngram",
     "remote-ngram-inflight1": "ngram",
+    "remote-ngram-relay": "ngram",
+    "remote-ngram-relay-nobranch": "ngram",
     "remote-ngram-proc": "ngram",
     "remote-ngram-inproc": "ngram",
     "remote-ngram-exact": "ngram",
@@ -220,6 +225,8 @@ def running_config(config: str, args: argparse.Namespace) -> Iterator[Server]:
             cmd.append("--no-overlap")
         if "-unary" in config:
             cmd += ["--drafter-mode", "unary"]
+        if "-relay" in config:
+            cmd += ["--drafter-mode", "relay"]
         if config.endswith("-p0"):
             cmd += ["--drafter-patience-ms", "0"]
         if config.endswith("-pwait"):

@@ -10,7 +10,7 @@ from specwire.target_service.resources.base import ResourceRegistry
 
 VOCAB, FP = 100, "fp-target"
 REPETITIVE = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
-MODES = ["stream", "unary"]
+MODES = ["stream", "relay", "unary"]
 
 
 def never() -> bool:  # `Patience.at_launch`'s `covered`: some request needs the reply

@@ -165,10 +165,11 @@ def test_two_batch_overlap_lossless_fp32_with_cuda_graphs(loaded):
     assert halves > 0 and eng.executor.stats.accepted_tokens > 0
 
 
-def test_remote_drafter_with_branches_lossless_fp32_with_cuda_graphs(loaded):
+@pytest.mark.parametrize("mode", ["stream", "relay"])
+def test_remote_drafter_with_branches_lossless_fp32_with_cuda_graphs(loaded, mode):
     """A drafter service (n-gram) on loopback, asked for branches at every message and never
     waited for: drafts from replies, look-aheads and branches, output equal to plain
-    decoding."""
+    decoding; the stream held by the target's threads or by a relay process."""
     from specwire.drafter_service.config import DrafterServiceConfig
     from specwire.drafter_service.server import serve
 
@@ -183,6 +184,7 @@ def test_remote_drafter_with_branches_lossless_fp32_with_cuda_graphs(loaded):
         eng = build_engine(
             _cfg(
                 drafter=remote,
+                drafter_mode=mode,
                 drafter_branches=4,
                 drafter_patience_ms=0,
                 draft_policy="static",
@@ -196,7 +198,7 @@ def test_remote_drafter_with_branches_lossless_fp32_with_cuda_graphs(loaded):
             eng.shutdown()
         diff = _differing(base, spec)
         print(
-            f"remote+branches fp32+graphs: {50 - len(diff)}/50 identical; accepted "
+            f"remote ({mode}) + branches fp32+graphs: {50 - len(diff)}/50 identical; accepted "
             f"{eng.executor.stats.accepted_tokens}/{eng.executor.stats.draft_tokens} drafts; "
             f"look-ahead {c['lookahead']}, branched {c['branched']}, deferred {c['deferred']}"
         )

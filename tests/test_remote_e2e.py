@@ -159,7 +159,7 @@ def generate_concurrently(client, prompts, max_new_tokens=24):
 
 
 @pytest.mark.parametrize("kind", ["ngram", "model:tiny-random"])
-@pytest.mark.parametrize("mode", ["stream", "unary"])
+@pytest.mark.parametrize("mode", ["stream", "relay", "unary"])
 def test_remote_drafter_is_lossless_over_50_prompts(tiny, baseline, drafters, kind, mode):
     server = drafters(drafter=kind)
     eng = engine(tiny, f"grpc://{server.address}", drafter_mode=mode)
@@ -284,7 +284,7 @@ def test_remote_drafter_alternating_plain_and_drafting_steps_is_lossless(tiny, b
     eng.shutdown()
 
 
-@pytest.mark.parametrize("mode", ["stream", "unary"])
+@pytest.mark.parametrize("mode", ["stream", "relay", "unary"])
 def test_questions_held_back_for_the_next_launch_are_lossless(tiny, baseline, drafters, mode):
     """The auto patience's GPU regime, where the next step would not wait for the reply: a
     question asked as a synchronous step commits goes out once the next step is launched
@@ -492,7 +492,7 @@ def test_drafter_killed_with_two_questions_in_flight_then_restarted(tiny, baseli
     eng.shutdown()
 
 
-@pytest.mark.parametrize("mode", ["stream", "unary"])
+@pytest.mark.parametrize("mode", ["stream", "relay", "unary"])
 def test_drafter_killed_mid_generation_then_restarted(tiny, baseline, drafters, mode):
     port = free_port()
     server = drafters(port=port)

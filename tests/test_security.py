@@ -44,9 +44,11 @@ def _read(p: Path) -> bytes:
     return p.read_bytes()
 
 
-def test_target_and_drafter_over_mtls_with_tokens(pki):
-    """The drafter requires client certificates and a token; the target presents both, and
-    serves TLS + token itself. Clients without the token or without the CA are refused."""
+@pytest.mark.parametrize("mode", ["stream", "relay"])
+def test_target_and_drafter_over_mtls_with_tokens(pki, mode):
+    """The drafter requires client certificates and a token; the target presents both (in
+    relay mode its relay process, through the setup it is handed, does too), and serves TLS +
+    token itself. Clients without the token or without the CA are refused."""
     drafter_cmd = SPECWIRE + [
         "drafter", "--port", "0", "--tls-cert", str(pki["server.pem"]),
         "--tls-key", str(pki["server.key"]), "--tls-ca", str(pki["ca.pem"]),
@@ -60,6 +62,7 @@ def test_target_and_drafter_over_mtls_with_tokens(pki):
             "--drafter-tls-ca", str(pki["ca.pem"]), "--drafter-tls-cert", str(pki["client.pem"]),
             "--drafter-tls-key", str(pki["client.key"]),
             "--drafter-token-file", str(pki["drafter.token"]), "--drafter-deadline-ms", "2000",
+            "--drafter-mode", mode,
             "--tls-cert", str(pki["server.pem"]), "--tls-key", str(pki["server.key"]),
             "--auth-token-file", str(pki["target.token"]),
         ]  # fmt: skip
@@ -72,6 +75,7 @@ def test_target_and_drafter_over_mtls_with_tokens(pki):
                 spec = client.generate(PROMPT, max_new_tokens=24)
                 plain = client.generate(PROMPT, max_new_tokens=24, speculate=False)
                 assert spec.token_ids == plain.token_ids
+                assert spec.speculation["draft_tokens"] > 0  # the stream carried drafts
                 assert client.model_info().drafter.startswith("grpc://")
 
             for bad in (ClientSecurity(ca=ca), ClientSecurity(ca=ca, token="wrong")):

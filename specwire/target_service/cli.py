@@ -15,7 +15,7 @@ from specwire.common.security import (
     server_security_from_args,
 )
 from specwire.target_service.config import TargetConfig
-from specwire.target_service.drafters.remote_channel import ASK_AT
+from specwire.target_service.drafters.remote_channel import ASK_AT, MODES
 
 # The TargetConfig fields a user sets; flag, variable, type and default come from the field.
 ENGINE_FLAGS = {
@@ -59,7 +59,11 @@ ENGINE_FLAGS = {
     "max_num_tokens": Flag("most tokens (prompt chunks + drafts) in one step"),
     "max_context_len": Flag("prompt + generated tokens per request"),
     "num_kv_blocks": Flag("KV cache blocks (0 = enough for max-batch-size full contexts)"),
-    "drafter_mode": Flag("remote drafters: stream | unary", choices=("stream", "unary")),
+    "drafter_mode": Flag(
+        "remote drafters: a DraftStream (stream), the same through a relay process that keeps "
+        "its gRPC threads off the executor's GIL (relay), or unary calls",
+        choices=MODES,
+    ),
     "drafter_deadline_ms": Flag("remote drafters: wait this long for drafts, then go without"),
     "drafter_patience_ms": Flag(
         "remote drafters: wait this long for drafts asked for as the previous step committed,"

@@ -10,7 +10,7 @@ from specwire.common.errors import UserError
 from specwire.common.model.paged import blocks_for
 from specwire.common.ngram import DEFAULT_MAX_NGRAM, VOTE
 from specwire.common.security import ClientSecurity
-from specwire.target_service.drafters.remote_channel import ASK_AT, MAX_INFLIGHT
+from specwire.target_service.drafters.remote_channel import ASK_AT, MAX_INFLIGHT, MODES
 
 if TYPE_CHECKING:  # torch loads when a config is built, not when the CLI reads this class
     import torch
@@ -45,7 +45,7 @@ class TargetConfig:
     max_context_len: int = 2048
     block_size: int = 16
     num_kv_blocks: int = 0  # 0 = enough for max_batch_size full contexts
-    drafter_mode: str = "stream"  # stream | unary (remote drafters)
+    drafter_mode: str = "stream"  # stream | relay | unary (remote drafters; remote_channel.MODES)
     drafter_deadline_ms: float = 50.0
     # Remote drafters: how long a step waits for the drafts asked for as the previous step
     # committed before going without them (a later reply is kept for the steps after);
@@ -100,8 +100,10 @@ class TargetConfig:
             raise UserError(f"--exact must be auto, on or off, got {self.exact!r}")
         if self.draft_policy not in ("adaptive", "static"):
             raise UserError(f"--draft-policy must be adaptive or static, got {self.draft_policy!r}")
-        if self.drafter_mode not in ("stream", "unary"):
-            raise UserError(f"--drafter-mode must be stream or unary, got {self.drafter_mode!r}")
+        if self.drafter_mode not in MODES:
+            raise UserError(
+                f"--drafter-mode must be one of {', '.join(MODES)}, got {self.drafter_mode!r}"
+            )
         if self.drafter_deadline_ms <= 0:
             raise UserError("--drafter-deadline-ms must be > 0")
         if self.drafter_patience_ms != -1 and not (

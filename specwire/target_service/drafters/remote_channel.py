@@ -29,6 +29,9 @@ CHANNEL_OPTIONS = [  # notice a restarted drafter within ~1 s (gRPC's default wa
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 MAX_INFLIGHT = 4  # the most questions `--drafter-max-inflight` may keep on the stream at once
+# `--drafter-mode`: a DraftStream held by the target's threads, the same stream held by a relay
+# process (remote_relay.py), or one unary Draft call per question.
+MODES = ("stream", "relay", "unary")
 # `--drafter-ask-at`: when a question asked as a step commits goes out (remote_patience.py).
 ASK_AT = ("auto", "timed", "commit", "launch")
 
@@ -36,7 +39,7 @@ ASK_AT = ("auto", "timed", "commit", "launch")
 @dataclass(frozen=True)
 class RemoteDrafterConfig:
     address: str  # "grpc://host:port" or "host:port"
-    mode: str = "stream"  # stream | unary
+    mode: str = "stream"  # one of MODES
     deadline_ms: float = DEFAULT_DEADLINE_MS
     connect_timeout_s: float = 5.0
     backoff_initial_s: float = 0.05
@@ -59,8 +62,8 @@ class RemoteDrafterConfig:
     def __post_init__(self) -> None:
         if not self.target or ":" not in self.target:
             raise UserError(f"--drafter {self.address!r}: expected grpc://HOST:PORT")
-        if self.mode not in ("stream", "unary"):
-            raise UserError(f"drafter mode must be stream or unary, got {self.mode!r}")
+        if self.mode not in MODES:
+            raise UserError(f"drafter mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.ask_at not in ASK_AT:
             raise UserError(
                 f"drafter ask-at must be one of {', '.join(ASK_AT)}, got {self.ask_at!r}"

@@ -14,7 +14,9 @@ A stream that breaks, or stays silent for `stall_s` (the step notices: `stalled`
 (`disconnect`, from any thread) and re-opened in the background with exponential back-off,
 after re-checking the handshake (the drafter may have restarted with another model);
 `lost_sync` then tells the next step that every sequence goes out from base_len 0 again.
-Unary mode has no stream: a failed call drops the connection the same way.
+Unary mode has no stream: a failed call drops the connection the same way. Relay mode is
+stream mode with the stream in a child process (`remote_relay.py`): no reader thread, the
+replies are read off its pipe by the step that looks for one (`reply`, `wait`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from specwire.target_service.drafters.remote_channel import (
     RemoteDrafterConfig,
     handshake,
 )
+from specwire.target_service.drafters.remote_relay import RelayStreamCall
 from specwire.target_service.drafters.remote_sessions import Reply, read_reply
 
 log = logging.getLogger(__name__)
@@ -46,8 +49,9 @@ _KEEP = MAX_INFLIGHT + 1  # replies held for their steps at most (`_hand`)
 
 class RemoteConnection:
     """The channel to one drafter service, handshaken at construction (raises UserError), and
-    its stream; see the module docstring. `mode` is the config's, or "unary" when the drafter
-    offers no streams. Nothing is sent before `connect`."""
+    its stream; see the module docstring. `mode` is the wire's: "stream" (`relayed`: through a
+    relay process) or "unary", also when the drafter offers no streams. Nothing is sent
+    before `connect`."""
 
     def __init__(
         self,
@@ -74,6 +78,7 @@ class RemoteConnection:
         self._lost_sync = False  # set on failure: every sequence restarts from base_len 0
         self._reconnecting = False
         self._closed = threading.Event()
+        self._security = security  # the relay's, for its own channel
         self._channel = make_channel(config.target, security, CHANNEL_OPTIONS)
         self.stub = drafter_pb2_grpc.DrafterServiceStub(self._channel)
         try:
@@ -81,10 +86,11 @@ class RemoteConnection:
         except BaseException:
             self._channel.close()
             raise
-        self.mode = config.mode
+        self.relayed = config.mode == "relay"
+        self.mode = "stream" if self.relayed else config.mode
         if self.mode == "stream" and "stream" not in self.info.capabilities:
             log.warning("drafter %s does not offer streams; using unary calls", self.name)
-            self.mode = "unary"
+            self.mode, self.relayed = "unary", False
 
     # -- the state a step reads (`cv` held) ---------------------------------------------------
 
@@ -128,13 +134,40 @@ class RemoteConnection:
         return stream
 
     def reply(self, step: int) -> Reply | None:
-        """The stream's reply for `step`, once the reader has handed it over; taken (a
-        second call returns None). Sets `reply_at`."""
+        """The stream's reply for `step`, once the reader has handed it over (relay: once it
+        is on the pipe); taken (a second call returns None). Sets `reply_at`."""
+        if self.relayed and self._stream is not None:
+            self._pump(self._stream)
         got = self._replies.pop(step, None)
         if got is None:
             return None
         reply, self._reply_at = got
         return reply
+
+    def wait(self, timeout_s: float) -> None:
+        """Wait at most `timeout_s` for a reply to arrive (`cv` held, and released meanwhile)."""
+        stream = self._stream
+        if not isinstance(stream, RelayStreamCall):
+            self.cv.wait(timeout_s)
+            return
+        self.cv.release()
+        try:
+            stream.wait(timeout_s)
+        finally:
+            self.cv.acquire()
+
+    def _pump(self, stream: RelayStreamCall) -> None:
+        """Hand over the replies the relay has written (`cv` held): the reader thread's work,
+        done on the thread that looks for a reply."""
+        for data, arrived in stream.replies():
+            message = drafter_pb2.DraftStreamResponse.FromString(data)
+            TRACE.mark("recv", message.step)
+            reply = read_reply(message)
+            if self._inflight.pop(reply.step, None) is not None:  # else junk: ignore
+                self._hand(reply, arrived)
+            TRACE.mark("handed", reply.step)
+        if stream.ended:
+            self.disconnect("the drafter relay ended the stream")
 
     def is_open(self, stream: object) -> bool:
         """`stream` (from `send`) is still the open one: not dropped, so a reply may come."""
@@ -171,7 +204,13 @@ class RemoteConnection:
         connection up, so a `disconnect` right after it starts a new loop (were the flag
         cleared later, that disconnect would find a loop still running, start none, and the
         connection would stay down for good)."""
-        stream = DraftStreamCall(self.stub, self._read_stream) if self.mode == "stream" else None
+        stream = None
+        if self.relayed:
+            stream = RelayStreamCall(
+                self.config.target, self._security, self.config.connect_timeout_s
+            )
+        elif self.mode == "stream":
+            stream = DraftStreamCall(self.stub, self._read_stream)
         with self.cv:
             if ends_reconnect:
                 self._reconnecting = False
@@ -241,10 +280,11 @@ class RemoteConnection:
         if current:
             self.disconnect(why)
 
-    def _hand(self, reply: Reply) -> None:
-        """Keep `reply` for the step that asked (`cv` held). A reply nobody took by the time
-        `_KEEP` later ones came was given up on (late): dropped, so none piles up."""
-        self._replies[reply.step] = (reply, time.monotonic())
+    def _hand(self, reply: Reply, arrived: float | None = None) -> None:
+        """Keep `reply`, which arrived at `arrived` (default: now), for the step that asked
+        (`cv` held). A reply nobody took by the time `_KEEP` later ones came was given up on
+        (late): dropped, so none piles up."""
+        self._replies[reply.step] = (reply, time.monotonic() if arrived is None else arrived)
         while len(self._replies) > _KEEP:
             del self._replies[min(self._replies)]
 

@@ -150,4 +150,4 @@ class PrefetchReplies:
             left = end - time.monotonic()
             if left <= 0:
                 return _PENDING if patient else self._count("late")
-            self._cv.wait(left)
+            self.connection.wait(left)

@@ -1,0 +1,267 @@
+"""The remote drafter's DraftStream through a relay process (`--drafter-mode relay`).
+
+In stream mode (`remote_channel.DraftStreamCall`) two Python threads of the target carry each
+question: gRPC's request-iterator thread takes it off a queue, and a reader thread parses the
+reply and hands it over. Both need the GIL, which the executor holds while it builds and
+launches a step, so each hand-off waits: on an H100 host they were 0.18-0.20 ms each way at
+p50 (0.4-0.6 at p90) of a 0.8 ms round trip (bench/RESULTS.md, round 30's hop trace).
+
+Here a child process owns the stream instead, and no thread of the target touches it:
+
+    executor --frames--> relay stdin -> gRPC (bytes, no protobuf) -> drafter service
+    executor <--frames-- relay stdout <- gRPC <-----------------------------'
+
+A frame is a 4-byte little-endian length and a serialised message; a reply's frame also
+carries when the relay read it (time.monotonic(), a double after the length: CLOCK_MONOTONIC
+is one clock for every process of a host), so a reply the executor reads late is still timed
+by its arrival (the patience's round trip). The executor serialises
+a question and writes it (non-blocking; what the pipe does not take waits in `_out` and goes
+with the next write or read), and reads the replies itself when a step looks for one
+(`replies`, non-blocking) or waits for one (`wait`: poll(2) on the pipe, the GIL released).
+The relay passes bytes through: it never parses a message (except to mark the hop trace).
+Its first frame is its setup (the drafter's address and the client's security, JSON), sent
+on the pipe rather than the command line so that no key or token shows in `ps`; it answers
+with an empty frame once its channel is up, and `RelayStreamCall` waits for that (the relay's
+start-up, ~80 ms, would otherwise count in the first round trip the patience times).
+
+The relay ends when the stream ends or fails (one line on stderr says why) and when the
+target closes its stdin or dies; the target sees the end of its stdout (`ended`) and drops
+the connection as it drops a broken stream.
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import fcntl
+import json
+import os
+import select
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+from specwire.common.errors import UserError
+from specwire.common.hoptrace import TARGET as TRACE
+
+_HEADER = struct.Struct("<I")  # a question: its length
+_REPLY = struct.Struct("<Id")  # a reply: its length, when the relay read it
+_PIPE_BYTES = 1 << 20  # asked of the kernel for each pipe (F_SETPIPE_SZ), best effort
+_F_SETPIPE_SZ = 1031
+_READ_BYTES = 1 << 16
+_SECURITY_BYTES = ("ca", "cert", "key")  # ClientSecurity's PEM fields (base64 in the setup)
+
+
+def _method() -> str:
+    from specwire.common.protogen import drafter_pb2
+
+    method = drafter_pb2.DESCRIPTOR.services_by_name["DrafterService"].methods_by_name
+    service, name = method["DraftStream"].full_name.rsplit(".", 1)
+    return f"/{service}/{name}"
+
+
+def _grow(fd: int) -> None:
+    try:
+        fcntl.fcntl(fd, _F_SETPIPE_SZ, _PIPE_BYTES)
+    except OSError:  # over /proc/sys/fs/pipe-max-size: the default 64 KiB serves too
+        pass
+
+
+class RelayStreamCall:
+    """One DraftStream through a relay child (see the module docstring); the same `send`,
+    `close` and `ended` as `DraftStreamCall`, and the replies are pulled: `replies` (never
+    blocks) and `wait` (blocks until one may be there). The executor's thread alone calls
+    `send`, `replies` and `wait`; `close` may come from any thread."""
+
+    def __init__(self, target: str, security, timeout_s: float) -> None:
+        """Start the relay and wait at most `timeout_s` for its channel to be up; raises
+        UserError (the relay is then stopped)."""
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", __name__],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            bufsize=0,
+            close_fds=True,
+        )
+        self._wfd, self._rfd = self._proc.stdin.fileno(), self._proc.stdout.fileno()
+        for fd in (self._wfd, self._rfd):
+            _grow(fd)
+            os.set_blocking(fd, False)
+        self._in = bytearray()  # bytes read, not yet a whole frame
+        self._out = bytearray()  # frames written, not yet taken by the pipe
+        self._poll = select.poll()
+        self._poll.register(self._rfd, select.POLLIN)
+        self.ended = False  # the relay is gone (its stdout ended) or the pipe broke
+        setup = {
+            "target": target,
+            "timeout_s": timeout_s,
+            "token": security.token,
+            "server_name": security.server_name,
+        }
+        for name in _SECURITY_BYTES:
+            value = getattr(security, name)
+            setup[name] = None if value is None else base64.b64encode(value).decode()
+        self._write(json.dumps(setup).encode())
+        end = time.monotonic() + timeout_s
+        while not (ready := self.replies()) and not self.ended and time.monotonic() < end:
+            self.wait(end - time.monotonic())
+        if not ready or ready[0][0]:
+            self.close()
+            raise UserError(f"the drafter relay did not start within {timeout_s:g} s")
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def send(self, msg) -> None:
+        """Queue `msg` for the drafter (never blocks)."""
+        TRACE.mark("send", msg.step)
+        self._write(msg.SerializeToString())
+
+    def _write(self, payload: bytes) -> None:
+        self._out += _HEADER.pack(len(payload))
+        self._out += payload
+        self._flush()
+
+    def _flush(self) -> None:
+        while self._out and not self.ended:
+            try:
+                n = os.write(self._wfd, self._out)
+            except BlockingIOError:
+                return  # the pipe is full: the rest goes with the next write or read
+            except OSError as exc:  # EPIPE: the relay is gone
+                if exc.errno not in (errno.EPIPE, errno.EBADF):
+                    raise
+                self.ended = True
+                return
+            del self._out[:n]
+
+    def replies(self) -> list[tuple[bytes, float]]:
+        """Every whole reply the relay has written so far, serialised, with when the relay
+        read it (never blocks). Sets `ended` when the relay's stdout has ended."""
+        self._flush()
+        while not self.ended:
+            try:
+                chunk = os.read(self._rfd, _READ_BYTES)
+            except BlockingIOError:
+                break
+            except OSError:  # EBADF: closed meanwhile
+                chunk = b""
+            if not chunk:
+                self.ended = True
+                break
+            self._in += chunk
+        out = []
+        while len(self._in) >= _REPLY.size:
+            n, arrived = _REPLY.unpack_from(self._in)
+            end = _REPLY.size + n
+            if len(self._in) < end:
+                break
+            out.append((bytes(self._in[_REPLY.size : end]), arrived))
+            del self._in[:end]
+        return out
+
+    def wait(self, timeout_s: float) -> None:
+        """Block (the GIL released) until the relay writes something or ends, at most
+        `timeout_s`."""
+        if not self.ended:
+            try:
+                self._poll.poll(max(0, int(timeout_s * 1000 + 0.999)))
+            except (OSError, ValueError):  # closed meanwhile
+                self.ended = True
+
+    def close(self) -> None:
+        """End the relay: close its stdin (it half-closes the stream and exits), then make
+        sure it is gone."""
+        self.ended = True
+        for f in (self._proc.stdin, self._proc.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+        try:
+            self._proc.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
+# -- the relay process --------------------------------------------------------------------
+
+
+def _read_exactly(fd: int, n: int) -> bytes | None:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = os.read(fd, n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return bytes(buf)
+
+
+def _frames(fd: int, trace) -> Iterator[bytes]:
+    """The questions on `fd`, until it ends (then gRPC half-closes the stream)."""
+    step_of = None
+    if trace.dir is not None:
+        from specwire.common.protogen import drafter_pb2
+
+        step_of = drafter_pb2.DraftStreamRequest.FromString
+    while (head := _read_exactly(fd, _HEADER.size)) is not None:
+        payload = _read_exactly(fd, _HEADER.unpack(head)[0])
+        if payload is None:
+            return
+        if step_of is not None:
+            trace.mark("taken", step_of(payload).step)
+        yield payload
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _relay() -> int:
+    import grpc
+
+    from specwire.common.security import ClientSecurity
+    from specwire.common.transport import make_channel
+    from specwire.target_service.drafters.remote_channel import CHANNEL_OPTIONS
+
+    rfd, wfd = sys.stdin.fileno(), sys.stdout.fileno()
+    head = _read_exactly(rfd, _HEADER.size)
+    if head is None:
+        return 0  # closed before the setup: nothing to relay
+    setup = json.loads(_read_exactly(rfd, _HEADER.unpack(head)[0]) or b"{}")
+    pem = {k: None if setup[k] is None else base64.b64decode(setup[k]) for k in _SECURITY_BYTES}
+    security = ClientSecurity(token=setup["token"], server_name=setup["server_name"], **pem)
+    channel = make_channel(setup["target"], security, CHANNEL_OPTIONS)
+    try:
+        grpc.channel_ready_future(channel).result(timeout=setup["timeout_s"])
+    except grpc.FutureTimeoutError:
+        print(f"drafter relay: {setup['target']} unreachable", file=sys.stderr)
+        return 1
+    _write_all(wfd, _REPLY.pack(0, time.monotonic()))  # ready
+    call = channel.stream_stream(_method())(_frames(rfd, TRACE))  # bytes in, bytes out
+    try:
+        for reply in call:
+            _write_all(wfd, _REPLY.pack(len(reply), time.monotonic()) + reply)
+    except grpc.RpcError as exc:
+        if exc.code() != grpc.StatusCode.CANCELLED:
+            print(
+                f"drafter relay: stream failed ({exc.code().name}: {exc.details()})",
+                file=sys.stderr,
+            )
+        return 1
+    except BrokenPipeError:  # the target is gone
+        return 0
+    finally:
+        TRACE.flush()
+        channel.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_relay())

@@ -1,0 +1,68 @@
+"""The remote drafter's stream through a relay process (`--drafter-mode relay`) against real
+drafter services on loopback: what only the relay has, a process of its own that can die and
+must not outlive its target. (The drafting behaviour it shares with the other modes is run in
+relay mode too: `MODES` in remote_harness.py.)"""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import time
+
+from procs import wait_until
+from remote_harness import REPETITIVE, make_request
+
+
+def children() -> set[int]:
+    """This process's child processes (Linux: /proc/self/task/*/children)."""
+    pids: set[int] = set()
+    for path in glob.glob("/proc/self/task/*/children"):
+        with open(path, encoding="ascii") as f:
+            pids.update(int(p) for p in f.read().split())
+    return pids
+
+
+def gone(pid: int) -> bool:
+    """`pid` has exited (reaped, or a zombie nobody has reaped yet)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_a_killed_relay_fails_open_and_a_new_one_resumes_drafting(servers):
+    server = servers()
+    before = children()
+    h = servers.harness(f"grpc://{server.address}", mode="relay", deadline_ms=1000)
+    (relay,) = children() - before
+    a = make_request("a", REPETITIVE)
+    assert h.step([a]) == [[3, 4, 1, 2]]
+
+    os.kill(relay, signal.SIGKILL)
+    wait_until(lambda: gone(relay), timeout=5, what="the relay to die")
+    # One token committed: the kept proposal (4 drafts, no room for a look-ahead at the
+    # service's max_draft_len 4) no longer holds a full next draft, so the step must ask.
+    a.output_ids += [3]
+    t0 = time.monotonic()
+    assert h.step([a]) == [[]]  # fails open, at once
+    assert time.monotonic() - t0 < 1.0
+    assert h.counters()["failed"] >= 1
+
+    # Reconnected in the background through a new relay, which the service sees as a new
+    # caller (sessions belong to their connection): every sequence is re-sent whole.
+    wait_until(lambda: h.step([a]) == [[4, 1, 2, 3]], timeout=15, what="drafts to resume")
+    assert h.counters()["reconnects"] >= 2
+    (new,) = children() - before
+    assert new != relay
+
+
+def test_closing_the_drafter_ends_its_relay(servers):
+    server = servers()
+    before = children()
+    h = servers.harness(f"grpc://{server.address}", mode="relay")
+    (relay,) = children() - before
+    assert h.step([make_request("a", REPETITIVE)]) == [[3, 4, 1, 2]]
+    h.drafter.close()
+    assert relay not in children()  # ended and reaped by `close`, not left behind
