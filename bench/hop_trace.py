@@ -20,12 +20,14 @@ import os
 import statistics
 from collections import defaultdict
 
-HOPS = (  # (name, from mark, to mark): the round trip in order
-    ("target queue -> gRPC thread took it", "send", "taken"),
+HOPS = (  # (name, from mark, to mark): the round trip in order. With --drafter-mode relay the
+    # relay process marks "taken" and "recv", and the last hop includes the time the reply
+    # waited in the relay's pipe for the executor to look for it.
+    ("target queue -> gRPC thread (relay) took it", "send", "taken"),
     ("serialise + wire + drafter receive", "taken", "in"),
     ("drafter drafts", "in", "out"),
-    ("drafter send + wire + target reader", "out", "recv"),
-    ("target parses + hands over", "recv", "handed"),
+    ("drafter send + wire + target reader (relay)", "out", "recv"),
+    ("target parses + hands over (relay: + waits)", "recv", "handed"),
 )
 
 

@@ -12,6 +12,10 @@ two sides' rows compare directly). The hops of one question on the DraftStream:
     target  recv    the target's reader thread has the reply message (before parsing it)
     target  handed  the parsed reply is handed to the waiting step
 
+With `--drafter-mode relay` the relay process (drafters/remote_relay.py) marks "taken" (it read
+the question off its pipe) and "recv" (it has the reply), and the executor marks "send" and
+"handed" (it read the reply off the pipe when a step looked for it).
+
 `bench/hop_trace.py DIR` joins the rows by step and prints each hop's share of the round trip.
 Rows are written in blocks of FLUSH_ROWS (and by `flush`), from whichever thread marks: a
 process killed without `flush` loses at most its last block.

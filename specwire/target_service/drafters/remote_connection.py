@@ -160,9 +160,7 @@ class RemoteConnection:
         """Hand over the replies the relay has written (`cv` held): the reader thread's work,
         done on the thread that looks for a reply."""
         for data, arrived in stream.replies():
-            message = drafter_pb2.DraftStreamResponse.FromString(data)
-            TRACE.mark("recv", message.step)
-            reply = read_reply(message)
+            reply = read_reply(drafter_pb2.DraftStreamResponse.FromString(data))
             if self._inflight.pop(reply.step, None) is not None:  # else junk: ignore
                 self._hand(reply, arrived)
             TRACE.mark("handed", reply.step)

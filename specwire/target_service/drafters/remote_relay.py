@@ -18,7 +18,10 @@ by its arrival (the patience's round trip). The executor serialises
 a question and writes it (non-blocking; what the pipe does not take waits in `_out` and goes
 with the next write or read), and reads the replies itself when a step looks for one
 (`replies`, non-blocking) or waits for one (`wait`: poll(2) on the pipe, the GIL released).
-The relay passes bytes through: it never parses a message (except to mark the hop trace).
+The relay passes bytes through: it never parses a message, except to mark the hop trace
+(`SPECWIRE_HOP_TRACE`: the relay marks "taken" as it reads a question off the pipe and "recv"
+as it gets the reply; the executor marks "handed" once it has read and parsed it, so that hop
+holds the time the reply waited in the pipe for the executor to look).
 Its first frame is its setup (the drafter's address and the client's security, JSON), sent
 on the pipe rather than the command line so that no key or token shows in `ps`; it answers
 with an empty frame once its channel is up, and `RelayStreamCall` waits for that (the relay's
@@ -45,6 +48,7 @@ from collections.abc import Iterator
 
 from specwire.common.errors import UserError
 from specwire.common.hoptrace import TARGET as TRACE
+from specwire.common.protogen import drafter_pb2
 
 _HEADER = struct.Struct("<I")  # a question: its length
 _REPLY = struct.Struct("<Id")  # a reply: its length, when the relay read it
@@ -55,8 +59,6 @@ _SECURITY_BYTES = ("ca", "cert", "key")  # ClientSecurity's PEM fields (base64 i
 
 
 def _method() -> str:
-    from specwire.common.protogen import drafter_pb2
-
     method = drafter_pb2.DESCRIPTOR.services_by_name["DrafterService"].methods_by_name
     service, name = method["DraftStream"].full_name.rsplit(".", 1)
     return f"/{service}/{name}"
@@ -201,19 +203,14 @@ def _read_exactly(fd: int, n: int) -> bytes | None:
     return bytes(buf)
 
 
-def _frames(fd: int, trace) -> Iterator[bytes]:
+def _frames(fd: int, traced: bool) -> Iterator[bytes]:
     """The questions on `fd`, until it ends (then gRPC half-closes the stream)."""
-    step_of = None
-    if trace.dir is not None:
-        from specwire.common.protogen import drafter_pb2
-
-        step_of = drafter_pb2.DraftStreamRequest.FromString
     while (head := _read_exactly(fd, _HEADER.size)) is not None:
         payload = _read_exactly(fd, _HEADER.unpack(head)[0])
         if payload is None:
             return
-        if step_of is not None:
-            trace.mark("taken", step_of(payload).step)
+        if traced:
+            TRACE.mark("taken", drafter_pb2.DraftStreamRequest.FromString(payload).step)
         yield payload
 
 
@@ -244,9 +241,12 @@ def _relay() -> int:
         print(f"drafter relay: {setup['target']} unreachable", file=sys.stderr)
         return 1
     _write_all(wfd, _REPLY.pack(0, time.monotonic()))  # ready
-    call = channel.stream_stream(_method())(_frames(rfd, TRACE))  # bytes in, bytes out
+    traced = TRACE.dir is not None  # the hop trace's "taken" and "recv" are marked here
+    call = channel.stream_stream(_method())(_frames(rfd, traced))  # bytes in, bytes out
     try:
         for reply in call:
+            if traced:
+                TRACE.mark("recv", drafter_pb2.DraftStreamResponse.FromString(reply).step)
             _write_all(wfd, _REPLY.pack(len(reply), time.monotonic()) + reply)
     except grpc.RpcError as exc:
         if exc.code() != grpc.StatusCode.CANCELLED:
