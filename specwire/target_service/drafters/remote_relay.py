@@ -55,6 +55,7 @@ _REPLY = struct.Struct("<Id")  # a reply: its length, when the relay read it
 _PIPE_BYTES = 1 << 20  # asked of the kernel for each pipe (F_SETPIPE_SZ), best effort
 _F_SETPIPE_SZ = 1031
 _READ_BYTES = 1 << 16
+_SELECT_FDS = 1024  # FD_SETSIZE: select(2) takes no higher descriptor (then poll(2))
 _SECURITY_BYTES = ("ca", "cert", "key")  # ClientSecurity's PEM fields (base64 in the setup)
 
 
@@ -167,12 +168,17 @@ class RelayStreamCall:
 
     def wait(self, timeout_s: float) -> None:
         """Block (the GIL released) until the relay writes something or ends, at most
-        `timeout_s`."""
-        if not self.ended:
-            try:
+        `timeout_s`. select(2), whose timeout has microseconds: a step's patience is a few
+        tenths of a millisecond, and poll(2) would round it up to a whole one."""
+        if self.ended:
+            return
+        try:
+            if self._rfd < _SELECT_FDS:
+                select.select([self._rfd], [], [], max(0.0, timeout_s))
+            else:
                 self._poll.poll(max(0, int(timeout_s * 1000 + 0.999)))
-            except (OSError, ValueError):  # closed meanwhile
-                self.ended = True
+        except (OSError, ValueError):  # closed meanwhile
+            self.ended = True
 
     def close(self) -> None:
         """End the relay: close its stdin (it half-closes the stream and exits), then make
