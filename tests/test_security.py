@@ -201,6 +201,29 @@ def test_token_identities_own_their_sessions_across_connections(drafter_factory)
             ].resync
 
 
+def _stream_once(channel, rid: str) -> None:
+    """One DraftStream that opens session `rid` and ends."""
+    msg = drafter_pb2.DraftStreamRequest(step=1)
+    msg.sequences.add(request_id=rid, base_len=0, new_tokens=SECRET, max_draft_tokens=4)
+    (reply,) = drafter_pb2_grpc.DrafterServiceStub(channel).DraftStream(iter([msg]), timeout=10)
+    assert list(reply.drafts[0].tokens) == [8, 5, 6, 7]
+
+
+def test_a_connections_sessions_go_when_its_last_stream_ends(drafter_factory):
+    """Sessions of a caller known only by its connection cannot be reached once its streams
+    are gone (a new connection is a new caller; a relay restarted after a crash is one), so
+    they are freed then, not after the TTL. A token's sessions outlive the stream."""
+    server = drafter_factory()
+    with _connection(server.address) as ch:
+        _stream_once(ch, "s")
+        wait_until(lambda: "s" not in server.engine.store, timeout=5, what="sessions freed")
+    with _connection(server.address, "tok-a") as ch:
+        _stream_once(ch, "t")
+        wait_until(lambda: not server.servicer.streams, timeout=5, what="the stream's end")
+        assert "t" in server.engine.store
+    server.engine.check_integrity()
+
+
 def test_sessions_are_bounded_in_number_and_size(drafter_factory):
     server = drafter_factory(max_sessions=2, max_session_tokens=16)
     with _connection(server.address) as ch:

@@ -101,6 +101,11 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServiceServicer):
         self.draining = False
         self.pool = futures.ThreadPoolExecutor(config.max_workers, "specwire-draft")
         self.streams: collections.Counter[str] = collections.Counter()
+        # Streams open per caller known only by its connection ("peer:..."): when the last one
+        # ends, nobody can reach that caller's sessions again (a new connection is a new
+        # caller, and a target re-sends every sequence whole after any reconnect), so they are
+        # freed then instead of after the TTL. Callers with a token or certificate keep theirs.
+        self.connection_streams: collections.Counter[str] = collections.Counter()
 
     async def GetInfo(self, request, context):
         engine = self._ready()
@@ -129,6 +134,9 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServiceServicer):
                 f"(--max-streams-per-peer {self.max_streams_per_peer})"
             )
         self.streams[group] += 1
+        by_connection = owner.startswith("peer:")
+        if by_connection:
+            self.connection_streams[owner] += 1
         try:
             async for request in request_iterator:
                 TRACE.mark("in", request.step)
@@ -139,6 +147,12 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServiceServicer):
             self.streams[group] -= 1
             if not self.streams[group]:
                 del self.streams[group]
+            if by_connection:
+                self.connection_streams[owner] -= 1
+                if not self.connection_streams[owner]:
+                    del self.connection_streams[owner]
+                    if self.engine is not None:
+                        self.engine.store.drop_owner(owner)
 
     async def _draft(self, request: DraftMessage, owner: str, kind: type[DraftReply]) -> DraftReply:
         engine = self._ready(new_call=False)  # an open stream keeps drafting while draining

@@ -133,6 +133,14 @@ class SessionStore:
             key = self._find(request_id, owner)
             return key is not None and self._drop(key)
 
+    def drop_owner(self, owner: str) -> int:
+        """Free every session of `owner` (its connection is gone); how many there were."""
+        with self.lock:
+            keys = [key for key in self._sessions if key[0] == owner]
+            for key in keys:
+                self._drop(key)
+            return len(keys)
+
     def expire(self) -> list[str]:
         """Drop sessions idle for longer than the TTL; return their request ids."""
         with self.lock:
