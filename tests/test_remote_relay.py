@@ -10,8 +10,13 @@ import os
 import signal
 import time
 
-from procs import wait_until
+import pytest
+from procs import free_port, wait_until
 from remote_harness import REPETITIVE, make_request
+
+from specwire.common.errors import UserError
+from specwire.common.security import ClientSecurity
+from specwire.target_service.drafters.remote_relay import RelayStreamCall
 
 
 def children() -> set[int]:
@@ -66,3 +71,11 @@ def test_closing_the_drafter_ends_its_relay(servers):
     assert h.step([make_request("a", REPETITIVE)]) == [[3, 4, 1, 2]]
     h.drafter.close()
     assert relay not in children()  # ended and reaped by `close`, not left behind
+
+
+def test_a_relay_that_cannot_reach_its_drafter_is_one_clear_error_and_leaves_nothing():
+    port = free_port()  # nobody listens there
+    before = children()
+    with pytest.raises(UserError, match=f"drafter relay for 127.0.0.1:{port} "):
+        RelayStreamCall(f"127.0.0.1:{port}", ClientSecurity(), timeout_s=0.5)
+    assert children() == before

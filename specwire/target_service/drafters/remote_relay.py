@@ -111,12 +111,11 @@ class RelayStreamCall:
         while not (ready := self.replies()) and not self.ended and time.monotonic() < end:
             self.wait(end - time.monotonic())
         if not ready or ready[0][0]:
+            ended = self.ended
             self.close()
-            raise UserError(f"the drafter relay did not start within {timeout_s:g} s")
-
-    @property
-    def pid(self) -> int:
-        return self._proc.pid
+            if ended:  # it said why on stderr
+                raise UserError(f"the drafter relay for {target} ended as it started")
+            raise UserError(f"the drafter relay for {target} did not start within {timeout_s:g} s")
 
     def send(self, msg) -> None:
         """Queue `msg` for the drafter (never blocks)."""
