@@ -207,7 +207,7 @@ def main() -> int:
     ap.add_argument("--drafter-branches", type=int, default=-1, help="remote: -1 auto, 0 off")
     ap.add_argument("--drafter-patience-ms", type=float, default=-1.0, help="remote: -1 auto")
     ap.add_argument("--drafter-lookahead", type=int, default=-1, help="remote: -1 auto")
-    ap.add_argument("--drafter-mode", default="stream", help="remote: stream or unary")
+    ap.add_argument("--drafter-mode", default="stream", help="remote: stream, relay or unary")
     ap.add_argument("--drafter-ask-at", default="auto", help="remote: remote_channel.ASK_AT")
     ap.add_argument("--drafter-max-inflight", type=int, default=2, help="remote: 1-4")
     ap.add_argument("--max-draft-len", type=int, default=4)

@@ -9,12 +9,16 @@ import glob
 import os
 import signal
 import time
+from concurrent import futures
 
+import grpc
 import pytest
 from procs import free_port, wait_until
-from remote_harness import REPETITIVE, make_request
+from remote_harness import REPETITIVE, Harness, make_request
 
+from specwire.common.drafting import PROTOCOL_VERSION
 from specwire.common.errors import UserError
+from specwire.common.protogen import drafter_pb2
 from specwire.common.security import ClientSecurity
 from specwire.target_service.drafters.remote_relay import RelayStreamCall
 
@@ -79,3 +83,46 @@ def test_a_relay_that_cannot_reach_its_drafter_is_one_clear_error_and_leaves_not
     with pytest.raises(UserError, match=f"drafter relay for 127.0.0.1:{port} "):
         RelayStreamCall(f"127.0.0.1:{port}", ClientSecurity(), timeout_s=0.5)
     assert children() == before
+
+
+def _garbage_server() -> tuple[grpc.Server, int]:
+    """A drafter whose stream replies are bytes that do not parse (the relay passes bytes
+    through unread, so the target is the first to parse them)."""
+    info = drafter_pb2.GetInfoResponse(
+        protocol_version=PROTOCOL_VERSION, name="garbage", capabilities=["stream"]
+    )
+    handler = grpc.method_handlers_generic_handler(
+        drafter_pb2.DESCRIPTOR.services_by_name["DrafterService"].full_name,
+        {
+            "GetInfo": grpc.unary_unary_rpc_method_handler(
+                lambda request, context: info,
+                request_deserializer=drafter_pb2.GetInfoRequest.FromString,
+                response_serializer=drafter_pb2.GetInfoResponse.SerializeToString,
+            ),
+            # Field 1 as a length-delimited field longer than the message: a DecodeError.
+            "DraftStream": grpc.stream_stream_rpc_method_handler(
+                lambda requests, context: (b"\x0a\xff" for _ in requests)
+            ),
+        },
+    )
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    return server, port
+
+
+@pytest.mark.parametrize("mode", ["stream", "relay"])
+def test_a_reply_that_does_not_parse_drops_the_connection_not_the_step(mode):
+    """The relay's executor parses what gRPC's deserialiser parses on the stream: either way
+    the step goes without drafts and the connection is re-opened."""
+    server, port = _garbage_server()
+    h = Harness(f"127.0.0.1:{port}", mode=mode, deadline_ms=1000)
+    try:
+        a = make_request("a", REPETITIVE)
+        assert h.step([a]) == [[]]  # no drafts, no exception into the executor
+        assert h.counters()["failed"] == 1
+        wait_until(lambda: h.counters()["reconnects"] >= 2, timeout=10, what="a reconnect")
+    finally:
+        h.drafter.close()
+        server.stop(None)

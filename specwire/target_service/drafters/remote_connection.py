@@ -26,6 +26,7 @@ import threading
 import time
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from specwire.common.errors import UserError
 from specwire.common.hoptrace import TARGET as TRACE
@@ -160,7 +161,12 @@ class RemoteConnection:
         """Hand over the replies the relay has written (`cv` held): the reader thread's work,
         done on the thread that looks for a reply."""
         for data, arrived in stream.replies():
-            reply = read_reply(drafter_pb2.DraftStreamResponse.FromString(data))
+            try:
+                message = drafter_pb2.DraftStreamResponse.FromString(data)
+            except DecodeError:  # (on the stream, gRPC's deserialiser fails the call)
+                self.disconnect("the drafter sent a reply that does not parse")
+                return
+            reply = read_reply(message)
             if self._inflight.pop(reply.step, None) is not None:  # else junk: ignore
                 self._hand(reply, arrived)
             TRACE.mark("handed", reply.step)
