@@ -21,7 +21,7 @@ sending to the reply's arrival (its reader or callback thread's clock), and "lat
 replies not back by the end of that step, which serve a step later. Here the caller's own
 thread is the busy one, as a target's executor is between a step's commit and its next wait.
 
-    python bench/drafter_ping.py [--steps 600] [--batches 1,8,32] [--modes stream,unary] \
+    python bench/drafter_ping.py [--steps 600] [--batches 1,8,32] [--modes stream,relay,unary] \
         [--busy-threads 0,1] [--submit-host-ms 0.3,0.6 --submit-gpu-ms 0.8]
 """
 
@@ -192,7 +192,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--batches", default="1,8,32")
-    ap.add_argument("--modes", default="stream,unary", help="stream, unary, unary-future")
+    ap.add_argument("--modes", default="stream,unary", help="stream, relay, unary, unary-future")
     ap.add_argument("--busy-threads", default="0", help="e.g. 0,1: busy Python threads")
     ap.add_argument(
         "--submit-host-ms", default="", help="e.g. 0.3,0.6: the submit path instead (see above)"
