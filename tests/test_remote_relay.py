@@ -44,7 +44,7 @@ def gone(pid: int) -> bool:
 def test_a_killed_relay_fails_open_and_a_new_one_resumes_drafting(servers):
     server = servers()
     before = children()
-    h = servers.harness(f"grpc://{server.address}", mode="relay", deadline_ms=1000)
+    h = servers.harness(f"grpc://{server.address}", mode="relay", deadline_ms=5000)
     (relay,) = children() - before
     a = make_request("a", REPETITIVE)
     assert h.step([a]) == [[3, 4, 1, 2]]
@@ -55,8 +55,8 @@ def test_a_killed_relay_fails_open_and_a_new_one_resumes_drafting(servers):
     # service's max_draft_len 4) no longer holds a full next draft, so the step must ask.
     a.output_ids += [3]
     t0 = time.monotonic()
-    assert h.step([a]) == [[]]  # fails open, at once
-    assert time.monotonic() - t0 < 1.0
+    assert h.step([a]) == [[]]  # fails open, at once: not after the 5 s deadline
+    assert time.monotonic() - t0 < 2.5
     assert h.counters()["failed"] >= 1
 
     # Reconnected in the background through a new relay, which the service sees as a new
