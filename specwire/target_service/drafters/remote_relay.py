@@ -14,14 +14,16 @@ Here a child process owns the stream instead, and no thread of the target touche
 A frame is a 4-byte little-endian length and a serialised message; a reply's frame also
 carries when the relay read it (time.monotonic(), a double after the length: CLOCK_MONOTONIC
 is one clock for every process of a host), so a reply the executor reads late is still timed
-by its arrival (the patience's round trip). The executor serialises
-a question and writes it (non-blocking; what the pipe does not take waits in `_out` and goes
-with the next write or read), and reads the replies itself when a step looks for one
-(`replies`, non-blocking) or waits for one (`wait`: poll(2) on the pipe, the GIL released).
-The relay passes bytes through: it never parses a message, except to mark the hop trace
-(`SPECWIRE_HOP_TRACE`: the relay marks "taken" as it reads a question off the pipe and "recv"
-as it gets the reply; the executor marks "handed" once it has read and parsed it, so that hop
-holds the time the reply waited in the pipe for the executor to look).
+by its arrival (the patience's round trip). The executor serialises a question and writes
+it (non-blocking; what the pipe does not take waits in `_out` and goes with the next write or
+read), and reads the replies itself when a step looks for one (`replies`, non-blocking) or
+waits for one (`wait`: select(2) on the pipe, the GIL released). The relay passes bytes
+through: it never parses a message, except to mark the hop trace (`SPECWIRE_HOP_TRACE`: the
+relay marks "taken" as it reads a question off the pipe and "recv" as it gets the reply; the
+executor marks "handed" once it has read and parsed it, so that hop holds the time the reply
+waited in the pipe for the executor to look). A reply that does not parse is the executor's
+to find (`RemoteConnection` then drops the connection, as gRPC's deserialiser would).
+
 Its first frame is its setup (the drafter's address and the client's security, JSON), sent
 on the pipe rather than the command line so that no key or token shows in `ps`; it answers
 with an empty frame once its channel is up, and `RelayStreamCall` waits for that (the relay's
