@@ -10,7 +10,9 @@ calls do), then wait for the reply. Two clients side by side:
   process runs no gRPC thread at all.
 
 Prints the step (send -> reply in hand) and the wait left after the host work. Host-only
-(bench/RESULTS.md, round 27).
+(bench/RESULTS.md, round 27). Kept for that record: the relay built since is
+`--drafter-mode relay` (specwire/target_service/drafters/remote_relay.py), and
+`bench/drafter_ping.py --modes stream,relay` measures it against a real drafter service.
 
     python bench/grpc_relay.py [--host-ms 0,0.3,0.6] [--steps 800] [--rounds 2]
 """

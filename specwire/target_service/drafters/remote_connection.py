@@ -148,7 +148,7 @@ class RemoteConnection:
     def wait(self, timeout_s: float) -> None:
         """Wait at most `timeout_s` for a reply to arrive (`cv` held, and released meanwhile)."""
         stream = self._stream
-        if not isinstance(stream, RelayStreamCall):
+        if not self.relayed or stream is None:
             self.cv.wait(timeout_s)
             return
         self.cv.release()

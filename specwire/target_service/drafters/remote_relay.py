@@ -45,6 +45,7 @@ import select
 import struct
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 
@@ -57,6 +58,7 @@ _REPLY = struct.Struct("<Id")  # a reply: its length, when the relay read it
 _PIPE_BYTES = 1 << 20  # asked of the kernel for each pipe (F_SETPIPE_SZ), best effort
 _F_SETPIPE_SZ = 1031
 _READ_BYTES = 1 << 16
+_GRACE_S = 1.0  # a closed relay's time to end its stream and exit before it is killed
 _SELECT_FDS = 1024  # FD_SETSIZE: select(2) takes no higher descriptor (then poll(2))
 _SECURITY_BYTES = ("ca", "cert", "key")  # ClientSecurity's PEM fields (base64 in the setup)
 
@@ -182,16 +184,20 @@ class RelayStreamCall:
             self.ended = True
 
     def close(self) -> None:
-        """End the relay: close its stdin (it half-closes the stream and exits), then make
-        sure it is gone."""
+        """End the relay without waiting for it (a drop comes from a step, lock held): close
+        its stdin (it half-closes the stream and exits); a thread reaps it, killing it after
+        `_GRACE_S`."""
         self.ended = True
         for f in (self._proc.stdin, self._proc.stdout):
             try:
                 f.close()
             except OSError:
                 pass
+        threading.Thread(target=self._reap, daemon=True, name="drafter-relay-reap").start()
+
+    def _reap(self) -> None:
         try:
-            self._proc.wait(timeout=1.0)
+            self._proc.wait(timeout=_GRACE_S)
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
