@@ -209,6 +209,9 @@ def main() -> int:
     ap.add_argument("--drafter-lookahead", type=int, default=-1, help="remote: -1 auto")
     ap.add_argument("--drafter-mode", default="stream", help="remote: stream, relay or unary")
     ap.add_argument("--drafter-ask-at", default="auto", help="remote: remote_channel.ASK_AT")
+    ap.add_argument(
+        "--drafter-wait-rule", default="share", help="remote: remote_channel.WAIT_RULES"
+    )
     ap.add_argument("--drafter-max-inflight", type=int, default=2, help="remote: 1-4")
     ap.add_argument("--max-draft-len", type=int, default=4)
     ap.add_argument("--two-batch-rows", type=int, default=0)
@@ -256,6 +259,7 @@ def main() -> int:
         drafter_lookahead=args.drafter_lookahead,
         drafter_mode=args.drafter_mode,
         drafter_ask_at=args.drafter_ask_at,
+        drafter_wait_rule=args.drafter_wait_rule,
         drafter_max_inflight=args.drafter_max_inflight,
         max_draft_len=args.max_draft_len,
         two_batch_rows=args.two_batch_rows,
@@ -328,6 +332,7 @@ def main() -> int:
         label += f" branches={args.drafter_branches} patience={args.drafter_patience_ms:g}"
         label += f" lookahead={args.drafter_lookahead} mode={args.drafter_mode}"
         label += f" ask-at={args.drafter_ask_at} inflight={args.drafter_max_inflight}"
+        label += f" wait={args.drafter_wait_rule}"
     label += f" two-batch>={args.two_batch_rows}" if args.two_batch_rows else ""
 
     metrics = engine.executor.metrics

@@ -48,7 +48,8 @@ from specwire.target_service.drafters.remote import LOOKAHEAD_STEPS  # noqa: E40
 # for every question held for the launch (--drafter-ask-at launch), "-inflight1"
 # for one question at a time on the stream (--drafter-max-inflight 1; round 27 made 2 the
 # default; "-inflight2" names it explicitly), "-relay" for the stream held by a relay process
-# (--drafter-mode relay), to measure them side by side.
+# (--drafter-mode relay), "-gain" for auto patience that waits as long as the drafts pay for
+# the wait (--drafter-wait-rule gain), to measure them side by side.
 CONFIGS = {
     "none": "none",
     "none-sync": "none",
@@ -70,6 +71,8 @@ CONFIGS = {
     "remote-ngram-inflight1": "remote",
     "remote-ngram-relay": "remote",
     "remote-ngram-relay-nobranch": "remote",
+    "remote-ngram-gain": "remote",
+    "remote-ngram-relay-gain": "remote",
     "none-proc": "none",
     "ngram-proc": "ngram",
     "remote-ngram-proc": "remote",
@@ -98,6 +101,8 @@ REMOTE_DRAFTERS = {  # service --drafter
     "remote-ngram-inflight1": "ngram",
     "remote-ngram-relay": "ngram",
     "remote-ngram-relay-nobranch": "ngram",
+    "remote-ngram-gain": "ngram",
+    "remote-ngram-relay-gain": "ngram",
     "remote-ngram-proc": "ngram",
     "remote-ngram-inproc": "ngram",
     "remote-ngram-exact": "ngram",
@@ -227,6 +232,8 @@ def running_config(config: str, args: argparse.Namespace) -> Iterator[Server]:
             cmd += ["--drafter-mode", "unary"]
         if "-relay" in config:
             cmd += ["--drafter-mode", "relay"]
+        if config.endswith("-gain"):
+            cmd += ["--drafter-wait-rule", "gain"]
         if config.endswith("-p0"):
             cmd += ["--drafter-patience-ms", "0"]
         if config.endswith("-pwait"):

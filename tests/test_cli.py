@@ -149,6 +149,8 @@ def test_help_names_each_flags_variable(command: str, flags: dict) -> None:
         (["target", "--drafter-lookahead", "9"], {}, "drafter_lookahead", 9),
         (["target"], {}, "drafter_ask_at", "auto"),
         (["target"], {"SPECWIRE_DRAFTER_ASK_AT": "commit"}, "drafter_ask_at", "commit"),
+        (["target"], {}, "drafter_wait_rule", "share"),
+        (["target"], {"SPECWIRE_DRAFTER_WAIT_RULE": "gain"}, "drafter_wait_rule", "gain"),
     ],
 )
 def test_flag_beats_variable_beats_default(monkeypatch, argv, env, dest, expected) -> None:

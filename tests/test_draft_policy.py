@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from specwire.target_service.draft_policy import DraftLengthPolicy
@@ -517,3 +519,32 @@ def test_decisions_where_no_request_may_draft_leave_the_host_refresh_due_as_befo
         assert not p.observe_rate(8, 8 / 4000.0, 8, may_draft=False)
     n = p.host_refresh_every
     assert [p.step_draft_len(reqs) for _ in range(2 * n)] == ([0] * (n - 1) + [4]) * 2
+
+
+def test_a_drafting_step_says_how_long_a_wait_for_its_drafts_is_worth():
+    """`wait_worth_s`: the wait after which the drafting step commits tokens exactly as fast as
+    the same synchronous step without drafts would (the remote drafter's "gain" patience)."""
+    p = _policy({1: 0.7e-3, 8: 0.75e-3, 64: 1.0e-3})
+    for _ in range(8):
+        p.observe_sync(rows=1, tokens=5, seconds=1.05e-3, device_wait=0.75e-3)  # 0.3 ms host
+    good = _req("good")
+    _teach(p, good, drafted=4, accepted=3, times=20)
+    k = p.step_draft_len([good])
+    assert k == 4
+    worth = p.wait_worth_s
+    committed, fed = p._est["good"].per_k(4)[k]
+    with_drafts = committed / (p.sync_cost(1, math.ceil(fed)) + worth)
+    without = 1.0 / p.sync_cost(1, 1)
+    assert with_drafts == pytest.approx(without)
+    assert worth > 0.5e-3  # ~3 tokens for ~1.05 ms against 1 for ~1 ms: worth a long wait
+    # A poorer request is worth a shorter wait; one whose drafts never pay, none at all.
+    fair = _req("fair")
+    _teach(p, fair, drafted=4, accepted=1, times=20)
+    assert p.step_draft_len([fair]) > 0
+    assert 0 < p.wait_worth_s < worth
+    p = _policy({1: 1e-3, 8: 2e-3, 64: 8e-3})
+    poor = _req("poor")
+    _teach(p, poor, drafted=4, accepted=0, times=20)
+    assert p.step_draft_len([poor]) == 0 and p.wait_worth_s is None
+    static = DraftLengthPolicy(4, adaptive=False)
+    assert static.step_draft_len([_req("a")]) == 4 and static.wait_worth_s is None

@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 from remote_harness import never
 
+from specwire.common.errors import UserError
+from specwire.target_service.config import TargetConfig
 from specwire.target_service.drafters.remote_channel import RemoteDrafterConfig
 from specwire.target_service.drafters.remote_patience import (
     PATIENCE_SHARE,
@@ -149,3 +151,54 @@ def test_a_gate_the_commits_round_trip_shuts_is_probed_and_opens_on_the_launchs(
     q.span_s = 0.003  # ...since 3.5 ms does not fit in 3 ms
     assert not any(q.at_launch(device_busy=False, covered=always) for _ in range(PROBE_EVERY))
     assert q.probes == 0
+
+
+def test_the_gain_rule_waits_as_long_as_the_policy_says_drafts_are_worth():
+    """`--drafter-wait-rule gain`: the budget is the step's `wait_worth_s` (capped by the
+    deadline), not a share of the step; without a price it falls back to the share."""
+    worth: list[float | None] = [None]
+    config = RemoteDrafterConfig("h:1", deadline_ms=50, wait_rule="gain")
+    p = Patience(config, 5, lambda: worth[0])
+    p.drafted(10.0, device_busy=False)
+    p.committed(10.002)  # a 2 ms step
+    p.replied(0.001)  # a 1 ms round trip
+    share = PATIENCE_SHARE * 0.002
+    assert p.wait_s(20.0, 20.0, device_busy=False) == 0  # unpriced: due past the share
+    worth[0] = 0.0015  # the drafts pay for up to 1.5 ms of waiting
+    assert p.wait_s(20.0, 20.0, device_busy=False) == pytest.approx(0.0015)
+    assert p.wait_s(20.0, 20.0005, device_busy=False) == pytest.approx(0.0015)
+    worth[0] = 0.0005  # due in 1 ms, worth 0.5: not waited for
+    assert p.wait_s(20.0, 20.0, device_busy=False) == 0
+    worth[0] = -0.001  # drafting does not pay even at once
+    assert p.wait_s(20.0, 20.0, device_busy=False) == 0
+    worth[0] = 1.0  # worth more than the deadline: the deadline
+    assert p.wait_s(20.0, 20.0, device_busy=False) is None
+    # The share rule ignores the price.
+    shared = Patience(RemoteDrafterConfig("h:1", deadline_ms=50), 5, lambda: 0.0015)
+    shared.step_s, shared.rtt_s = p.step_s, p.rtt_s
+    assert shared.wait_s(20.0, 20.0005, device_busy=False) == pytest.approx(share)
+    assert shared.wait_s(20.0, 20.0, device_busy=False) == 0
+
+
+def test_the_gain_rule_asks_at_the_commit_when_the_next_step_would_wait():
+    """A question the next step would wait for under its price is not held for the launch
+    (the share rule holds it: its round trip is past the share)."""
+    worth: list[float | None] = [0.006]
+    config = RemoteDrafterConfig("h:1", deadline_ms=50, wait_rule="gain")
+    p = Patience(config, 5, lambda: worth[0])
+    p.drafted(0.0, device_busy=False)
+    p.committed(0.010)
+    p.launched(0.011)
+    p.committed(0.019)
+    p.replied(0.005)  # due 4 ms after the gap: within the 6 ms worth
+    assert not p.at_launch(device_busy=False, covered=never)
+    assert timed_rule().at_launch(device_busy=False, covered=never)  # the share: held
+    worth[0] = 0.002  # worth less than its remaining 4 ms: held for the launch
+    assert p.at_launch(device_busy=False, covered=never)
+
+
+def test_an_unknown_wait_rule_is_one_clear_error():
+    with pytest.raises(UserError, match="wait rule must be one of share, gain"):
+        RemoteDrafterConfig("h:1", wait_rule="forever")
+    with pytest.raises(UserError, match="--drafter-wait-rule must be one of share, gain"):
+        TargetConfig(drafter_wait_rule="forever")

@@ -284,6 +284,41 @@ def test_remote_drafter_alternating_plain_and_drafting_steps_is_lossless(tiny, b
     eng.shutdown()
 
 
+@pytest.mark.parametrize("mode", ["stream", "relay"])
+def test_the_gain_rule_waits_by_the_policys_price_and_is_lossless(tiny, baseline, drafters, mode):
+    """--drafter-wait-rule gain: before each drafting step the executor hands the drafter
+    the policy's price of waiting for its drafts (`Drafter.wait_worth_s`), and the patience
+    budgets by it. Here the price is positive on every drafting step (flat device costs:
+    verifying drafts is free); output unchanged, drafts accepted, nothing failed."""
+    server = drafters(drafter="ngram")
+    eng = engine(
+        tiny,
+        f"grpc://{server.address}",
+        drafter_mode=mode,
+        drafter_patience_ms=-1,
+        drafter_wait_rule="gain",
+    )
+    _adaptive(eng, {1: 1e-3, 4: 1e-3, 8: 1e-3, 64: 1e-3, 1024: 0.3})
+    patience, prices = eng.drafter.patience, []
+    price = patience.worth
+
+    def worth():
+        prices.append(price())
+        return prices[-1]
+
+    patience.worth = worth
+    results = run_all(eng, PROMPTS)
+    assert [c.token_ids for c in results] == baseline["short"]
+    priced = [w for w in prices if w is not None]
+    assert priced and min(priced) > 0, prices[:20]
+    assert eng.executor.stats.accepted_tokens > 0
+    c = eng.drafter.counters()
+    assert c["failed"] == c["stale"] == c["unknown_request"] == c["resynced"] == 0
+    wait_until(lambda: len(server.engine.store) == 0, timeout=10, what="sessions freed")
+    server.engine.check_integrity()
+    eng.shutdown()
+
+
 @pytest.mark.parametrize("mode", ["stream", "relay", "unary"])
 def test_questions_held_back_for_the_next_launch_are_lossless(tiny, baseline, drafters, mode):
     """The auto patience's GPU regime, where the next step would not wait for the reply: a

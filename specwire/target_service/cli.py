@@ -15,7 +15,7 @@ from specwire.common.security import (
     server_security_from_args,
 )
 from specwire.target_service.config import TargetConfig
-from specwire.target_service.drafters.remote_channel import ASK_AT, MODES
+from specwire.target_service.drafters.remote_channel import ASK_AT, MODES, WAIT_RULES
 
 # The TargetConfig fields a user sets; flag, variable, type and default come from the field.
 ENGINE_FLAGS = {
@@ -86,6 +86,12 @@ ENGINE_FLAGS = {
         " request's drafts come from a kept proposal (auto); the first reason only (timed);"
         " always at the commit (commit); or always at the launch (launch)",
         choices=ASK_AT,
+    ),
+    "drafter_wait_rule": Flag(
+        "remote drafters, auto patience: how long a step waits for a reply on its way: at most"
+        " 30%% of a drafting step (share), or as long as its drafts still pay for the wait by"
+        " the draft-length policy's measured step costs and acceptance (gain)",
+        choices=WAIT_RULES,
     ),
     "drafter_max_inflight": Flag(
         "remote drafters, stream mode: questions the stream may have in flight at once (1-4);"

@@ -10,7 +10,12 @@ from specwire.common.errors import UserError
 from specwire.common.model.paged import blocks_for
 from specwire.common.ngram import DEFAULT_MAX_NGRAM, VOTE
 from specwire.common.security import ClientSecurity
-from specwire.target_service.drafters.remote_channel import ASK_AT, MAX_INFLIGHT, MODES
+from specwire.target_service.drafters.remote_channel import (
+    ASK_AT,
+    MAX_INFLIGHT,
+    MODES,
+    WAIT_RULES,
+)
 
 if TYPE_CHECKING:  # torch loads when a config is built, not when the CLI reads this class
     import torch
@@ -60,6 +65,9 @@ class TargetConfig:
     # question asked as a step commits goes out once that step is launched (auto) or at the
     # commit (commit).
     drafter_ask_at: str = "auto"
+    # Remote drafters, auto patience: wait for a reply on its way at most a share of a
+    # drafting step (share), or as long as its drafts pay for the wait by the policy (gain).
+    drafter_wait_rule: str = "share"
     # Remote drafters, stream mode: questions in flight at once (the stream answers in order;
     # 2: a commit asks again while the previous question is unanswered).
     drafter_max_inflight: int = 2
@@ -117,6 +125,11 @@ class TargetConfig:
         if self.drafter_ask_at not in ASK_AT:
             raise UserError(
                 f"--drafter-ask-at must be one of {', '.join(ASK_AT)}, got {self.drafter_ask_at!r}"
+            )
+        if self.drafter_wait_rule not in WAIT_RULES:
+            raise UserError(
+                f"--drafter-wait-rule must be one of {', '.join(WAIT_RULES)}, "
+                f"got {self.drafter_wait_rule!r}"
             )
         if not 1 <= self.drafter_max_inflight <= MAX_INFLIGHT:
             raise UserError(

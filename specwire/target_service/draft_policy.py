@@ -170,6 +170,9 @@ class DraftLengthPolicy:
     _looks: dict[tuple[str, int], int] = field(default_factory=dict)  # windows per rate
     _probe_at: dict[int, int] = field(default_factory=dict)  # load -> window of its next probe
     _planned: int = 0  # the load the current mode was chosen for
+    # The last drafting step's worth of waiting for its drafts (`wait_worth`), None when
+    # the last step did not draft or nothing prices it (static policy).
+    wait_worth_s: float | None = None
     _probing: bool = False  # the current window measures a mode chosen to be measured
 
     def __post_init__(self) -> None:
@@ -423,6 +426,7 @@ class DraftLengthPolicy:
         """The draft length for a step whose decode rows are `decode` (caps still apply)."""
         if self.adaptive and self._window[2] == 0:
             self._start_window(len(decode) + (1 if prefill_tokens else 0))
+        self.wait_worth_s = None
         if not self.adaptive or (not decode and self.mode == "spec"):
             # Static, or only prefills finishing this step (their drafts cost little next to
             # the chunk): the maximum, which request caps then trim.
@@ -441,6 +445,7 @@ class DraftLengthPolicy:
             tables.append((e.per_k(K) if e is not None else prior, min(r.useful_drafts, K)))
         host = self._host(rows)
         best_k, best, free_k, free = 0, -1.0, 0, -1.0
+        per_k: list[tuple[float, int]] = []  # (expected committed, tokens fed) per k
         for k in range(K + 1):
             fed = float(prefill_tokens)
             committed = 0.0
@@ -449,6 +454,7 @@ class DraftLengthPolicy:
                 committed += c
                 fed += t
             tokens = math.ceil(fed - 1e-9)
+            per_k.append((committed, tokens))
             if k == 0:
                 goodput = committed / max(self.plain_cost(rows, tokens), 1e-9)
                 best, free = goodput, goodput
@@ -467,8 +473,22 @@ class DraftLengthPolicy:
             self._host_vetoes += 1
             if self._host_vetoes >= self.host_refresh_every:
                 self._host_vetoes = 0
-                return free_k
+                best_k = free_k
+        if best_k:
+            self.wait_worth_s = self._wait_worth(host, per_k[0], per_k[best_k])
         return best_k
+
+    def _wait_worth(
+        self, host: float, without: tuple[float, int], drafted: tuple[float, int]
+    ) -> float:
+        """How long a step that drafts k may wait for its drafts and still commit tokens
+        faster than the same synchronous step without them: the w at which
+        committed(k) / (host + gpu(tokens(k)) + w) = committed(0) / (host + gpu(tokens(0))).
+        A remote drafter whose reply is on its way waits at most this long
+        (`--drafter-wait-rule gain`, remote_patience.py). Negative when drafting does not
+        pay even at once (then it is not waited for at all)."""
+        (c0, t0), (ck, tk) = without, drafted
+        return ck * (host + self._gpu(t0)) / max(c0, 1e-9) - (host + self._gpu(tk))
 
     def request_cap(self, req: Request, step_k: int) -> int:
         """The drafts `req` may propose this step: the step's k and its own limits, and none

@@ -51,14 +51,21 @@ class DraftIntake:
         return self._submit is not None
 
     def prepare(
-        self, rows: Sequence[Row], ask_drafter: bool, step_no: int, device_busy: bool = False
+        self,
+        rows: Sequence[Row],
+        ask_drafter: bool,
+        step_no: int,
+        device_busy: bool = False,
+        wait_worth_s: float | None = None,
     ) -> bool:
         """Ask the drafter (unpadded), check its drafts into the rows, then (SDPA) pad every
         row to one length for the whole step. Whether the drafter was asked. `device_busy`:
         another step runs on the device meanwhile (the two-batch overlap), so waiting for the
-        drafter costs little, and the drafter is told (`Drafter.device_busy`)."""
+        drafter costs little, and the drafter is told (`Drafter.device_busy`); so is what a
+        wait for drafts is worth this step (`Drafter.wait_worth_s`)."""
         if self.drafter is not None:
             self.drafter.device_busy = device_busy
+            self.drafter.wait_worth_s = wait_worth_s
         requests = [row.request for row in rows]
         for req in requests:
             req.draft_tokens, req.draft_probs = [], None

@@ -86,6 +86,7 @@ def make_drafter(cfg: TargetConfig, loaded: LoadedModel) -> Drafter | None:
             branches=cfg.drafter_branches,
             ask_at=cfg.drafter_ask_at,
             max_inflight=cfg.drafter_max_inflight,
+            wait_rule=cfg.drafter_wait_rule,
         )
     if ":" in spec:
         return load_plugin_drafter(spec, cfg.max_draft_len)

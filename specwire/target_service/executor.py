@@ -353,7 +353,8 @@ class Executor(OverlappedSteps, TwoBatchSteps):
         decode = batch.decode_rows
         self.resources.prepare(batch.requests)
         t0 = time.perf_counter()
-        if self.drafts.prepare(decode, ask_drafter=draft, step_no=self.step_no):
+        worth = self.scheduler.policy.wait_worth_s
+        if self.drafts.prepare(decode, draft, self.step_no, wait_worth_s=worth):
             # the drafter's exposed time: asking, waiting, checking
             self.metrics.batched.add(self.metrics.draft_seconds, time.perf_counter() - t0)
         logits = self.runner.forward(batch.rows, [self.kv.block_table(r) for r in batch.requests])

@@ -30,6 +30,11 @@ class Drafter(ABC):
     # waiting for drafts costs little (the remote drafter then waits for its reply rather than
     # going without) and a question sent now is already off the critical path.
     device_busy: bool = False
+    # Set by the executor before each `prepare_draft_tokens`: how long this step may wait for
+    # its drafts and still beat running without them, by the draft-length policy's cost model
+    # (`DraftLengthPolicy.wait_worth_s`; None when nothing prices it). The remote drafter's
+    # `--drafter-wait-rule gain` waits for a reply on its way at most this long.
+    wait_worth_s: float | None = None
 
     def __init__(self, max_draft_len: int) -> None:
         if max_draft_len < 0:

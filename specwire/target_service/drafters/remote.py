@@ -136,6 +136,7 @@ class RemoteDrafter(PrefetchReplies, FinishedNotices, Drafter):
         branches: int = -1,
         ask_at: str = "auto",
         max_inflight: int = 2,
+        wait_rule: str = "share",
     ) -> None:
         super().__init__(max_draft_len)
         self.config = RemoteDrafterConfig(
@@ -145,6 +146,7 @@ class RemoteDrafter(PrefetchReplies, FinishedNotices, Drafter):
             connect_timeout_s,
             patience_ms=patience_ms,
             ask_at=ask_at,
+            wait_rule=wait_rule,
             max_inflight=max_inflight,
         )
         self.security = security or ClientSecurity()
@@ -175,7 +177,7 @@ class RemoteDrafter(PrefetchReplies, FinishedNotices, Drafter):
             cheap = self.info.name == "ngram" or offers_branches
             lookahead = LOOKAHEAD_STEPS * (max_draft_len + 1) if cheap else 0
         self.lookahead = lookahead
-        self.patience = Patience(self.config, lookahead)
+        self.patience = Patience(self.config, lookahead, lambda: self.wait_worth_s)
         # The most tokens a proposal may hold: what the drafter says it ever returns.
         self._most = self.info.max_draft_len or (max_draft_len + lookahead)
         # Alternatives asked per draft position (-1: auto, by the message's size). None from

@@ -34,6 +34,9 @@ MAX_INFLIGHT = 4  # the most questions `--drafter-max-inflight` may keep on the 
 MODES = ("stream", "relay", "unary")
 # `--drafter-ask-at`: when a question asked as a step commits goes out (remote_patience.py).
 ASK_AT = ("auto", "timed", "commit", "launch")
+# `--drafter-wait-rule`: how long auto patience waits for a reply on its way
+# (remote_patience.py): a share of a drafting step, or what the policy says drafts are worth.
+WAIT_RULES = ("share", "gain")
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,10 @@ class RemoteDrafterConfig:
     # the commit ("commit"), or always at the launch ("launch"). See remote_patience.py,
     # "Sending at launch".
     ask_at: str = "auto"
+    # How long auto patience waits for a reply on its way (one of WAIT_RULES): at most
+    # PATIENCE_SHARE of a drafting step ("share"), or as long as the drafts still pay for the
+    # wait by the draft-length policy's cost model ("gain": `Drafter.wait_worth_s`).
+    wait_rule: str = "share"
     # Questions a stream may have in flight at once (the stream answers in order): with 1 a
     # commit whose previous question is unanswered asks nothing; with 2 (the default) it asks
     # again, so a reply that comes a step late still leaves one on the way. Unary calls keep 1.
@@ -67,6 +74,10 @@ class RemoteDrafterConfig:
         if self.ask_at not in ASK_AT:
             raise UserError(
                 f"drafter ask-at must be one of {', '.join(ASK_AT)}, got {self.ask_at!r}"
+            )
+        if self.wait_rule not in WAIT_RULES:
+            raise UserError(
+                f"drafter wait rule must be one of {', '.join(WAIT_RULES)}, got {self.wait_rule!r}"
             )
         if not 1 <= self.max_inflight <= MAX_INFLIGHT:
             raise UserError(

@@ -1,9 +1,14 @@
 """How long a step waits for the remote drafter's reply to the question asked as the previous
 step committed (`--drafter-patience-ms`; see remote.py's docstring, "Patience").
 
-Fixed: the flag's value. Auto: the reply is waited for only when it is due within
-PATIENCE_SHARE of a drafting step's time, and then at most that long; otherwise not at all,
-and the late reply serves the step after. `None` means "up to the deadline, then give it up",
+Fixed: the flag's value. Auto: the reply is waited for only when it is due within a budget,
+and then at most that long; otherwise not at all, and the late reply serves the step after.
+The budget (`--drafter-wait-rule`): PATIENCE_SHARE of a drafting step's time ("share"), or
+what the step's drafts are worth by the draft-length policy's cost model ("gain",
+`DraftLengthPolicy.wait_worth_s`: the longest wait after which the step, drafts verified,
+still commits tokens faster than without them; at one stream on a small model, where a
+drafting step commits ~2-3 tokens for ~1.1x a plain step's time, that is longer than a round
+trip, where a share of the step is not). `None` means "up to the deadline, then give it up",
 which auto also answers before anything was timed, while another step keeps the device busy
 (the two-batch overlap: waiting is nearly free), and for a drafter asked without a look-ahead
 (its late proposal holds just the drafts asked for: one token later it is too short to use).
@@ -65,9 +70,15 @@ PROBE_MOST = 1024
 class Patience:
     """The timings and the rule; the remote drafter feeds it (executor thread only)."""
 
-    def __init__(self, config: RemoteDrafterConfig, lookahead: int) -> None:
+    def __init__(
+        self,
+        config: RemoteDrafterConfig,
+        lookahead: int,
+        worth: Callable[[], float | None] = lambda: None,
+    ) -> None:
         self.config = config
         self.lookahead = lookahead
+        self.worth = worth  # the step's `Drafter.wait_worth_s` (the "gain" rule's budget)
         self.step_s: float | None = None  # EMA of a drafting step: drafts taken -> submit
         self.rtt_s: float | None = None  # EMA of a round trip: sent -> reply arrived
         self.launch_rtt_s: float | None = None  # the same, of questions sent at a launch
@@ -132,7 +143,7 @@ class Patience:
             self._shut += 1
             return False
         gap = self.gap_s or 0.0
-        unused = PATIENCE_SHARE * step < rtt - gap
+        unused = self._budget(step) < rtt - gap
         if not (unused or (self.config.ask_at == "auto" and covered())):
             return False
         if not fits:
@@ -169,9 +180,19 @@ class Patience:
             rtt = self.launch_rtt_s if at_launch and self.launch_rtt_s is not None else self.rtt_s
             if self.step_s is None or rtt is None or device_busy or self.lookahead == 0:
                 return None
-            budget = PATIENCE_SHARE * self.step_s
+            budget = self._budget(self.step_s)
             patience = budget if sent_at + rtt - now <= budget else 0.0
         return None if patience >= self.config.deadline_ms / 1000 else patience
+
+    def _budget(self, step_s: float) -> float:
+        """How long a step may wait for a reply on its way (see the module docstring): the
+        step's worth of its drafts under the "gain" rule, once the policy prices it (capped
+        by the deadline), else a share of a drafting step."""
+        if self.config.wait_rule == "gain":
+            worth = self.worth()
+            if worth is not None:
+                return min(max(worth, 0.0), self.config.deadline_ms / 1000)
+        return PATIENCE_SHARE * step_s
 
 
 def _ema(old: float | None, sample: float) -> float:
