@@ -27,8 +27,11 @@ def children() -> set[int]:
     """This process's child processes (Linux: /proc/self/task/*/children)."""
     pids: set[int] = set()
     for path in glob.glob("/proc/self/task/*/children"):
-        with open(path, encoding="ascii") as f:
-            pids.update(int(p) for p in f.read().split())
+        try:
+            with open(path, encoding="ascii") as f:
+                pids.update(int(p) for p in f.read().split())
+        except FileNotFoundError:  # that thread ended since the listing (its children: none)
+            continue
     return pids
 
 
