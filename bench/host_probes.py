@@ -15,8 +15,8 @@ class DraftLengths:
         self.counts: Counter[int] = Counter()
         prepare = intake.prepare
 
-        def counted(rows, ask_drafter, step_no, device_busy=False):
-            asked = prepare(rows, ask_drafter, step_no, device_busy)
+        def counted(rows, ask_drafter, step_no, **kwargs):
+            asked = prepare(rows, ask_drafter, step_no, **kwargs)
             if asked:
                 self.counts.update(len(r.drafts) for r in rows if r.request.draft_budget > 0)
             return asked
