@@ -31,6 +31,7 @@ from procs import free_port, output_tail, start_service, stop_service  # noqa: E
 
 from specwire.drafter_service.config import DrafterServiceConfig  # noqa: E402
 from specwire.target_service.drafters.remote import LOOKAHEAD_STEPS  # noqa: E402
+from specwire.target_service.drafters.remote_relay import SPIN_ENV  # noqa: E402
 
 # Configuration name -> the target's --drafter value ("remote" = a drafter service started here).
 # configuration -> drafter; a "-sync" configuration runs the same with --no-overlap (every
@@ -49,7 +50,8 @@ from specwire.target_service.drafters.remote import LOOKAHEAD_STEPS  # noqa: E40
 # for one question at a time on the stream (--drafter-max-inflight 1; round 27 made 2 the
 # default; "-inflight2" names it explicitly), "-relay" for the stream held by a relay process
 # (--drafter-mode relay), "-gain" for auto patience that waits as long as the drafts pay for
-# the wait (--drafter-wait-rule gain), to measure them side by side.
+# the wait (--drafter-wait-rule gain), "-nospin" for a relay whose two ends sleep on the pipe
+# instead of polling it ($SPECWIRE_RELAY_SPIN_MS=0), to measure them side by side.
 CONFIGS = {
     "none": "none",
     "none-sync": "none",
@@ -73,6 +75,7 @@ CONFIGS = {
     "remote-ngram-relay-nobranch": "remote",
     "remote-ngram-gain": "remote",
     "remote-ngram-relay-gain": "remote",
+    "remote-ngram-relay-gain-nospin": "remote",
     "none-proc": "none",
     "ngram-proc": "ngram",
     "remote-ngram-proc": "remote",
@@ -103,6 +106,7 @@ REMOTE_DRAFTERS = {  # service --drafter
     "remote-ngram-relay-nobranch": "ngram",
     "remote-ngram-gain": "ngram",
     "remote-ngram-relay-gain": "ngram",
+    "remote-ngram-relay-gain-nospin": "ngram",
     "remote-ngram-proc": "ngram",
     "remote-ngram-inproc": "ngram",
     "remote-ngram-exact": "ngram",
@@ -232,7 +236,7 @@ def running_config(config: str, args: argparse.Namespace) -> Iterator[Server]:
             cmd += ["--drafter-mode", "unary"]
         if "-relay" in config:
             cmd += ["--drafter-mode", "relay"]
-        if config.endswith("-gain"):
+        if "-gain" in config:
             cmd += ["--drafter-wait-rule", "gain"]
         if config.endswith("-p0"):
             cmd += ["--drafter-patience-ms", "0"]
@@ -262,7 +266,10 @@ def running_config(config: str, args: argparse.Namespace) -> Iterator[Server]:
             cmd += ["--exact", "on"]  # batch-invariant kernels (GPU): what they cost served
         if config.endswith("-noexact"):
             cmd += ["--exact", "off"]  # (the default, auto, is on for SmolLM2 in bf16)
-        proc, m = start_service(cmd, _env(), TARGET_READY, timeout=args.ready_timeout, cwd=ROOT)
+        env = _env()
+        if "-nospin" in config:  # the relay and the executor sleep on the pipe, never poll it
+            env[SPIN_ENV] = "0"
+        proc, m = start_service(cmd, env, TARGET_READY, timeout=args.ready_timeout, cwd=ROOT)
         procs.append(proc)
         commands.append(cmd)
         address = f"127.0.0.1:{m.group(2)}"

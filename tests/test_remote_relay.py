@@ -8,6 +8,8 @@ from __future__ import annotations
 import glob
 import os
 import signal
+import struct
+import threading
 import time
 from concurrent import futures
 
@@ -20,7 +22,7 @@ from specwire.common.drafting import PROTOCOL_VERSION
 from specwire.common.errors import UserError
 from specwire.common.protogen import drafter_pb2
 from specwire.common.security import ClientSecurity
-from specwire.target_service.drafters.remote_relay import RelayStreamCall
+from specwire.target_service.drafters.remote_relay import SPIN_ENV, RelayStreamCall, QuestionFrames
 
 
 def children() -> set[int]:
@@ -129,3 +131,43 @@ def test_a_reply_that_does_not_parse_drops_the_connection_not_the_step(mode):
     finally:
         h.drafter.close()
         server.stop(None)
+
+
+@pytest.mark.parametrize("spin", ["20", "0"])
+def test_the_relay_drafts_whether_its_ends_poll_the_pipe_or_sleep_on_it(servers, monkeypatch, spin):
+    """$SPECWIRE_RELAY_SPIN_MS: by default the relay polls its stdin after a question and a
+    waiting step polls the relay's stdout (no wake-up on the write); 0 makes both sleep in
+    select(2). Either way the steps draft, across a pause longer than the poll window."""
+    monkeypatch.setenv(SPIN_ENV, spin)
+    server = servers()
+    h = servers.harness(f"grpc://{server.address}", mode="relay", deadline_ms=5000)
+    a = make_request("a", REPETITIVE)
+    assert h.step([a]) == [[3, 4, 1, 2]]
+    time.sleep(0.05)  # past the relay's 20 ms of polling: it sleeps until the next question
+    a.output_ids += [3, 4, 1, 2, 3]
+    assert h.step([a]) == [[4, 1, 2, 3]]
+    assert h.counters()["failed"] == 0
+
+
+def test_the_relays_reader_takes_frames_split_across_writes_and_ends_with_the_pipe():
+    """`QuestionFrames`: a frame arrives in pieces, one after the poll window has passed (so it
+    is waited for asleep), and the end of the pipe ends the frames."""
+    rfd, wfd = os.pipe()
+    questions = QuestionFrames(rfd, spin_s=0.005)
+    frame = struct.pack("<I", 5) + b"hello"
+
+    def write_later() -> None:
+        os.write(wfd, frame[:3])
+        time.sleep(0.02)
+        os.write(wfd, frame[3:] + frame)
+        os.close(wfd)
+
+    writer = threading.Thread(target=write_later)
+    writer.start()
+    try:
+        assert questions.frame() == b"hello"
+        assert questions.frame() == b"hello"
+        assert questions.frame() is None
+    finally:
+        writer.join()
+        os.close(rfd)

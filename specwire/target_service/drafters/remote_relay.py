@@ -61,6 +61,21 @@ _READ_BYTES = 1 << 16
 _GRACE_S = 1.0  # a closed relay's time to end its stream and exit before it is killed
 _SELECT_FDS = 1024  # FD_SETSIZE: select(2) takes no higher descriptor (then poll(2))
 _SECURITY_BYTES = ("ca", "cert", "key")  # ClientSecurity's PEM fields (base64 in the setup)
+# How long the relay keeps polling its stdin after a question before it sleeps (`QuestionFrames`;
+# 0: it always sleeps in select(2), as before round 32). Overridden by $SPECWIRE_RELAY_SPIN_MS.
+SPIN_MS = 20.0
+SPIN_ENV = "SPECWIRE_RELAY_SPIN_MS"
+# The executor's side: a step waiting for a reply polls the relay's stdout this long before
+# it sleeps (`RelayStreamCall.wait`): a patience is ~0.2-1 ms.
+SPIN_WAIT_S = 0.002
+
+
+def spin_ms() -> float:
+    """How long the relay polls for questions before it sleeps (SPIN_MS, or $SPIN_ENV)."""
+    try:
+        return max(0.0, float(os.environ.get(SPIN_ENV) or SPIN_MS))
+    except ValueError:
+        return SPIN_MS
 
 
 def _method() -> str:
@@ -101,6 +116,8 @@ class RelayStreamCall:
         self._poll = select.poll()
         self._poll.register(self._rfd, select.POLLIN)
         self.ended = False  # the relay is gone (its stdout ended) or the pipe broke
+        # $SPECWIRE_RELAY_SPIN_MS=0 turns polling off on both sides (an A/B switch).
+        self._spin_wait_s = SPIN_WAIT_S if spin_ms() > 0 else 0.0
         setup = {
             "target": target,
             "timeout_s": timeout_s,
@@ -170,14 +187,24 @@ class RelayStreamCall:
         return out
 
     def wait(self, timeout_s: float) -> None:
-        """Block (the GIL released) until the relay writes something or ends, at most
-        `timeout_s`. select(2), whose timeout has microseconds: a step's patience is a few
-        tenths of a millisecond, and poll(2) would round it up to a whole one."""
+        """Wait until the relay writes something or ends, at most `timeout_s`: for the first
+        SPIN_WAIT_S (unless polling is off) by polling the pipe (each poll a syscall that
+        lets go of the GIL), so that the relay's write finds nobody asleep to wake (see
+        `QuestionFrames`) and the step sees the reply at once; then asleep in select(2), whose
+        timeout has microseconds (poll(2) would round a step's patience of a few tenths of a
+        millisecond up to a whole one; it serves only descriptors past select's limit)."""
         if self.ended:
             return
+        now = time.monotonic()
+        end = now + max(0.0, timeout_s)
+        spin_end = min(end, now + self._spin_wait_s)
         try:
             if self._rfd < _SELECT_FDS:
-                select.select([self._rfd], [], [], max(0.0, timeout_s))
+                while not select.select([self._rfd], [], [], 0)[0]:
+                    now = time.monotonic()
+                    if now >= spin_end:
+                        select.select([self._rfd], [], [], max(0.0, end - now))
+                        return
             else:
                 self._poll.poll(max(0, int(timeout_s * 1000 + 0.999)))
         except (OSError, ValueError):  # closed meanwhile
@@ -206,22 +233,53 @@ class RelayStreamCall:
 # -- the relay process --------------------------------------------------------------------
 
 
-def _read_exactly(fd: int, n: int) -> bytes | None:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = os.read(fd, n - len(buf))
-        if not chunk:
-            return None
-        buf += chunk
-    return bytes(buf)
+class QuestionFrames:
+    """The frames on the relay's stdin. While questions come (one within `spin_s` of the
+    last), it polls the pipe without sleeping, so that the target's write finds nobody to
+    wake: waking a reader asleep in read(2) took ~15 us of the writer's time on an idle dev
+    VM and ~70-100 us on a busy one or the GPU host (a cross-CPU wake-up), on the step's
+    critical path; into a pipe nobody sleeps on, a write takes ~1 us. Each poll is a
+    syscall that lets go of the GIL, so the relay's reply thread is never kept waiting.
+    After `spin_s` without a question it sleeps in select(2) until one comes."""
+
+    def __init__(self, fd: int, spin_s: float) -> None:
+        self.fd, self.spin_s = fd, spin_s
+        os.set_blocking(fd, False)
+        self._buf = bytearray()
+        self._last = -spin_s  # nothing yet: sleep until the first frame
+
+    def _more(self) -> bool:
+        """Read what the pipe holds (at least a byte); False once it has ended."""
+        while True:
+            try:
+                chunk = os.read(self.fd, _READ_BYTES)
+            except BlockingIOError:
+                if time.monotonic() - self._last >= self.spin_s:
+                    select.select([self.fd], [], [])
+                continue
+            if not chunk:
+                return False
+            self._buf += chunk
+            return True
+
+    def frame(self) -> bytes | None:
+        """The next frame's payload; None once the pipe has ended."""
+        while len(self._buf) < _HEADER.size:
+            if not self._more():
+                return None
+        end = _HEADER.size + _HEADER.unpack_from(self._buf)[0]
+        while len(self._buf) < end:
+            if not self._more():
+                return None
+        payload = bytes(self._buf[_HEADER.size : end])
+        del self._buf[:end]
+        self._last = time.monotonic()
+        return payload
 
 
-def _frames(fd: int, traced: bool) -> Iterator[bytes]:
-    """The questions on `fd`, until it ends (then gRPC half-closes the stream)."""
-    while (head := _read_exactly(fd, _HEADER.size)) is not None:
-        payload = _read_exactly(fd, _HEADER.unpack(head)[0])
-        if payload is None:
-            return
+def _frames(questions: QuestionFrames, traced: bool) -> Iterator[bytes]:
+    """The questions, until the pipe ends (then gRPC half-closes the stream)."""
+    while (payload := questions.frame()) is not None:
         if traced:
             TRACE.mark("taken", drafter_pb2.DraftStreamRequest.FromString(payload).step)
         yield payload
@@ -241,10 +299,11 @@ def _relay() -> int:
     from specwire.target_service.drafters.remote_channel import CHANNEL_OPTIONS
 
     rfd, wfd = sys.stdin.fileno(), sys.stdout.fileno()
-    head = _read_exactly(rfd, _HEADER.size)
-    if head is None:
+    questions = QuestionFrames(rfd, spin_ms() / 1000)
+    raw = questions.frame()
+    if raw is None:
         return 0  # closed before the setup: nothing to relay
-    setup = json.loads(_read_exactly(rfd, _HEADER.unpack(head)[0]) or b"{}")
+    setup = json.loads(raw or b"{}")
     pem = {k: None if setup[k] is None else base64.b64decode(setup[k]) for k in _SECURITY_BYTES}
     security = ClientSecurity(token=setup["token"], server_name=setup["server_name"], **pem)
     channel = make_channel(setup["target"], security, CHANNEL_OPTIONS)
@@ -255,7 +314,7 @@ def _relay() -> int:
         return 1
     _write_all(wfd, _REPLY.pack(0, time.monotonic()))  # ready
     traced = TRACE.dir is not None  # the hop trace's "taken" and "recv" are marked here
-    call = channel.stream_stream(_method())(_frames(rfd, traced))  # bytes in, bytes out
+    call = channel.stream_stream(_method())(_frames(questions, traced))  # bytes in, bytes out
     try:
         for reply in call:
             if traced:
