@@ -22,7 +22,7 @@ from specwire.common.drafting import PROTOCOL_VERSION
 from specwire.common.errors import UserError
 from specwire.common.protogen import drafter_pb2
 from specwire.common.security import ClientSecurity
-from specwire.target_service.drafters.remote_relay import SPIN_ENV, RelayStreamCall, QuestionFrames
+from specwire.target_service.drafters.remote_relay import SPIN_ENV, QuestionFrames, RelayStreamCall
 
 
 def children() -> set[int]:
