@@ -50,8 +50,8 @@ from specwire.target_service.drafters.remote_relay import SPIN_ENV  # noqa: E402
 # for one question at a time on the stream (--drafter-max-inflight 1; round 27 made 2 the
 # default; "-inflight2" names it explicitly), "-relay" for the stream held by a relay process
 # (--drafter-mode relay), "-gain" for auto patience that waits as long as the drafts pay for
-# the wait (--drafter-wait-rule gain), "-nospin" for a relay whose two ends sleep on the pipe
-# instead of polling it ($SPECWIRE_RELAY_SPIN_MS=0), to measure them side by side.
+# the wait (--drafter-wait-rule gain), "-spin" for a relay whose two ends poll the pipe
+# instead of sleeping on it ($SPECWIRE_RELAY_SPIN_MS=20), to measure them side by side.
 CONFIGS = {
     "none": "none",
     "none-sync": "none",
@@ -75,7 +75,7 @@ CONFIGS = {
     "remote-ngram-relay-nobranch": "remote",
     "remote-ngram-gain": "remote",
     "remote-ngram-relay-gain": "remote",
-    "remote-ngram-relay-gain-nospin": "remote",
+    "remote-ngram-relay-gain-spin": "remote",
     "none-proc": "none",
     "ngram-proc": "ngram",
     "remote-ngram-proc": "remote",
@@ -106,7 +106,7 @@ REMOTE_DRAFTERS = {  # service --drafter
     "remote-ngram-relay-nobranch": "ngram",
     "remote-ngram-gain": "ngram",
     "remote-ngram-relay-gain": "ngram",
-    "remote-ngram-relay-gain-nospin": "ngram",
+    "remote-ngram-relay-gain-spin": "ngram",
     "remote-ngram-proc": "ngram",
     "remote-ngram-inproc": "ngram",
     "remote-ngram-exact": "ngram",
@@ -267,8 +267,8 @@ def running_config(config: str, args: argparse.Namespace) -> Iterator[Server]:
         if config.endswith("-noexact"):
             cmd += ["--exact", "off"]  # (the default, auto, is on for SmolLM2 in bf16)
         env = _env()
-        if "-nospin" in config:  # the relay and the executor sleep on the pipe, never poll it
-            env[SPIN_ENV] = "0"
+        if "-spin" in config:  # the relay and a waiting step poll the pipe instead of sleeping
+            env[SPIN_ENV] = "20"
         proc, m = start_service(cmd, env, TARGET_READY, timeout=args.ready_timeout, cwd=ROOT)
         procs.append(proc)
         commands.append(cmd)

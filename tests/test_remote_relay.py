@@ -135,9 +135,10 @@ def test_a_reply_that_does_not_parse_drops_the_connection_not_the_step(mode):
 
 @pytest.mark.parametrize("spin", ["20", "0"])
 def test_the_relay_drafts_whether_its_ends_poll_the_pipe_or_sleep_on_it(servers, monkeypatch, spin):
-    """$SPECWIRE_RELAY_SPIN_MS: by default the relay polls its stdin after a question and a
-    waiting step polls the relay's stdout (no wake-up on the write); 0 makes both sleep in
-    select(2). Either way the steps draft, across a pause longer than the poll window."""
+    """$SPECWIRE_RELAY_SPIN_MS: 20 makes the relay poll its stdin for 20 ms after a question
+    and a waiting step poll the relay's stdout (no wake-up on the write); 0 (the default)
+    makes both sleep in select(2). Either way the steps draft, across a pause longer than the
+    poll window."""
     monkeypatch.setenv(SPIN_ENV, spin)
     server = servers()
     h = servers.harness(f"grpc://{server.address}", mode="relay", deadline_ms=5000)

@@ -61,9 +61,12 @@ _READ_BYTES = 1 << 16
 _GRACE_S = 1.0  # a closed relay's time to end its stream and exit before it is killed
 _SELECT_FDS = 1024  # FD_SETSIZE: select(2) takes no higher descriptor (then poll(2))
 _SECURITY_BYTES = ("ca", "cert", "key")  # ClientSecurity's PEM fields (base64 in the setup)
-# How long the relay keeps polling its stdin after a question before it sleeps (`QuestionFrames`;
-# 0: it always sleeps in select(2), as before round 32). Overridden by $SPECWIRE_RELAY_SPIN_MS.
-SPIN_MS = 20.0
+# How long the relay keeps polling its stdin after a question before it sleeps
+# (`QuestionFrames`), from $SPECWIRE_RELAY_SPIN_MS; 0 (the default): both ends always sleep in
+# select(2). Polling is off by default until the GPU has judged it: on the dev VM's two vCPUs
+# the polling ends take the cores the drafter needs (5 % slower in the CPU proxy), and the GPU
+# run that was to compare them was lost (bench/RESULTS.md, round 32). 20 is the value tried.
+SPIN_MS = 0.0
 SPIN_ENV = "SPECWIRE_RELAY_SPIN_MS"
 # The executor's side: a step waiting for a reply polls the relay's stdout this long before
 # it sleeps (`RelayStreamCall.wait`): a patience is ~0.2-1 ms.
@@ -235,12 +238,14 @@ class RelayStreamCall:
 
 class QuestionFrames:
     """The frames on the relay's stdin. While questions come (one within `spin_s` of the
-    last), it polls the pipe without sleeping, so that the target's write finds nobody to
-    wake: waking a reader asleep in read(2) took ~15 us of the writer's time on an idle dev
-    VM and ~70-100 us on a busy one or the GPU host (a cross-CPU wake-up), on the step's
-    critical path; into a pipe nobody sleeps on, a write takes ~1 us. Each poll is a
-    syscall that lets go of the GIL, so the relay's reply thread is never kept waiting.
-    After `spin_s` without a question it sleeps in select(2) until one comes."""
+    last; `SPIN_MS`), it polls the pipe without sleeping, so that the target's write finds
+    nobody to wake: a write that wakes a reader asleep in read(2) took ~15 us of the writer's
+    time on the idle dev VM and ~70 us in the CPU proxy, on the step's critical path, and on
+    the H100 host a synchronous step's submit took ~100 us through the relay (round 32's
+    step probe; the write's share not measured apart); into a pipe nobody sleeps on, a write
+    takes ~1 us. Each poll is a syscall that lets go of the GIL, so the relay's reply thread
+    is not kept waiting. After `spin_s` without a question (at once with 0) it sleeps in
+    select(2) until one comes."""
 
     def __init__(self, fd: int, spin_s: float) -> None:
         self.fd, self.spin_s = fd, spin_s
