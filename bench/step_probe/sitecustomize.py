@@ -8,7 +8,8 @@ prepare/update, the draft intake's prepare/submit/launched, the runner's forward
 the verifier, the emit and the output hand-off, and the policy's per-step choice of k; and
 records, separately for synchronous (drafting) and overlapped (plain) steps, each phase's
 total time and count, plus the policy's host estimate and the request's acceptance
-estimates (p: has a draft, a: per-draft acceptance) at every drafting decision. Every
+estimates (p: has a draft, a: per-draft acceptance) at every one-stream decision for a
+request that may draft. Every
 REPORT_EVERY steps it rewrites `DIR/<pid>.json`; `bench/step_probe.py DIR` prints the table.
 The wrappers cost ~1 us a call (a perf_counter pair), on every side alike.
 """
@@ -82,7 +83,9 @@ def _install(out_dir: str) -> None:
 
         def step_draft_len(decode, prefill_tokens=0):
             k = choose(decode, prefill_tokens)
-            if decode and policy.mode == "spec" and len(decode) == 1:
+            # One stream, speculating, a request that may draft (an off arm's requests never
+            # do, and keep the population's estimate: they would blur the means).
+            if decode and policy.mode == "spec" and len(decode) == 1 and decode[0].useful_drafts:
                 est = policy._est.get(decode[0].request_id)
                 if est is not None:
                     policy_rows.append((policy._host(1), est.has_draft, est.accept, k))
