@@ -548,3 +548,23 @@ def test_a_drafting_step_says_how_long_a_wait_for_its_drafts_is_worth():
     assert p.step_draft_len([poor]) == 0 and p.wait_worth_s is None
     static = DraftLengthPolicy(4, adaptive=False)
     assert static.step_draft_len([_req("a")]) == 4 and static.wait_worth_s is None
+
+
+def test_the_price_of_a_wait_leaves_out_the_waits_it_allowed():
+    """Steps that waited for their drafter are dearer to draft (the host time prices k), but
+    the price of a wait is set against the host time without the drafter's part: else each
+    wait it allowed would raise the next price and lengthen the waits."""
+    prices = []
+    for waited in (0.0, 0.4e-3):
+        p = _policy({1: 0.7e-3, 8: 0.75e-3, 64: 1.0e-3})
+        for _ in range(8):
+            p.observe_sync(
+                rows=1, tokens=5, seconds=1.05e-3 + waited, device_wait=0.75e-3, draft_wait=waited
+            )
+        good = _req("good")
+        _teach(p, good, drafted=4, accepted=3, times=20)
+        assert p.step_draft_len([good]) == 4
+        prices.append((p.wait_worth_s, p.sync_cost(1, 5)))
+    (bare, cost), (after_waits, dearer) = prices
+    assert after_waits == pytest.approx(bare)
+    assert dearer == pytest.approx(cost + 0.4e-3)

@@ -161,6 +161,10 @@ class DraftLengthPolicy:
     buckets: list[int] = field(default_factory=list)
     gpu: list[float] = field(default_factory=list)  # synchronous steps: device wait
     host: dict[int, float] = field(default_factory=dict)  # row bucket -> host seconds
+    # The same without the step's wait for its drafter (what `wait_worth_s` prices a wait
+    # against: pricing it with host times that hold the waits it allowed would lengthen them)
+    host_bare: dict[int, float] = field(default_factory=dict)
+    _bare_recent: dict[int, deque] = field(default_factory=dict)
     # row bucket -> seconds an overlapped plain step took beyond its device time
     exposed: dict[int, float] = field(default_factory=dict)
     _est: dict[str, _Estimate] = field(default_factory=dict)
@@ -206,16 +210,18 @@ class DraftLengthPolicy:
             return self.gpu[-1] * tokens / self.buckets[-1]
         return self.gpu[i]
 
-    def _host(self, rows: int) -> float:
-        """Host seconds of a synchronous step of `rows` rows: its bucket's, else the nearest
-        measured bucket's scaled by rows, else 0 (unmeasured: optimistic, so it gets tried)."""
+    def _host(self, rows: int, table: dict[int, float] | None = None) -> float:
+        """Host seconds of a synchronous step of `rows` rows (`table`: `host`, or
+        `host_bare`): its bucket's, else the nearest measured bucket's scaled by rows, else 0
+        (unmeasured: optimistic, so it gets tried)."""
+        table = self.host if table is None else table
         b = _row_bucket(rows)
-        if b in self.host:
-            return self.host[b]
-        if not self.host:
+        if b in table:
+            return table[b]
+        if not table:
             return 0.0
-        near = min(self.host, key=lambda x: abs(x.bit_length() - b.bit_length()))
-        return self.host[near] * b / near
+        near = min(table, key=lambda x: abs(x.bit_length() - b.bit_length()))
+        return table[near] * b / near
 
     def sync_cost(self, rows: int, tokens: int) -> float:
         return self._host(rows) + self._gpu(tokens)
@@ -235,14 +241,22 @@ class DraftLengthPolicy:
         self.exposed[b] = _ema(self.exposed.get(b), over, self.ema)
 
     def observe_sync(
-        self, rows: int, tokens: int, seconds: float, device_wait: float, may_draft: bool = True
+        self,
+        rows: int,
+        tokens: int,
+        seconds: float,
+        device_wait: float,
+        may_draft: bool = True,
+        draft_wait: float = 0.0,
     ) -> None:
         """A synchronous step of `rows` rows and `tokens` tokens took `seconds`, of which it
-        waited `device_wait` for the device. Only a decode step (at most 1 + K tokens a row)
-        teaches the host time of its row bucket: a step that prefills prompts spends far more
-        host time per row, and the host time prices decode steps. `may_draft`: whether any of
-        its requests may speculate at all; a step where none may (each turned speculation off)
-        has no drafting work on the host, so it teaches the device time only."""
+        waited `device_wait` for the device and spent `draft_wait` getting its drafts
+        (asking, waiting, checking: `host_bare` leaves it out). Only a decode step (at most
+        1 + K tokens a row) teaches the host time of its row bucket: a step that prefills
+        prompts spends far more host time per row, and the host time prices decode steps.
+        `may_draft`: whether any of its requests may speculate at all; a step where none may
+        (each turned speculation off) has no drafting work on the host, so it teaches the
+        device time only."""
         if not self.buckets or rows <= 0 or not self.measure_costs:
             return
         b = _row_bucket(rows)
@@ -255,6 +269,9 @@ class DraftLengthPolicy:
             recent = self._host_recent.setdefault(b, deque(maxlen=self.host_window))
             recent.append(max(0.0, seconds - device_wait))
             self.host[b] = min(recent)
+            bare = self._bare_recent.setdefault(b, deque(maxlen=self.host_window))
+            bare.append(max(0.0, seconds - device_wait - draft_wait))
+            self.host_bare[b] = min(bare)
         i = self._bucket_index(tokens)
         if i is not None:
             self.gpu[i] = _ema(self.gpu[i], device_wait, self.ema)
@@ -475,7 +492,8 @@ class DraftLengthPolicy:
                 self._host_vetoes = 0
                 best_k = free_k
         if best_k:
-            self.wait_worth_s = self._wait_worth(host, per_k[0], per_k[best_k])
+            bare = self._host(rows, self.host_bare)
+            self.wait_worth_s = self._wait_worth(bare, per_k[0], per_k[best_k])
         return best_k
 
     def _wait_worth(
@@ -483,7 +501,8 @@ class DraftLengthPolicy:
     ) -> float:
         """How long a step that drafts k may wait for its drafts and still commit tokens
         faster than the same synchronous step without them: the w at which
-        committed(k) / (host + gpu(tokens(k)) + w) = committed(0) / (host + gpu(tokens(0))).
+        committed(k) / (host + gpu(tokens(k)) + w) = committed(0) / (host + gpu(tokens(0))),
+        with the host time of a step less its drafter's part (`host_bare`).
         A remote drafter whose reply is on its way waits at most this long
         (`--drafter-wait-rule gain`, remote_patience.py). Negative when drafting does not
         pay even at once (then it is not waited for at all)."""

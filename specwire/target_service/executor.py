@@ -118,6 +118,7 @@ class Executor(OverlappedSteps, TwoBatchSteps):
         self._thread: threading.Thread | None = None
         self.death: BaseException | None = None  # why the executor thread stopped, if it did
         self._gpu_wait = 0.0  # seconds this step waited for the device
+        self._draft_wait = 0.0  # seconds this step spent getting its drafts
         # Detokenising and streaming run on their own thread, off the step's critical path.
         self.output = OutputWorker(on_stopped=self._stopped)
         self.on_death = None  # called (from the executor thread) with that exception
@@ -278,7 +279,7 @@ class Executor(OverlappedSteps, TwoBatchSteps):
     ) -> ScheduledBatch | None:
         """The next batch, or None when nothing can run (the step in flight is read: its
         finishing requests may hold the KV blocks needed)."""
-        self._gpu_wait = 0.0
+        self._gpu_wait = self._draft_wait = 0.0
         batch = self.scheduler.schedule(step_k=step_k, exclude=exclude, max_rows=max_rows)
         if batch.preempted:
             self.metrics.preemptions.inc(len(batch.preempted))
@@ -304,7 +305,7 @@ class Executor(OverlappedSteps, TwoBatchSteps):
         tokens = sum(r.num_committed + len(r.drafts) for r in batch.rows)
         policy = self.scheduler.policy
         rows, may_draft = len(batch.rows), batch.may_draft
-        policy.observe_sync(rows, tokens, elapsed, self._gpu_wait, may_draft)
+        policy.observe_sync(rows, tokens, elapsed, self._gpu_wait, may_draft, self._draft_wait)
         policy.observe_rate(self._generated - generated, now - t_start, rows, may_draft)
         self._count_step(elapsed)
         self.metrics.batched.add(self.metrics.sync_step_seconds, now - t_start)
@@ -356,7 +357,9 @@ class Executor(OverlappedSteps, TwoBatchSteps):
         worth = self.scheduler.policy.wait_worth_s
         if self.drafts.prepare(decode, draft, self.step_no, wait_worth_s=worth):
             # the drafter's exposed time: asking, waiting, checking
-            self.metrics.batched.add(self.metrics.draft_seconds, time.perf_counter() - t0)
+            took = time.perf_counter() - t0
+            self._draft_wait += took
+            self.metrics.batched.add(self.metrics.draft_seconds, took)
         logits = self.runner.forward(batch.rows, [self.kv.block_table(r) for r in batch.requests])
         self.drafts.launched(self.step_no)  # a question held back goes out while it runs
         if logits.graph is None:
