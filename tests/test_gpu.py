@@ -210,6 +210,53 @@ def test_remote_drafter_with_branches_lossless_fp32_with_cuda_graphs(loaded, mod
         server.stop(None)
 
 
+def test_remote_drafter_gain_wait_rule_lossless_fp32_with_the_adaptive_policy(loaded):
+    """--drafter-wait-rule gain under the GPU's adaptive policy: the policy prices each
+    drafting step's wait from its measured costs, the relay-held drafter waits by it; output
+    equal to plain decoding on 50 prompts (fp32, graphs)."""
+    from specwire.drafter_service.config import DrafterServiceConfig
+    from specwire.drafter_service.server import serve
+
+    server = serve(DrafterServiceConfig(host="127.0.0.1", port=0, max_draft_len=32))
+    try:
+        prompts = lossless_prompts(50)
+        base = _run(build_engine(_cfg(drafter="none"), loaded=loaded), prompts)
+        eng = build_engine(
+            _cfg(
+                drafter=f"grpc://{server.address}",
+                drafter_mode="relay",
+                drafter_wait_rule="gain",
+            ),
+            loaded=loaded,
+        )
+        patience, prices = eng.drafter.patience, []
+        price = patience.worth
+
+        def worth():
+            prices.append(price())
+            return prices[-1]
+
+        patience.worth = worth
+        try:
+            spec = _run(eng, prompts)
+            c = eng.drafter.counters()
+        finally:
+            eng.shutdown()
+        diff = _differing(base, spec)
+        priced = sorted(w for w in prices if w is not None)
+        median = f"{1e3 * priced[len(priced) // 2]:.3f} ms" if priced else "n/a"
+        print(
+            f"remote (relay, gain) fp32+graphs+adaptive: {50 - len(diff)}/50 identical; "
+            f"accepted {eng.executor.stats.accepted_tokens}/{eng.executor.stats.draft_tokens}; "
+            f"priced {len(priced)} of {len(prices)} budgets, median {median}; "
+            f"deferred {c['deferred']}"
+        )
+        assert not diff, f"prompts {diff} differ with the gain wait rule"
+        assert c["failed"] == c["stale"] == c["unknown_request"] == 0
+    finally:
+        server.stop(None)
+
+
 def _bf16_loaded():
     from specwire.common.model.loader import load_model
 
