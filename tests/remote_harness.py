@@ -23,6 +23,20 @@ def reply_kept(drafter: RemoteDrafter) -> bool:
     return drafter.unanswered() == 0
 
 
+def record_prices(drafter: RemoteDrafter) -> list[float | None]:
+    """Every budget price (`Drafter.wait_worth_s`) the drafter's patience reads, in order:
+    what the executor handed it, seen through the `Patience.worth` seam."""
+    prices: list[float | None] = []
+    price = drafter.patience.worth
+
+    def worth() -> float | None:
+        prices.append(price())
+        return prices[-1]
+
+    drafter.patience.worth = worth
+    return prices
+
+
 def make_request(rid: str, prompt: list[int], k: int = 4) -> Request:
     req = Request(rid, list(prompt), max_new_tokens=64, max_draft_len=k)
     req.state, req.step_draft_cap = RequestState.DECODE, k  # as the scheduler leaves it

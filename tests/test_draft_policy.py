@@ -532,7 +532,7 @@ def test_a_drafting_step_says_how_long_a_wait_for_its_drafts_is_worth():
     k = p.step_draft_len([good])
     assert k == 4
     worth = p.wait_worth_s
-    committed, fed = p._est["good"].per_k(4)[k]
+    committed, fed = p.expected_tokens(good, k)
     with_drafts = committed / (p.sync_cost(1, math.ceil(fed)) + worth)
     without = 1.0 / p.sync_cost(1, 1)
     assert with_drafts == pytest.approx(without)

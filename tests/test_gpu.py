@@ -9,6 +9,7 @@ import pytest
 import torch
 from engine_driver import run_to_completion
 from lossless_prompts import lossless_prompts
+from remote_harness import record_prices
 
 from specwire.target_service.config import TargetConfig
 from specwire.target_service.engine import build_engine
@@ -229,14 +230,7 @@ def test_remote_drafter_gain_wait_rule_lossless_fp32_with_the_adaptive_policy(lo
             ),
             loaded=loaded,
         )
-        patience, prices = eng.drafter.patience, []
-        price = patience.worth
-
-        def worth():
-            prices.append(price())
-            return prices[-1]
-
-        patience.worth = worth
+        prices = record_prices(eng.drafter)
         try:
             spec = _run(eng, prompts)
             c = eng.drafter.counters()

@@ -18,6 +18,7 @@ import pytest
 import torch
 from lossless_prompts import lossless_prompts
 from procs import free_port, running_service, wait_until
+from remote_harness import record_prices
 
 from specwire.common.client import GenerationClient
 from specwire.common.drafting import PROTOCOL_VERSION
@@ -226,6 +227,16 @@ def test_remote_drafter_with_the_two_batch_overlap_is_lossless(
     eng.shutdown()
 
 
+def _nothing_lost(eng, server) -> None:
+    """No reply failed, went stale, named an unknown request or forced a resync; the
+    drafter freed every session and its pool is intact; then the engine shuts down."""
+    c = eng.drafter.counters()
+    assert c["failed"] == c["stale"] == c["unknown_request"] == c["resynced"] == 0
+    wait_until(lambda: len(server.engine.store) == 0, timeout=10, what="sessions freed")
+    server.engine.check_integrity()
+    eng.shutdown()
+
+
 def _adaptive(eng, costs: dict[int, float]) -> None:
     """The draft-length policy of a GPU target on this CPU engine: k per step from `costs`
     (token count -> seconds), held in the speculative mode (no mode windows end). The table
@@ -277,11 +288,7 @@ def test_remote_drafter_alternating_plain_and_drafting_steps_is_lossless(tiny, b
     registry = eng.executor.metrics.registry
     assert registry.get_sample_value("specwire_overlapped_steps_total", labels) > 0
     assert eng.executor.stats.accepted_tokens > 0
-    c = eng.drafter.counters()
-    assert c["failed"] == c["stale"] == c["unknown_request"] == c["resynced"] == 0
-    wait_until(lambda: len(server.engine.store) == 0, timeout=10, what="sessions freed")
-    server.engine.check_integrity()
-    eng.shutdown()
+    _nothing_lost(eng, server)
 
 
 @pytest.mark.parametrize("mode", ["stream", "relay"])
@@ -299,24 +306,13 @@ def test_the_gain_rule_waits_by_the_policys_price_and_is_lossless(tiny, baseline
         drafter_wait_rule="gain",
     )
     _adaptive(eng, {1: 1e-3, 4: 1e-3, 8: 1e-3, 64: 1e-3, 1024: 0.3})
-    patience, prices = eng.drafter.patience, []
-    price = patience.worth
-
-    def worth():
-        prices.append(price())
-        return prices[-1]
-
-    patience.worth = worth
+    prices = record_prices(eng.drafter)
     results = run_all(eng, PROMPTS)
     assert [c.token_ids for c in results] == baseline["short"]
     priced = [w for w in prices if w is not None]
     assert priced and min(priced) > 0, prices[:20]
     assert eng.executor.stats.accepted_tokens > 0
-    c = eng.drafter.counters()
-    assert c["failed"] == c["stale"] == c["unknown_request"] == c["resynced"] == 0
-    wait_until(lambda: len(server.engine.store) == 0, timeout=10, what="sessions freed")
-    server.engine.check_integrity()
-    eng.shutdown()
+    _nothing_lost(eng, server)
 
 
 @pytest.mark.parametrize("mode", ["stream", "relay", "unary"])

@@ -429,6 +429,12 @@ class DraftLengthPolicy:
             est.accept += w * (a - est.accept)
             pop.accept += pw * (a - pop.accept)
 
+    def expected_tokens(self, req: Request, k: int) -> tuple[float, float]:
+        """(tokens `req` is expected to commit, tokens it feeds) in a step that lets it draft
+        `k`, from its estimate (a new request: the population's)."""
+        est = self._est.get(req.request_id) or self._new_estimate()
+        return est.per_k(self.max_draft_len)[k]
+
     def forget(self, req: Request) -> None:
         self._est.pop(req.request_id, None)
 
