@@ -39,8 +39,10 @@ import cProfile
 import gc
 import gzip
 import json
+import os
 import pstats
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -207,7 +209,9 @@ def main() -> int:
     ap.add_argument("--drafter-branches", type=int, default=-1, help="remote: -1 auto, 0 off")
     ap.add_argument("--drafter-patience-ms", type=float, default=-1.0, help="remote: -1 auto")
     ap.add_argument("--drafter-lookahead", type=int, default=-1, help="remote: -1 auto")
-    ap.add_argument("--drafter-mode", default="stream", help="remote: stream, relay or unary")
+    ap.add_argument(
+        "--drafter-mode", default="stream", help="remote: stream, relay, socket or unary"
+    )
     ap.add_argument("--drafter-ask-at", default="auto", help="remote: remote_channel.ASK_AT")
     ap.add_argument(
         "--drafter-wait-rule", default="share", help="remote: remote_channel.WAIT_RULES"
@@ -242,12 +246,25 @@ def main() -> int:
     ap.add_argument(
         "--gc-threshold", type=int, default=None, help="gc.set_threshold(N) after warm-up"
     )
+    ap.add_argument(
+        "--pin",
+        action="store_true",
+        help="this process on CPU 0 and the drafter service on CPU 1 (taskset): a drafter with"
+        " a core of its own, as on a GPU host, instead of both fighting over the dev VM's two",
+    )
     args = ap.parse_args()
     sys.setswitchinterval(5e-4)  # as `specwire target` sets it
-    drafter, service = args.drafter, None
+    if args.pin:
+        os.sched_setaffinity(0, {0})  # this process (the target's threads) on CPU 0
+    drafter, service, sock = args.drafter, None, ""
     if drafter == "remote-ngram":
         cmd = [sys.executable, "-m", "specwire.common.cli", "drafter", "--host", "127.0.0.1"]
+        if args.pin:  # the drafter on CPU 1 (it inherits nothing: started before the pin)
+            cmd = ["taskset", "-c", "1", *cmd]
         cmd += ["--port", "0", "--drafter", "ngram"]  # its default cap: room for the look-ahead
+        if args.drafter_mode == "socket":  # the same service, on a unix socket too
+            sock = f"{tempfile.mkdtemp(prefix='specwire-')}/drafter.sock"
+            cmd += ["--socket", sock]
         env = {"PYTHONPATH": str(ROOT)}
         service, m = start_service(cmd, env, r"listening on (\S+):(\d+)", 60, cwd=ROOT)
         drafter = f"grpc://127.0.0.1:{m.group(2)}"
@@ -258,6 +275,7 @@ def main() -> int:
         drafter_patience_ms=args.drafter_patience_ms,
         drafter_lookahead=args.drafter_lookahead,
         drafter_mode=args.drafter_mode,
+        drafter_socket=sock,
         drafter_ask_at=args.drafter_ask_at,
         drafter_wait_rule=args.drafter_wait_rule,
         drafter_max_inflight=args.drafter_max_inflight,

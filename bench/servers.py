@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import os
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -51,7 +52,8 @@ from specwire.target_service.drafters.remote_relay import SPIN_ENV  # noqa: E402
 # default; "-inflight2" names it explicitly), "-relay" for the stream held by a relay process
 # (--drafter-mode relay), "-gain" for auto patience that waits as long as the drafts pay for
 # the wait (--drafter-wait-rule gain), "-spin" for a relay whose two ends poll the pipe
-# instead of sleeping on it ($SPECWIRE_RELAY_SPIN_MS=20), to measure them side by side.
+# instead of sleeping on it ($SPECWIRE_RELAY_SPIN_MS=20), "-socket" for the drafter service's
+# unix socket (its --socket, the target's --drafter-mode socket), to measure them side by side.
 CONFIGS = {
     "none": "none",
     "none-sync": "none",
@@ -76,6 +78,8 @@ CONFIGS = {
     "remote-ngram-gain": "remote",
     "remote-ngram-relay-gain": "remote",
     "remote-ngram-relay-gain-spin": "remote",
+    "remote-ngram-socket": "remote",
+    "remote-ngram-socket-gain": "remote",
     "none-proc": "none",
     "ngram-proc": "ngram",
     "remote-ngram-proc": "remote",
@@ -107,6 +111,8 @@ REMOTE_DRAFTERS = {  # service --drafter
     "remote-ngram-gain": "ngram",
     "remote-ngram-relay-gain": "ngram",
     "remote-ngram-relay-gain-spin": "ngram",
+    "remote-ngram-socket": "ngram",
+    "remote-ngram-socket-gain": "ngram",
     "remote-ngram-proc": "ngram",
     "remote-ngram-inproc": "ngram",
     "remote-ngram-exact": "ngram",
@@ -224,6 +230,9 @@ def running_config(config: str, args: argparse.Namespace) -> Iterator[Server]:
             dcmd += ["--max-draft-len", str(max(DrafterServiceConfig().max_draft_len, room))]
             if args.drafter_delay_ms:  # a round trip longer than a step, on any machine
                 dcmd += ["--delay-ms", str(args.drafter_delay_ms)]
+            if "-socket" in config:
+                sock = f"{tempfile.mkdtemp(prefix='specwire-')}/drafter.sock"
+                dcmd += ["--socket", sock]
             dproc, m = start_service(dcmd, _env(), DRAFTER_READY, timeout=120, cwd=ROOT)
             procs.append(dproc)
             commands.append(dcmd)
@@ -236,6 +245,8 @@ def running_config(config: str, args: argparse.Namespace) -> Iterator[Server]:
             cmd += ["--drafter-mode", "unary"]
         if "-relay" in config:
             cmd += ["--drafter-mode", "relay"]
+        if "-socket" in config:
+            cmd += ["--drafter-mode", "socket", "--drafter-socket", sock]
         if "-gain" in config:
             cmd += ["--drafter-wait-rule", "gain"]
         if config.endswith("-p0"):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -47,23 +49,31 @@ torch.set_num_threads(1)
 
 @pytest.fixture
 def servers():
-    """Drafter services on loopback (`servers(instance=None, port=0, **config)`) and remote
-    drafter harnesses against them (`servers.harness(address, **kw)`), all stopped after."""
+    """Drafter services on loopback (`servers(instance=None, port=0, **config)`), each also on
+    a unix socket of its own (`--socket`), and remote drafter harnesses against them
+    (`servers.harness(address, **kw)`; with mode="socket", on that service's socket), all
+    stopped after."""
     from remote_harness import Harness
 
     from specwire.drafter_service.config import DrafterServiceConfig
     from specwire.drafter_service.server import serve
 
     started, harnesses = [], []
+    sockets = tempfile.mkdtemp(prefix="specwire-")  # short: a socket's path has 107 bytes
 
     def start(instance=None, port: int = 0, **overrides):
         overrides.setdefault("max_draft_len", 4)
+        # A service restarted on its port comes back on its socket too.
+        name = f"p{port}" if port else f"d{len(started)}"
+        overrides.setdefault("socket", f"{sockets}/{name}.sock")
         cfg = DrafterServiceConfig(host="127.0.0.1", port=port, **overrides)
         server = serve(cfg, instance)
         started.append(server)
         return server
 
     def harness(address: str, **kw) -> Harness:
+        if kw.get("mode") == "socket" and "socket" not in kw:
+            (kw["socket"],) = [s.config.socket for s in started if address.endswith(f":{s.port}")]
         h = Harness(address, **kw)
         harnesses.append(h)
         return h
@@ -74,3 +84,4 @@ def servers():
         h.drafter.close()
     for s in started:
         s.stop(None)
+    shutil.rmtree(sockets, ignore_errors=True)

@@ -10,7 +10,10 @@ from specwire.target_service.resources.base import ResourceRegistry
 
 VOCAB, FP = 100, "fp-target"
 REPETITIVE = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
-MODES = ["stream", "relay", "unary"]
+MODES = ["stream", "relay", "socket", "unary"]
+# The modes a hand-written gRPC servicer serves: it has no unix socket (the socket's own
+# failures are test_remote_socket.py's).
+GRPC_MODES = [m for m in MODES if m != "socket"]
 
 
 def never() -> bool:  # `Patience.at_launch`'s `covered`: some request needs the reply

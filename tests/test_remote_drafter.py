@@ -15,6 +15,7 @@ import pytest
 from procs import free_port, start_service, stop_service, wait_until
 from remote_harness import (
     FP,
+    GRPC_MODES,
     MODES,
     REPETITIVE,
     VOCAB,
@@ -460,7 +461,7 @@ class Malformed(drafter_pb2_grpc.DrafterServiceServicer):
             yield drafter_pb2.DraftStreamResponse.FromString(reply.SerializeToString())
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", GRPC_MODES)
 def test_malformed_replies_are_counted_and_dropped(mode):
     server, port = custom_server(Malformed())
     try:

@@ -138,15 +138,10 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
     Health checks pass without a token (see the module docstring)."""
 
     def __init__(self, tokens: tuple[str, ...]) -> None:
-        self._tokens = tuple(t.encode() for t in tokens)
+        self._tokens = tokens
 
     def valid(self, metadata) -> bool:
-        given = bearer_token(metadata)
-        if given is None:
-            return False
-        raw = given.encode()
-        # Compare against every token (no early exit) so timing says nothing about which.
-        return sum(hmac.compare_digest(raw, t) for t in self._tokens) > 0
+        return token_valid(bearer_token(metadata), self._tokens)
 
     async def intercept_service(self, continuation, details):
         if details.method.startswith(HEALTH_PREFIX) or self.valid(details.invocation_metadata):
@@ -155,6 +150,15 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         if handler is None:
             return None
         return _deny(handler)
+
+
+def token_valid(given: str | None, tokens: tuple[str, ...]) -> bool:
+    """`given` is one of `tokens`, compared against every one (no early exit) so that timing
+    says nothing about which."""
+    if not isinstance(given, str):
+        return False
+    raw = given.encode()
+    return sum(hmac.compare_digest(raw, t.encode()) for t in tokens) > 0
 
 
 def bearer_token(metadata) -> str | None:

@@ -51,6 +51,11 @@ FLAGS = {
     "max_streams_per_peer": Flag(
         "concurrent DraftStreams per caller (token, client certificate or IP address)"
     ),
+    "socket": Flag(
+        "also serve DraftStream on this unix socket (mode 0600), for a target on this host"
+        " in socket mode: no gRPC on the round trip",
+        env="SPECWIRE_DRAFTER_SOCKET",
+    ),
 }
 
 
@@ -82,8 +87,9 @@ def run(args: argparse.Namespace) -> int:
     )
     running = serve(config)
     stop = StopSignal()  # before the listening line: whoever waits for it may signal at once
+    also = f" and {config.socket}" if config.socket else ""
     print(
-        f"specwire drafter listening on {config.host}:{running.port} "
+        f"specwire drafter listening on {config.host}:{running.port}{also} "
         f"(drafter={running.engine.drafter.name} security={config.security.describe()})",
         flush=True,
     )

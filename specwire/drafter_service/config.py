@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from specwire.common.errors import UserError
 from specwire.common.ngram import DEFAULT_MAX_NGRAM, VOTE
 from specwire.common.security import ServerSecurity
+from specwire.drafter_service.frames import check_socket_path
 
 DRAFTER_KINDS = "ngram, model:NAME or module:Class"
 
@@ -34,6 +35,9 @@ class DrafterServiceConfig:
     max_session_tokens: int = 1 << 17  # tokens one session may hold
     max_streams_per_peer: int = 16  # concurrent DraftStreams per caller (token/cert/IP)
     security: ServerSecurity = field(default_factory=ServerSecurity)
+    # Also serve DraftStream as frames on this unix socket, for a target on the same host
+    # (frames.py); "" = no socket.
+    socket: str = ""
 
     def __post_init__(self) -> None:
         kind, _, arg = self.drafter.partition(":")
@@ -58,6 +62,8 @@ class DrafterServiceConfig:
                 raise UserError(f"{flag} must be >= {low}, got {value}")
         if self.session_ttl_s <= 0:
             raise UserError(f"--session-ttl must be > 0, got {self.session_ttl_s}")
+        if self.socket:
+            check_socket_path(self.socket)
         if self.prefer not in ("latest", "oldest"):
             raise UserError(f"--prefer must be latest or oldest, got {self.prefer!r}")
         if self.device != "cpu" and not self.device.startswith("cuda"):

@@ -30,6 +30,7 @@ from specwire.common.transport import LoopThread, build_server
 from specwire.drafter_service.config import DrafterServiceConfig
 from specwire.drafter_service.drafters import SessionDrafter, build_drafter
 from specwire.drafter_service.engine import DraftEngine, SeqDraft, SeqUpdate
+from specwire.drafter_service.frames import FrameServer
 from specwire.drafter_service.sessions import SessionStore
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServiceServicer):
     def __init__(self, config: DrafterServiceConfig) -> None:
         self.max_draft_len = config.max_draft_len
         self.max_streams_per_peer = config.max_streams_per_peer
+        self.socket = config.socket  # frames on a unix socket too (frames.py), or ""
         self.engine: DraftEngine | None = None
         self.draining = False
         self.pool = futures.ThreadPoolExecutor(config.max_workers, "specwire-draft")
@@ -108,9 +110,15 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServiceServicer):
         self.connection_streams: collections.Counter[str] = collections.Counter()
 
     async def GetInfo(self, request, context):
+        return self.info()
+
+    def info(self) -> drafter_pb2.GetInfoResponse:
+        """GetInfo's reply (raises NotReady): "socket" is among the capabilities when the
+        service also serves frames on a unix socket."""
         engine = self._ready()
         d = engine.drafter
-        caps = ["stream", *(c for c in d.capabilities if c != "stream")]
+        caps = ["stream", *(["socket"] if self.socket else []), *d.capabilities]
+        caps = list(dict.fromkeys(caps))  # once each, in that order
         return drafter_pb2.GetInfoResponse(
             protocol_version=PROTOCOL_VERSION,
             name=d.name,
@@ -125,8 +133,14 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServiceServicer):
         return await self._draft(request, peer_identity(context), drafter_pb2.DraftResponse)
 
     async def DraftStream(self, request_iterator, context):
+        async for reply in self.stream(request_iterator, peer_identity(context)):
+            yield reply
+
+    async def stream(self, requests, owner: str):
+        """One DraftStream's replies to `requests` (an async iterator of DraftStreamRequests)
+        for caller `owner`, within the caller's stream limit: the gRPC call's, and the unix
+        socket's (frames.py). Raises UserError (TooManyStreams, NotReady)."""
         self._ready()
-        owner = peer_identity(context)
         group = stream_group(owner)
         if self.streams[group] >= self.max_streams_per_peer:
             raise TooManyStreams(
@@ -138,7 +152,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServiceServicer):
         if by_connection:
             self.connection_streams[owner] += 1
         try:
-            async for request in request_iterator:
+            async for request in requests:
                 TRACE.mark("in", request.step)
                 reply = await self._draft(request, owner, drafter_pb2.DraftStreamResponse)
                 TRACE.mark("out", request.step)
@@ -184,6 +198,7 @@ class DrafterServer:
     port: int
     config: DrafterServiceConfig
     loop: LoopThread
+    frames: FrameServer | None = None  # the unix socket (`--socket`), if any
     _stopped: bool = field(default=False, repr=False)
 
     @property
@@ -209,6 +224,8 @@ class DrafterServer:
             return
         self._stopped = True
         self.loop.run(self.health.enter_graceful_shutdown())
+        if self.frames is not None:
+            self.loop.run(self.frames.stop())
         self.loop.run(self.server.stop(grace))
         self.loop.close()
         self.servicer.pool.shutdown(wait=True, cancel_futures=True)
@@ -241,6 +258,14 @@ def serve(config: DrafterServiceConfig, drafter: SessionDrafter | None = None) -
         loop.close()
         raise
     running = DrafterServer(server, servicer, health_servicer, port, config, loop)
+    if config.socket:
+        running.frames = FrameServer(servicer, config.socket, config.security.tokens)
+        try:
+            loop.run(running.frames.start())
+        except BaseException:
+            running.frames = None
+            running.stop(None)
+            raise
     try:
         drafter = drafter or build_drafter(config)
     except BaseException:
@@ -259,5 +284,7 @@ def serve(config: DrafterServiceConfig, drafter: SessionDrafter | None = None) -
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
 
     loop.run(ready())
-    log.info("drafter %s serving on %s:%d", drafter.name, config.host, port)
+    also = f" and {config.socket}" if config.socket else ""
+    log.info("drafter %s serving on %s:%d%s", drafter.name, config.host, port, also)
+
     return running

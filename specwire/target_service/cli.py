@@ -61,8 +61,14 @@ ENGINE_FLAGS = {
     "num_kv_blocks": Flag("KV cache blocks (0 = enough for max-batch-size full contexts)"),
     "drafter_mode": Flag(
         "remote drafters: a DraftStream (stream), the same through a relay process that keeps "
-        "its gRPC threads off the executor's GIL (relay), or unary calls",
+        "its gRPC threads off the executor's GIL (relay), the same questions on a drafter "
+        "service's unix socket on this host, no gRPC on the round trip (socket; needs "
+        "the socket's path), or unary calls",
         choices=MODES,
+    ),
+    "drafter_socket": Flag(
+        "remote drafters in socket mode: the unix socket that the drafter service named by"
+        " the drafter flag serves (the path it was given as its socket)"
     ),
     "drafter_deadline_ms": Flag("remote drafters: wait this long for drafts, then go without"),
     "drafter_patience_ms": Flag(

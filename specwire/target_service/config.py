@@ -15,6 +15,7 @@ from specwire.target_service.drafters.remote_channel import (
     MAX_INFLIGHT,
     MODES,
     WAIT_RULES,
+    check_socket,
 )
 
 if TYPE_CHECKING:  # torch loads when a config is built, not when the CLI reads this class
@@ -50,7 +51,8 @@ class TargetConfig:
     max_context_len: int = 2048
     block_size: int = 16
     num_kv_blocks: int = 0  # 0 = enough for max_batch_size full contexts
-    drafter_mode: str = "stream"  # stream | relay | unary (remote drafters; remote_channel.MODES)
+    drafter_mode: str = "stream"  # stream | relay | socket | unary (remote_channel.MODES)
+    drafter_socket: str = ""  # socket mode: the drafter service's unix socket
     drafter_deadline_ms: float = 50.0
     # Remote drafters: how long a step waits for the drafts asked for as the previous step
     # committed before going without them (a later reply is kept for the steps after);
@@ -112,6 +114,7 @@ class TargetConfig:
             raise UserError(
                 f"--drafter-mode must be one of {', '.join(MODES)}, got {self.drafter_mode!r}"
             )
+        check_socket(self.drafter_mode, self.drafter_socket)
         if self.drafter_deadline_ms <= 0:
             raise UserError("--drafter-deadline-ms must be > 0")
         if self.drafter_patience_ms != -1 and not (

@@ -87,6 +87,7 @@ def make_drafter(cfg: TargetConfig, loaded: LoadedModel) -> Drafter | None:
             ask_at=cfg.drafter_ask_at,
             max_inflight=cfg.drafter_max_inflight,
             wait_rule=cfg.drafter_wait_rule,
+            socket=cfg.drafter_socket,
         )
     if ":" in spec:
         return load_plugin_drafter(spec, cfg.max_draft_len)

@@ -137,6 +137,7 @@ class RemoteDrafter(PrefetchReplies, FinishedNotices, Drafter):
         ask_at: str = "auto",
         max_inflight: int = 2,
         wait_rule: str = "share",
+        socket: str = "",
     ) -> None:
         super().__init__(max_draft_len)
         self.config = RemoteDrafterConfig(
@@ -148,6 +149,7 @@ class RemoteDrafter(PrefetchReplies, FinishedNotices, Drafter):
             ask_at=ask_at,
             wait_rule=wait_rule,
             max_inflight=max_inflight,
+            socket=socket,
         )
         self.security = security or ClientSecurity()
         self.name = f"grpc://{self.config.target}"

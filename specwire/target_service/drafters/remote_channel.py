@@ -30,13 +30,22 @@ CHANNEL_OPTIONS = [  # notice a restarted drafter within ~1 s (gRPC's default wa
 ]
 MAX_INFLIGHT = 4  # the most questions `--drafter-max-inflight` may keep on the stream at once
 # `--drafter-mode`: a DraftStream held by the target's threads, the same stream held by a relay
-# process (remote_relay.py), or one unary Draft call per question.
-MODES = ("stream", "relay", "unary")
+# process (remote_relay.py), the same questions and replies on the drafter's unix socket
+# (remote_frames.py; `--drafter-socket`), or one unary Draft call per question.
+MODES = ("stream", "relay", "socket", "unary")
 # `--drafter-ask-at`: when a question asked as a step commits goes out (remote_patience.py).
 ASK_AT = ("auto", "timed", "commit", "launch")
 # `--drafter-wait-rule`: how long auto patience waits for a reply on its way
 # (remote_patience.py): a share of a drafting step, or what the policy says drafts are worth.
 WAIT_RULES = ("share", "gain")
+
+
+def check_socket(mode: str, socket: str) -> None:
+    """A socket path comes with socket mode and socket mode with one; raises UserError."""
+    if mode == "socket" and not socket:
+        raise UserError("--drafter-mode socket needs --drafter-socket PATH")
+    if socket and mode != "socket":
+        raise UserError("--drafter-socket is for --drafter-mode socket")
 
 
 @dataclass(frozen=True)
@@ -65,12 +74,15 @@ class RemoteDrafterConfig:
     # commit whose previous question is unanswered asks nothing; with 2 (the default) it asks
     # again, so a reply that comes a step late still leaves one on the way. Unary calls keep 1.
     max_inflight: int = 2
+    # Socket mode: the drafter service's unix socket (`specwire drafter --socket PATH`).
+    socket: str = ""
 
     def __post_init__(self) -> None:
         if not self.target or ":" not in self.target:
             raise UserError(f"--drafter {self.address!r}: expected grpc://HOST:PORT")
         if self.mode not in MODES:
             raise UserError(f"drafter mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        check_socket(self.mode, self.socket)
         if self.ask_at not in ASK_AT:
             raise UserError(
                 f"drafter ask-at must be one of {', '.join(ASK_AT)}, got {self.ask_at!r}"

@@ -14,9 +14,11 @@ A stream that breaks, or stays silent for `stall_s` (the step notices: `stalled`
 (`disconnect`, from any thread) and re-opened in the background with exponential back-off,
 after re-checking the handshake (the drafter may have restarted with another model);
 `lost_sync` then tells the next step that every sequence goes out from base_len 0 again.
-Unary mode has no stream: a failed call drops the connection the same way. Relay mode is
-stream mode with the stream in a child process (`remote_relay.py`): no reader thread, the
-replies are read off its pipe by the step that looks for one (`reply`, `wait`).
+Unary mode has no stream: a failed call drops the connection the same way. Relay and socket
+modes are stream mode with the stream as frames (`remote_frames.py`): on the pipes of a child
+process that holds the gRPC stream (`remote_relay.py`), or on the drafter service's own unix
+socket; no reader thread, the replies are read off the descriptor by the step that looks for
+one (`reply`, `wait`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from specwire.target_service.drafters.remote_channel import (
     RemoteDrafterConfig,
     handshake,
 )
+from specwire.target_service.drafters.remote_frames import FramedCall, SocketStreamCall
 from specwire.target_service.drafters.remote_relay import RelayStreamCall
 from specwire.target_service.drafters.remote_sessions import Reply, read_reply
 
@@ -50,8 +53,9 @@ _KEEP = MAX_INFLIGHT + 1  # replies held for their steps at most (`_hand`)
 
 class RemoteConnection:
     """The channel to one drafter service, handshaken at construction (raises UserError), and
-    its stream; see the module docstring. `mode` is the wire's: "stream" (`relayed`: through a
-    relay process) or "unary", also when the drafter offers no streams. Nothing is sent
+    its stream; see the module docstring. `mode` is the wire's: "stream" (`framed`: as frames
+    through a relay process or on a unix socket) or "unary", also when the drafter offers no
+    streams. Nothing is sent
     before `connect`."""
 
     def __init__(
@@ -87,11 +91,16 @@ class RemoteConnection:
         except BaseException:
             self._channel.close()
             raise
-        self.relayed = config.mode == "relay"
-        self.mode = "stream" if self.relayed else config.mode
+        self.framed = config.mode in ("relay", "socket")
+        self.mode = "stream" if self.framed else config.mode
+        if config.mode == "socket" and "socket" not in self.info.capabilities:
+            self._channel.close()
+            raise UserError(
+                f"drafter at {name} serves no socket: start it with --socket PATH, on this host"
+            )
         if self.mode == "stream" and "stream" not in self.info.capabilities:
             log.warning("drafter %s does not offer streams; using unary calls", self.name)
-            self.mode, self.relayed = "unary", False
+            self.mode, self.framed = "unary", False
 
     # -- the state a step reads (`cv` held) ---------------------------------------------------
 
@@ -137,7 +146,7 @@ class RemoteConnection:
     def reply(self, step: int) -> Reply | None:
         """The stream's reply for `step`, once the reader has handed it over (relay: once it
         is on the pipe); taken (a second call returns None). Sets `reply_at`."""
-        if self.relayed and self._stream is not None:
+        if self.framed and self._stream is not None:
             self._pump(self._stream)
         got = self._replies.pop(step, None)
         if got is None:
@@ -148,7 +157,7 @@ class RemoteConnection:
     def wait(self, timeout_s: float) -> None:
         """Wait at most `timeout_s` for a reply to arrive (`cv` held, and released meanwhile)."""
         stream = self._stream
-        if not self.relayed or stream is None:
+        if not self.framed or stream is None:
             self.cv.wait(timeout_s)
             return
         self.cv.release()
@@ -157,9 +166,9 @@ class RemoteConnection:
         finally:
             self.cv.acquire()
 
-    def _pump(self, stream: RelayStreamCall) -> None:
-        """Hand over the replies the relay has written (`cv` held): the reader thread's work,
-        done on the thread that looks for a reply."""
+    def _pump(self, stream: FramedCall) -> None:
+        """Hand over the replies the relay or the socket has written (`cv` held): the reader
+        thread's work, done on the thread that looks for a reply."""
         for data, arrived in stream.replies():
             try:
                 message = drafter_pb2.DraftStreamResponse.FromString(data)
@@ -171,7 +180,7 @@ class RemoteConnection:
                 self._hand(reply, arrived)
             TRACE.mark("handed", reply.step)
         if stream.ended:
-            self.disconnect("the drafter relay ended the stream")
+            self.disconnect(stream.end_reason)
 
     def is_open(self, stream: object) -> bool:
         """`stream` (from `send`) is still the open one: not dropped, so a reply may come."""
@@ -209,7 +218,11 @@ class RemoteConnection:
         cleared later, that disconnect would find a loop still running, start none, and the
         connection would stay down for good)."""
         stream = None
-        if self.relayed:
+        if self.config.mode == "socket":
+            stream = SocketStreamCall(
+                self.config.socket, self._security.token, self.info, self.config.connect_timeout_s
+            )
+        elif self.framed:
             stream = RelayStreamCall(
                 self.config.target, self._security, self.config.connect_timeout_s
             )

@@ -11,13 +11,9 @@ Here a child process owns the stream instead, and no thread of the target touche
     executor --frames--> relay stdin -> gRPC (bytes, no protobuf) -> drafter service
     executor <--frames-- relay stdout <- gRPC <-----------------------------'
 
-A frame is a 4-byte little-endian length and a serialised message; a reply's frame also
-carries when the relay read it (time.monotonic(), a double after the length: CLOCK_MONOTONIC
-is one clock for every process of a host), so a reply the executor reads late is still timed
-by its arrival (the patience's round trip). The executor serialises a question and writes
-it (non-blocking; what the pipe does not take waits in `_out` and goes with the next write or
-read), and reads the replies itself when a step looks for one (`replies`, non-blocking) or
-waits for one (`wait`: select(2) on the pipe, the GIL released). The relay passes bytes
+The frames are specwire/common/frames.py's (a reply's time is when the relay read it, so a
+reply the executor reads late is still timed by its arrival: the patience's round trip), and
+the executor's side of them is remote_frames.py's `FramedCall`. The relay passes bytes
 through: it never parses a message, except to mark the hop trace (`SPECWIRE_HOP_TRACE`: the
 relay marks "taken" as it reads a question off the pipe and "recv" as it gets the reply; the
 executor marks "handed" once it has read and parsed it, so that hop holds the time the reply
@@ -37,12 +33,10 @@ the connection as it drops a broken stream.
 from __future__ import annotations
 
 import base64
-import errno
 import fcntl
 import json
 import os
 import select
-import struct
 import subprocess
 import sys
 import threading
@@ -50,16 +44,15 @@ import time
 from collections.abc import Iterator
 
 from specwire.common.errors import UserError
+from specwire.common.frames import QUESTION, reply_frame
 from specwire.common.hoptrace import TARGET as TRACE
 from specwire.common.protogen import drafter_pb2
+from specwire.target_service.drafters.remote_frames import SPIN_WAIT_S, FramedCall
 
-_HEADER = struct.Struct("<I")  # a question: its length
-_REPLY = struct.Struct("<Id")  # a reply: its length, when the relay read it
 _PIPE_BYTES = 1 << 20  # asked of the kernel for each pipe (F_SETPIPE_SZ), best effort
 _F_SETPIPE_SZ = 1031
 _READ_BYTES = 1 << 16
 _GRACE_S = 1.0  # a closed relay's time to end its stream and exit before it is killed
-_SELECT_FDS = 1024  # FD_SETSIZE: select(2) takes no higher descriptor (then poll(2))
 _SECURITY_BYTES = ("ca", "cert", "key")  # ClientSecurity's PEM fields (base64 in the setup)
 # How long the relay keeps polling its stdin after a question before it sleeps
 # (`QuestionFrames`), from $SPECWIRE_RELAY_SPIN_MS; 0 (the default): both ends always sleep in
@@ -68,9 +61,6 @@ _SECURITY_BYTES = ("ca", "cert", "key")  # ClientSecurity's PEM fields (base64 i
 # run that was to compare them was lost (bench/RESULTS.md, round 32). 20 is the value tried.
 SPIN_MS = 0.0
 SPIN_ENV = "SPECWIRE_RELAY_SPIN_MS"
-# The executor's side: a step waiting for a reply polls the relay's stdout this long before
-# it sleeps (`RelayStreamCall.wait`): a patience is ~0.2-1 ms.
-SPIN_WAIT_S = 0.002
 
 
 def spin_ms() -> float:
@@ -94,11 +84,9 @@ def _grow(fd: int) -> None:
         pass
 
 
-class RelayStreamCall:
-    """One DraftStream through a relay child (see the module docstring); the same `send`,
-    `close` and `ended` as `DraftStreamCall`, and the replies are pulled: `replies` (never
-    blocks) and `wait` (blocks until one may be there). The executor's thread alone calls
-    `send`, `replies` and `wait`; `close` may come from any thread."""
+class RelayStreamCall(FramedCall):
+    """One DraftStream through a relay child (see the module docstring): `FramedCall` on the
+    child's stdin and stdout."""
 
     def __init__(self, target: str, security, timeout_s: float) -> None:
         """Start the relay and wait at most `timeout_s` for its channel to be up; raises
@@ -110,17 +98,12 @@ class RelayStreamCall:
             bufsize=0,
             close_fds=True,
         )
-        self._wfd, self._rfd = self._proc.stdin.fileno(), self._proc.stdout.fileno()
-        for fd in (self._wfd, self._rfd):
+        wfd, rfd = self._proc.stdin.fileno(), self._proc.stdout.fileno()
+        for fd in (wfd, rfd):
             _grow(fd)
-            os.set_blocking(fd, False)
-        self._in = bytearray()  # bytes read, not yet a whole frame
-        self._out = bytearray()  # frames written, not yet taken by the pipe
-        self._poll = select.poll()
-        self._poll.register(self._rfd, select.POLLIN)
-        self.ended = False  # the relay is gone (its stdout ended) or the pipe broke
         # $SPECWIRE_RELAY_SPIN_MS=0 turns polling off on both sides (an A/B switch).
-        self._spin_wait_s = SPIN_WAIT_S if spin_ms() > 0 else 0.0
+        super().__init__(wfd, rfd, SPIN_WAIT_S if spin_ms() > 0 else 0.0)
+        self.end_reason = "the drafter relay ended the stream"
         setup = {
             "target": target,
             "timeout_s": timeout_s,
@@ -131,87 +114,13 @@ class RelayStreamCall:
             value = getattr(security, name)
             setup[name] = None if value is None else base64.b64encode(value).decode()
         self._write(json.dumps(setup).encode())
-        end = time.monotonic() + timeout_s
-        while not (ready := self.replies()) and not self.ended and time.monotonic() < end:
-            self.wait(end - time.monotonic())
-        if not ready or ready[0][0]:
+        ready = self._wait_setup(timeout_s)
+        if ready is None or ready[0]:
             ended = self.ended
             self.close()
             if ended:  # it said why on stderr
                 raise UserError(f"the drafter relay for {target} ended as it started")
             raise UserError(f"the drafter relay for {target} did not start within {timeout_s:g} s")
-
-    def send(self, msg) -> None:
-        """Queue `msg` for the drafter (never blocks)."""
-        TRACE.mark("send", msg.step)
-        self._write(msg.SerializeToString())
-
-    def _write(self, payload: bytes) -> None:
-        self._out += _HEADER.pack(len(payload))
-        self._out += payload
-        self._flush()
-
-    def _flush(self) -> None:
-        while self._out and not self.ended:
-            try:
-                n = os.write(self._wfd, self._out)
-            except BlockingIOError:
-                return  # the pipe is full: the rest goes with the next write or read
-            except OSError as exc:  # EPIPE: the relay is gone
-                if exc.errno not in (errno.EPIPE, errno.EBADF):
-                    raise
-                self.ended = True
-                return
-            del self._out[:n]
-
-    def replies(self) -> list[tuple[bytes, float]]:
-        """Every whole reply the relay has written so far, serialised, with when the relay
-        read it (never blocks). Sets `ended` when the relay's stdout has ended."""
-        self._flush()
-        while not self.ended:
-            try:
-                chunk = os.read(self._rfd, _READ_BYTES)
-            except BlockingIOError:
-                break
-            except OSError:  # EBADF: closed meanwhile
-                chunk = b""
-            if not chunk:
-                self.ended = True
-                break
-            self._in += chunk
-        out = []
-        while len(self._in) >= _REPLY.size:
-            n, arrived = _REPLY.unpack_from(self._in)
-            end = _REPLY.size + n
-            if len(self._in) < end:
-                break
-            out.append((bytes(self._in[_REPLY.size : end]), arrived))
-            del self._in[:end]
-        return out
-
-    def wait(self, timeout_s: float) -> None:
-        """Wait until the relay writes something or ends, at most `timeout_s`: for the first
-        SPIN_WAIT_S (unless polling is off) by polling the pipe (each poll a syscall that
-        lets go of the GIL), so that the relay's write finds nobody asleep to wake (see
-        `QuestionFrames`) and the step sees the reply at once; then asleep in select(2), whose
-        timeout has microseconds (poll(2) would round a step's patience of a few tenths of a
-        millisecond up to a whole one; it serves only descriptors past select's limit)."""
-        if self.ended:
-            return
-        now = time.monotonic()
-        end = now + max(0.0, timeout_s)
-        spin_end = min(end, now + self._spin_wait_s)
-        try:
-            if self._rfd < _SELECT_FDS:
-                while not select.select([self._rfd], [], [], 0)[0]:
-                    now = time.monotonic()
-                    if now >= spin_end:
-                        select.select([self._rfd], [], [], max(0.0, end - now))
-                        return
-            else:
-                self._poll.poll(max(0, int(timeout_s * 1000 + 0.999)))
-        except (OSError, ValueError):  # closed meanwhile
-            self.ended = True
 
     def close(self) -> None:
         """End the relay without waiting for it (a drop comes from a step, lock held): close
@@ -269,14 +178,14 @@ class QuestionFrames:
 
     def frame(self) -> bytes | None:
         """The next frame's payload; None once the pipe has ended."""
-        while len(self._buf) < _HEADER.size:
+        while len(self._buf) < QUESTION.size:
             if not self._more():
                 return None
-        end = _HEADER.size + _HEADER.unpack_from(self._buf)[0]
+        end = QUESTION.size + QUESTION.unpack_from(self._buf)[0]
         while len(self._buf) < end:
             if not self._more():
                 return None
-        payload = bytes(self._buf[_HEADER.size : end])
+        payload = bytes(self._buf[QUESTION.size : end])
         del self._buf[:end]
         self._last = time.monotonic()
         return payload
@@ -317,14 +226,14 @@ def _relay() -> int:
     except grpc.FutureTimeoutError:
         print(f"drafter relay: {setup['target']} unreachable", file=sys.stderr)
         return 1
-    _write_all(wfd, _REPLY.pack(0, time.monotonic()))  # ready
+    _write_all(wfd, reply_frame(b"", time.monotonic()))  # ready
     traced = TRACE.dir is not None  # the hop trace's "taken" and "recv" are marked here
     call = channel.stream_stream(_method())(_frames(questions, traced))  # bytes in, bytes out
     try:
         for reply in call:
             if traced:
                 TRACE.mark("recv", drafter_pb2.DraftStreamResponse.FromString(reply).step)
-            _write_all(wfd, _REPLY.pack(len(reply), time.monotonic()) + reply)
+            _write_all(wfd, reply_frame(reply, time.monotonic()))
     except grpc.RpcError as exc:
         if exc.code() != grpc.StatusCode.CANCELLED:
             print(
