@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import glob
+import itertools
 import os
 import statistics
 from collections import defaultdict
@@ -29,6 +30,20 @@ HOPS = (  # (name, from mark, to mark): the round trip in order. With --drafter-
     ("drafter send + wire + target reader (relay)", "out", "recv"),
     ("target parses + hands over (relay: + waits)", "recv", "handed"),
 )
+# With --drafter-mode socket nobody marks "taken" or "recv" (no thread or process between the
+# executor and the drafter): the hops around them join.
+JOINED = {
+    ("send", "in"): "serialise + socket + drafter receive (socket)",
+    ("out", "handed"): "drafter send + socket + target reads, parses, hands over (socket)",
+}
+
+
+def hops(marks) -> list[tuple[str, str, str]]:
+    """HOPS, less the marks nobody wrote (their neighbours joined)."""
+    chain = [HOPS[0][1], *(b for _n, _a, b in HOPS)]
+    chain = [m for m in chain if marks.get(m)]
+    names = {(a, b): n for n, a, b in HOPS} | JOINED
+    return [(names.get((a, b), f"{a} -> {b}"), a, b) for a, b in itertools.pairwise(chain)]
 
 
 def load(directory: str) -> dict[str, dict[int, list[float]]]:
@@ -56,7 +71,7 @@ def journeys(marks, window: float) -> list[dict[str, float]]:
     for step, sends in marks["send"].items():
         for t0 in sends:
             j, t = {"send": t0}, t0
-            for _name, _a, b in HOPS:
+            for _name, _a, b in hops(marks):
                 t = first_after(marks[b].get(step, []), t, window)
                 if t is None:
                     break
@@ -73,7 +88,8 @@ def main() -> None:
     ap.add_argument("--window-ms", type=float, default=50.0)
     ap.add_argument("--skip", type=int, default=0, help="leave out the first N questions")
     args = ap.parse_args()
-    js = journeys(load(args.dir), args.window_ms / 1000)[args.skip :]
+    marks = load(args.dir)
+    js = journeys(marks, args.window_ms / 1000)[args.skip :]
     if not js:
         raise SystemExit(f"hop_trace: no complete round trip in {args.dir}")
     total = [j["handed"] - j["send"] for j in js]
@@ -81,7 +97,7 @@ def main() -> None:
     print("| hop | p50 ms | p90 ms | mean share |")
     print("|---|---|---|---|")
     mean_total = statistics.fmean(total)
-    for name, a, b in HOPS:
+    for name, a, b in hops(marks):
         d = sorted(j[b] - j[a] for j in js)
         p90 = d[min(len(d) - 1, int(0.9 * len(d)))]
         share = statistics.fmean(d) / mean_total

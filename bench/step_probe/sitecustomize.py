@@ -5,7 +5,8 @@ nothing is patched, without the variable.
 
 It wraps the executor's components once it is built: the scheduler, the resource managers'
 prepare/update, the draft intake's prepare/submit/launched, the runner's forward and wait,
-the verifier, the emit and the output hand-off, and the policy's per-step choice of k; and
+the verifier, the emit and the output hand-off, and the policy's per-step choice of k (and a
+remote drafter's parts, as "remote.*" rows nested in the drafts' phases); and
 records, separately for synchronous (drafting) and overlapped (plain) steps, each phase's
 total time and count, plus the policy's host estimate and the request's acceptance
 estimates (p: has a draft, a: per-draft acceptance) at every one-stream decision for a
@@ -78,6 +79,22 @@ def _install(out_dir: str) -> None:
         self.verifier.verify = timed("verifier.verify", self.verifier.verify)
         self.emit = timed("emit", self.emit)
         self.output.render_many = timed("output.render_many", self.output.render_many)
+        drafter = self.drafter
+        if hasattr(drafter, "_take_answered"):  # a remote drafter: its parts, nested above
+            conn = drafter.connection
+            for obj, attr in (
+                (drafter, "_take_answered"),
+                (drafter, "_question"),
+                (drafter, "_build"),
+                (drafter, "_covered"),
+                (drafter, "_from_run"),
+                (drafter, "_use_prefetch"),
+                (drafter, "_apply"),
+                (conn, "send"),
+                (conn, "_pump"),
+                (conn, "wait"),
+            ):
+                setattr(obj, attr, timed(f"remote.{attr}", getattr(obj, attr)))
         policy = self.scheduler.policy
         choose = policy.step_draft_len
 
