@@ -21,8 +21,9 @@ sending to the reply's arrival (its reader or callback thread's clock), and "lat
 replies not back by the end of that step, which serve a step later. Here the caller's own
 thread is the busy one, as a target's executor is between a step's commit and its next wait.
 
-    python bench/drafter_ping.py [--steps 600] [--batches 1,8,32] [--modes stream,relay,unary] \
-        [--busy-threads 0,1] [--submit-host-ms 0.3,0.6 --submit-gpu-ms 0.8]
+    python bench/drafter_ping.py [--steps 600] [--batches 1,8,32] \
+        [--modes stream,relay,socket,unary] [--busy-threads 0,1] \
+        [--submit-host-ms 0.3,0.6 --submit-gpu-ms 0.8]
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -89,8 +91,11 @@ class Busy:
             t.join()
 
 
-def ping(address: str, mode: str, batch: int, steps: int, warmup: int) -> list[float]:
-    """Seconds per `prepare_draft_tokens` (one message and its reply), after the warm-up."""
+def ping(
+    address: str, mode: str, batch: int, steps: int, warmup: int, sock: str = ""
+) -> list[float]:
+    """Seconds per `prepare_draft_tokens` (one message and its reply), after the warm-up;
+    `sock`: the service's unix socket (socket mode)."""
     cls = FutureUnary if mode == "unary-future" else RemoteDrafter
     d = cls(
         address,
@@ -101,6 +106,7 @@ def ping(address: str, mode: str, batch: int, steps: int, warmup: int) -> list[f
         deadline_ms=1000,
         lookahead=0,
         connect_timeout_s=30,
+        socket=sock if mode == "socket" else "",
     )
     res = ResourceRegistry()
     res.add(d.spec_resource_manager)
@@ -192,7 +198,9 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--batches", default="1,8,32")
-    ap.add_argument("--modes", default="stream,unary", help="stream, relay, unary, unary-future")
+    ap.add_argument(
+        "--modes", default="stream,unary", help="stream, relay, socket, unary, unary-future"
+    )
     ap.add_argument("--busy-threads", default="0", help="e.g. 0,1: busy Python threads")
     ap.add_argument(
         "--submit-host-ms", default="", help="e.g. 0.3,0.6: the submit path instead (see above)"
@@ -218,7 +226,8 @@ def main() -> int:
     for label, spec in DRAFTERS.items():
         port = free_port()
         cmd = [sys.executable, "-m", "specwire.common.cli", "drafter", "--host", "127.0.0.1"]
-        cmd += ["--port", str(port), "--drafter", spec]
+        sock = f"{tempfile.mkdtemp(prefix='specwire-')}/drafter.sock"
+        cmd += ["--port", str(port), "--drafter", spec, "--socket", sock]
         proc, _ = start_service(cmd, env, "listening", timeout=120, cwd=ROOT)
         try:
             cases = [
@@ -229,7 +238,8 @@ def main() -> int:
             ]
             for busy, mode, batch in cases:
                 with Busy(busy):
-                    t = sorted(ping(f"127.0.0.1:{port}", mode, batch, args.steps, args.warmup))
+                    t = ping(f"127.0.0.1:{port}", mode, batch, args.steps, args.warmup, sock)
+                    t.sort()
                 p90 = t[int(0.9 * len(t))]
                 print(
                     f"| {label} | {busy} | {mode} | {batch} | {statistics.median(t) * 1e3:.3f} | "

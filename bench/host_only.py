@@ -87,6 +87,9 @@ class _StepEnd:
     def __init__(self, at: float) -> None:
         self.at = at
 
+    def query(self) -> bool:
+        return time.perf_counter() >= self.at
+
     def synchronize(self) -> None:
         left = self.at - time.perf_counter()
         if left > 0:

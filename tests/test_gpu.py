@@ -166,15 +166,17 @@ def test_two_batch_overlap_lossless_fp32_with_cuda_graphs(loaded):
     assert halves > 0 and eng.executor.stats.accepted_tokens > 0
 
 
-@pytest.mark.parametrize("mode", ["stream", "relay"])
-def test_remote_drafter_with_branches_lossless_fp32_with_cuda_graphs(loaded, mode):
+@pytest.mark.parametrize("mode", ["stream", "relay", "socket"])
+def test_remote_drafter_with_branches_lossless_fp32_with_cuda_graphs(loaded, mode, tmp_path):
     """A drafter service (n-gram) on loopback, asked for branches at every message and never
     waited for: drafts from replies, look-aheads and branches, output equal to plain
-    decoding; the stream held by the target's threads or by a relay process."""
+    decoding; the stream held by the target's threads, by a relay process, or as frames on
+    the service's unix socket."""
     from specwire.drafter_service.config import DrafterServiceConfig
     from specwire.drafter_service.server import serve
 
-    server = serve(DrafterServiceConfig(host="127.0.0.1", port=0, max_draft_len=16))
+    sock = str(tmp_path / "d.sock") if mode == "socket" else ""
+    server = serve(DrafterServiceConfig(host="127.0.0.1", port=0, max_draft_len=16, socket=sock))
     try:
         prompts = lossless_prompts(50)
         base = _run(build_engine(_cfg(drafter="none"), loaded=loaded), prompts)
@@ -186,6 +188,7 @@ def test_remote_drafter_with_branches_lossless_fp32_with_cuda_graphs(loaded, mod
             _cfg(
                 drafter=remote,
                 drafter_mode=mode,
+                drafter_socket=sock,
                 drafter_branches=4,
                 drafter_patience_ms=0,
                 draft_policy="static",

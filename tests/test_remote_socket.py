@@ -12,6 +12,7 @@ import socket
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 from procs import free_port, running_service, wait_until
@@ -178,3 +179,31 @@ def test_the_cli_pair_over_the_socket_matches_plain_decoding(tmp_path):
     assert bad.returncode != 0
     errors = [ln for ln in bad.stderr.splitlines() if ln.startswith("specwire: error:")]
     assert errors == ["specwire: error: --drafter-mode socket needs --drafter-socket PATH"]
+
+
+@pytest.mark.parametrize("mode", ["socket", "relay"])
+def test_replies_that_come_while_the_device_runs_are_taken_then(servers, mode):
+    """`Drafter.device_running` (framed modes): while the executor waits for the device, the
+    reply to the question on its way is read and kept then, not by the next commit; the
+    hook returns as soon as nothing is left to take, and at once when the device is done."""
+    server = servers(max_draft_len=16, delay_ms=30)
+    h = servers.harness(f"grpc://{server.address}", mode=mode, patience_ms=0)
+    a = make_request("a", REPETITIVE)
+    h.drafter.submit([a])  # a question on its way, its reply ~30 ms off
+    h.drafter.device_running(lambda: True)  # the device is done: nothing waits
+    assert h.counters()["prefetched"] == 0
+    t0 = time.monotonic()
+    h.drafter.device_running(lambda: time.monotonic() - t0 > 5)  # a 5 s "step"
+    took = time.monotonic() - t0
+    assert h.counters()["prefetched"] == 1 and 0.02 < took < 2, took  # kept; back at once
+    assert h.step([a]) == [[3, 4, 1, 2]]  # the kept proposal drafts, unasked
+    assert h.counters()["deferred"] == 0
+
+
+def test_the_stream_takes_its_replies_on_its_own_thread_not_in_the_device_wait(servers):
+    server = servers(max_draft_len=16, delay_ms=30)
+    h = servers.harness(f"grpc://{server.address}", mode="stream", patience_ms=0)
+    h.drafter.submit([make_request("a", REPETITIVE)])
+    t0 = time.monotonic()
+    h.drafter.device_running(lambda: time.monotonic() - t0 > 5)
+    assert time.monotonic() - t0 < 0.02  # returned at once: the reader thread's job

@@ -116,6 +116,17 @@ class DraftIntake:
             log.exception("drafter launch hook failed at step %d", step_no)
             self.errors += 1
 
+    def device_running(self, done, step_no: int) -> None:
+        """The executor is about to wait for a launched step: the drafter may take replies
+        meanwhile (`Drafter.device_running`). Fails open."""
+        if self.drafter is None:
+            return
+        try:
+            self.drafter.device_running(done)
+        except Exception:
+            log.exception("drafter device hook failed at step %d", step_no)
+            self.errors += 1
+
     def _check_into(self, row: Row) -> None:
         """Move the drafter's output from the request's mailbox into the row, checked."""
         req = row.request

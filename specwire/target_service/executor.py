@@ -367,6 +367,7 @@ class Executor(OverlappedSteps, TwoBatchSteps):
         # Waiting for the GPU is the step's only sync (verify would sync here anyway); timing
         # it separates the GPU's share of a step from the host's.
         t0 = time.perf_counter()
+        self.drafts.device_running(lambda: self.runner.ready(logits), self.step_no)
         self.runner.wait(logits)
         self._gpu_wait += time.perf_counter() - t0
         self._observe_gpu(logits)

@@ -9,7 +9,7 @@ needs it). It never pads.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from specwire.target_service.request import Request
 from specwire.target_service.resources.base import ResourceManager, ResourceRegistry
@@ -52,6 +52,12 @@ class Drafter(ABC):
         before it waits). A drafter that drafts off the critical path (the remote one) may
         send here the question it held back at the previous step's `submit`, while the device
         runs. Default: nothing."""
+
+    def device_running(self, done: Callable[[], bool]) -> None:
+        """The executor is about to wait for the step it launched (`done()`: has it finished,
+        without blocking). A drafter with replies on their way may take them meanwhile, off
+        the critical path, returning once `done()` or nothing is left to take; it must not
+        keep the executor past the device by more than a few µs. Default: nothing."""
 
     def close(self) -> None:
         """Release connections/threads (called at executor shutdown)."""

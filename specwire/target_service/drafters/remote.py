@@ -116,6 +116,9 @@ COUNTERS = (
 # K=4: K+1 tokens gave 0.84 of the in-process drafter's projected speed, 4(K+1) 0.96; with
 # replies in time both give the same.
 LOOKAHEAD_STEPS = 4
+# `device_running`: the longest a poll for a reply may keep the executor past the end of the
+# device's step.
+DEVICE_POLL_S = 20e-6
 
 
 class RemoteDrafter(PrefetchReplies, FinishedNotices, Drafter):
@@ -233,6 +236,21 @@ class RemoteDrafter(PrefetchReplies, FinishedNotices, Drafter):
             self._count("at_launch")
             self._question(held, at_launch=True)
 
+    def device_running(self, done) -> None:
+        """Framed modes (relay, socket): while the device runs the step the executor is about
+        to wait for, take the replies that arrive (read, parse, keep their proposals), which
+        the next commit's `submit` would otherwise do on the critical path. Polls the
+        descriptor for at most DEVICE_POLL_S at a time between `done()` checks, and returns
+        as soon as nothing is pending or the device is done. (The stream's reader thread
+        does this on its own thread; a unary call has nothing to take.)"""
+        conn = self.connection
+        if not conn.framed:
+            return
+        while self._pending and not done():
+            with self._cv:
+                conn.wait(DEVICE_POLL_S)
+            self._take_answered()
+
     def _question(self, requests: Sequence[Request], at_launch: bool = False) -> None:
         """Send the drafter what was committed and ask for the next drafts and the look-ahead
         (as `submit`'s prefetch). Skipped while the connection is down or busy."""
@@ -246,15 +264,18 @@ class RemoteDrafter(PrefetchReplies, FinishedNotices, Drafter):
         self._step += 1
         step = self._step
         msg, sent = self._build(step, live)
+        # Timed from before the send: on a unix socket the reply (stamped by the drafter as it
+        # sends it) can come before a thread descheduled by its own write reads the clock.
+        since = time.monotonic()
         if self.mode == "stream":
             with self._cv:
                 stream = conn.send(msg)  # in flight as `step` (the message's)
             if stream is not None:
-                pre = Prefetch(step, sent, stream, None, time.monotonic(), at_launch=at_launch)
+                pre = Prefetch(step, sent, stream, None, since, at_launch=at_launch)
                 self._pending.append(pre)
         else:
             future = conn.stub.Draft.future(msg, timeout=self.config.deadline_ms / 1000 + 1.0)
-            pre = Prefetch(step, sent, None, future, time.monotonic(), at_launch=at_launch)
+            pre = Prefetch(step, sent, None, future, since, at_launch=at_launch)
             self._pending.append(pre)
             future.add_done_callback(pre.mark_answered)
 

@@ -112,6 +112,11 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
 
+    def ready(self, step: StepLogits) -> bool:
+        """Whether a launched step has finished (never blocks; True on the CPU, whose steps
+        finish inside `forward`)."""
+        return step.done is None or step.done.query()
+
     def wait(self, step: StepLogits) -> None:
         """Wait for one launched step (a later step may still be running)."""
         if step.done is not None:
