@@ -5,7 +5,8 @@ A step that speculates (or samples, or reports logprobs) runs synchronously:
     batch = scheduler.schedule()
     resources.prepare(batch)
     drafts.prepare(decode rows)    # drafter.prepare_draft_tokens (unpadded), checked, padded
-    logits = runner.forward(batch); drafts.launched(); runner.wait(logits)
+    logits = runner.forward(batch); drafts.launched()
+    drafts.device_running(runner.ready); runner.wait(logits)   # replies taken meanwhile
     new_tokens = verifier.verify(decode rows, logits)
     resources.update(batch, accepted)
     emit(batch); drafts.submit(decode rows)   # a drafter off the critical path hears it
