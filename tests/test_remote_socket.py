@@ -79,7 +79,7 @@ def test_the_socket_file_is_the_services_users_alone_and_goes_with_the_service(s
     assert not os.path.exists(path)
 
 
-def test_a_stale_socket_is_replaced_and_anything_else_at_the_path_refused(servers, tmp_path):
+def test_a_stale_socket_is_replaced_and_a_live_one_or_a_file_refused(servers, tmp_path):
     stale = str(tmp_path / "stale.sock")
     left = socket.socket(socket.AF_UNIX)
     left.bind(stale)  # a socket file nobody serves (a service that died)
@@ -87,6 +87,9 @@ def test_a_stale_socket_is_replaced_and_anything_else_at_the_path_refused(server
     server = servers(socket=stale)
     h = servers.harness(f"grpc://{server.address}", mode="socket", lookahead=0)
     assert h.step([make_request("a", REPETITIVE)]) == [[3, 4, 1, 2]]
+    with pytest.raises(UserError, match="another process serves it"):
+        servers(socket=stale)  # the first service's, live: never taken over
+    assert h.step([make_request("b", REPETITIVE)]) == [[3, 4, 1, 2]]
     taken = tmp_path / "file"
     taken.write_text("not a socket")
     with pytest.raises(UserError, match="--socket .*file: cannot listen"):

@@ -3,9 +3,9 @@
 (`--drafter-mode socket --drafter-socket PATH`).
 
 Why: on a host the drafter shares with the target, gRPC is most of the round trip. A bare
-question and reply took 0.43 ms p50 on the gRPC stream on the dev VM and 0.05 ms as frames on
-a unix socket (bench/RESULTS.md, round 33), and a reply that comes before the next step is
-built is what lets that step draft.
+question and reply took 0.46 ms p50 on the gRPC stream on the dev VM and 0.135 ms as frames on
+a unix socket (bench/drafter_ping.py; bench/RESULTS.md, round 33), and a reply that comes
+before the next step is built is what lets that step draft.
 
 One connection is one DraftStream, served by the same code as the gRPC call
 (`DrafterServicer.stream`: the caller's stream limit, the sessions, the hop trace), on the same
@@ -18,6 +18,9 @@ open it. When the service takes tokens (`--auth-token-file`) the setup must carr
 and the caller's sessions are its token's, as on gRPC; without tokens each connection is a
 caller of its own ("peer:unix:N"), whose sessions go when it closes. TLS does not apply: the
 bytes never leave the host.
+
+Stopping (or draining) ends the socket's streams at once, without the grace gRPC streams get:
+the target goes without drafts and reconnects, as after any dropped stream.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import asyncio
 import json
 import logging
 import os
+import socket
 import stat
 import time
 
@@ -58,9 +62,12 @@ class FrameServer:
 
     async def start(self) -> None:
         """Listen on `path` (mode 0600). A socket left there by a service that died is
-        replaced; anything else there is an error (UserError)."""
+        replaced; one a live process serves, or anything else there, is an error
+        (UserError)."""
         try:
             if stat.S_ISSOCK(os.stat(self.path).st_mode):
+                if _served(self.path):
+                    raise UserError(f"--socket {self.path}: another process serves it")
                 os.unlink(self.path)
         except FileNotFoundError:
             pass
@@ -135,6 +142,19 @@ class FrameServer:
         except (DecodeError, ValueError) as exc:
             log.warning("drafter socket: a question that does not parse (%s)", exc)
             writer.write(failed_frame(f"INVALID_ARGUMENT: a question that does not parse ({exc})"))
+
+
+def _served(path: str) -> bool:
+    """Whether a process accepts connections on the unix socket at `path`."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(path)
+        return True
+    except OSError:  # ECONNREFUSED: nobody listens (its service died)
+        return False
+    finally:
+        probe.close()
 
 
 async def _answer(writer: asyncio.StreamWriter, body: dict) -> None:

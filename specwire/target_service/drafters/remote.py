@@ -116,9 +116,6 @@ COUNTERS = (
 # K=4: K+1 tokens gave 0.84 of the in-process drafter's projected speed, 4(K+1) 0.96; with
 # replies in time both give the same.
 LOOKAHEAD_STEPS = 4
-# `device_running`: the longest a poll for a reply may keep the executor past the end of the
-# device's step.
-DEVICE_POLL_S = 20e-6
 
 
 class RemoteDrafter(PrefetchReplies, FinishedNotices, Drafter):
@@ -236,21 +233,6 @@ class RemoteDrafter(PrefetchReplies, FinishedNotices, Drafter):
             self._count("at_launch")
             self._question(held, at_launch=True)
 
-    def device_running(self, done) -> None:
-        """Framed modes (relay, socket): while the device runs the step the executor is about
-        to wait for, take the replies that arrive (read, parse, keep their proposals), which
-        the next commit's `submit` would otherwise do on the critical path. Polls the
-        descriptor for at most DEVICE_POLL_S at a time between `done()` checks, and returns
-        as soon as nothing is pending or the device is done. (The stream's reader thread
-        does this on its own thread; a unary call has nothing to take.)"""
-        conn = self.connection
-        if not conn.framed:
-            return
-        while self._pending and not done():
-            with self._cv:
-                conn.wait(DEVICE_POLL_S)
-            self._take_answered()
-
     def _question(self, requests: Sequence[Request], at_launch: bool = False) -> None:
         """Send the drafter what was committed and ask for the next drafts and the look-ahead
         (as `submit`'s prefetch). Skipped while the connection is down or busy."""
@@ -264,9 +246,7 @@ class RemoteDrafter(PrefetchReplies, FinishedNotices, Drafter):
         self._step += 1
         step = self._step
         msg, sent = self._build(step, live)
-        # Timed from before the send: on a unix socket the reply (stamped by the drafter as it
-        # sends it) can come before a thread descheduled by its own write reads the clock.
-        since = time.monotonic()
+        since = time.monotonic()  # before the send: a socket's reply may beat a clock read after
         if self.mode == "stream":
             with self._cv:
                 stream = conn.send(msg)  # in flight as `step` (the message's)

@@ -11,7 +11,7 @@ non-blocking) or waits for one (`wait`: select(2), the GIL released). Its carrie
 - `SocketStreamCall` (here, `--drafter-mode socket --drafter-socket PATH`): the unix socket
   of a drafter service on the same host (`specwire drafter --socket PATH`). No gRPC on the
   round trip at all, and no process in between: on the dev VM a bare question and reply took
-  0.05 ms p50 through a unix socket against 0.43 ms on the gRPC stream (bench/RESULTS.md,
+  0.135 ms p50 through a unix socket against 0.46 ms on the gRPC stream (bench/RESULTS.md,
   round 33). The handshake (GetInfo and its checks) still goes over gRPC, and the socket's
   setup answers with the drafter's identity, which must be the handshake's: a socket that
   belongs to another drafter is refused.

@@ -1,6 +1,7 @@
 """The remote drafter's questions asked early (`RemoteDrafter.submit`) and their replies:
-collecting them without waiting (`_take_answered`), or waiting at most a patience or the
-deadline (`_use_prefetch`), and keeping what they propose. A mixin of `RemoteDrafter`
+collecting them without waiting (`_take_answered`, and `device_running` while the device
+runs a step), or waiting at most a patience or the deadline (`_use_prefetch`), and keeping
+what they propose. A mixin of `RemoteDrafter`
 (remote.py), which owns the state it uses: `config`, `connection` and its lock `_cv`,
 `patience`, `_pending` (the questions in flight, oldest first), and `_count` / `_apply`."""
 
@@ -14,6 +15,9 @@ import grpc
 from specwire.target_service.drafters.remote_sessions import Reply, Sent
 
 _PENDING = object()  # a prefetch not answered within the step's patience: still awaited
+# `device_running`: the longest a poll for a reply may keep the executor past the end of the
+# device's step.
+DEVICE_POLL_S = 20e-6
 
 
 @dataclass
@@ -67,6 +71,21 @@ class PrefetchReplies:
                 if pre.future is not None:
                     pre.future.cancel()
                 self._count("late")
+
+    def device_running(self, done) -> None:
+        """Framed modes (relay, socket): while the device runs the step the executor is about
+        to wait for, take the replies that arrive (read, parse, keep their proposals), which
+        the next commit's `submit` would otherwise do on the critical path. Polls the
+        descriptor for at most DEVICE_POLL_S at a time between `done()` checks, and returns
+        as soon as nothing is pending or the device is done. (The stream's reader thread
+        does this on its own thread; a unary call has nothing to take.)"""
+        conn = self.connection
+        if not conn.framed:
+            return
+        while self._pending and not done():
+            with self._cv:
+                conn.wait(DEVICE_POLL_S)
+            self._take_answered()
 
     def _covering(self, requests) -> tuple[Prefetch | None, set[str]]:
         """The newest question in flight that was asked for some of `requests` at their
