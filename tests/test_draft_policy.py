@@ -330,6 +330,8 @@ def test_inside_a_plain_window_every_step_is_plain_whatever_its_rows():
     assert p.mode == "plain" and not p.plain_until_window_ends  # a window's first step
     p.observe_rate(10, 10 / 6000.0, 8)
     assert p.plain_until_window_ends and p.step_draft_len(reqs) == 0
+    p.wait_worth_s = 1e-3  # as a drafting step leaves it
+    assert p.plain_step() and p.wait_worth_s is None  # the skipped step prices no wait
     assert not DraftLengthPolicy(4, adaptive=False).plain_until_window_ends
 
 

@@ -445,6 +445,14 @@ class DraftLengthPolicy:
         mode, inside a window): the caller may skip collecting them (a hot path under load)."""
         return self.adaptive and self.mode == "plain" and self._window[2] > 0
 
+    def plain_step(self) -> bool:
+        """`plain_until_window_ends`, for the scheduler about to skip `step_draft_len`: when
+        True the next step prices no wait for drafts either (`wait_worth_s` cleared)."""
+        if self.plain_until_window_ends:
+            self.wait_worth_s = None
+            return True
+        return False
+
     def step_draft_len(self, decode: list[Request], prefill_tokens: int = 0) -> int:
         """The draft length for a step whose decode rows are `decode` (caps still apply)."""
         if self.adaptive and self._window[2] == 0:

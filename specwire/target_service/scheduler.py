@@ -103,8 +103,7 @@ class Scheduler:
 
     def draft_len(self) -> int:
         """The draft length the policy picks for the next step (before request caps)."""
-        if self.policy.plain_until_window_ends:
-            self.policy.wait_worth_s = None
+        if self.policy.plain_step():
             return 0
         decode_next, prefill = [], 0
         for r in self.running:
