@@ -20,7 +20,7 @@ from remote_harness import REPETITIVE, make_request
 
 from specwire.common.client import GenerationClient
 from specwire.common.errors import UserError
-from specwire.common.frames import FAILED, QUESTION, REPLY
+from specwire.common.frames import FAILED, MAX_FRAME, QUESTION, REPLY
 from specwire.common.security import ClientSecurity, ServerSecurity, token_identity
 from specwire.drafter_service.config import DrafterServiceConfig
 from specwire.drafter_service.drafters import NGramDrafter
@@ -148,6 +148,12 @@ def test_a_question_that_does_not_parse_ends_that_stream_alone_and_says_why(serv
         why, at = read_reply(sock)
         assert at == FAILED and why.startswith(b"INVALID_ARGUMENT: a question that does not parse")
         assert sock.recv(1) == b""
+    with connect(server.config.socket) as sock:  # a length past gRPC's limit: refused unread
+        sock.sendall(frame(json.dumps({"token": None}).encode()))
+        read_reply(sock)
+        sock.sendall(QUESTION.pack(MAX_FRAME + 1))
+        why, at = read_reply(sock)
+        assert at == FAILED and b"at most 4194304" in why
     # The service and the other connection keep drafting.
     assert h.step([make_request("a", REPETITIVE)]) == [[3, 4, 1, 2]]
 

@@ -23,7 +23,9 @@ FAILED = -1.0  # a reply frame's time when it says why the stream ends instead
 # GetInfo's fields the socket's setup answers with: the target checks them against its gRPC
 # handshake's, so a socket of another drafter is refused.
 IDENTITY = ("protocol_version", "name", "vocab_size", "tokenizer_fingerprint")
-MAX_FRAME = 64 << 20  # a longer length is a broken frame, not a message
+# The longest question a drafter reads: gRPC's default receive limit, so a question one wire
+# takes the other takes too (a longer length ends the stream, as on gRPC).
+MAX_FRAME = 4 << 20
 
 
 def reply_frame(payload: bytes, at: float) -> bytes:
