@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -53,19 +51,17 @@ def servers():
     a unix socket of its own (`--socket`), and remote drafter harnesses against them
     (`servers.harness(address, **kw)`; with mode="socket", on that service's socket), all
     stopped after."""
-    from remote_harness import Harness
+    from remote_harness import Harness, Sockets
 
     from specwire.drafter_service.config import DrafterServiceConfig
     from specwire.drafter_service.server import serve
 
     started, harnesses = [], []
-    sockets = tempfile.mkdtemp(prefix="specwire-")  # short: a socket's path has 107 bytes
+    sockets = Sockets()
 
     def start(instance=None, port: int = 0, **overrides):
         overrides.setdefault("max_draft_len", 4)
-        # A service restarted on its port comes back on its socket too.
-        name = f"p{port}" if port else f"d{len(started)}"
-        overrides.setdefault("socket", f"{sockets}/{name}.sock")
+        overrides.setdefault("socket", sockets.path(port, len(started)))
         cfg = DrafterServiceConfig(host="127.0.0.1", port=port, **overrides)
         server = serve(cfg, instance)
         started.append(server)
@@ -84,4 +80,4 @@ def servers():
         h.drafter.close()
     for s in started:
         s.stop(None)
-    shutil.rmtree(sockets, ignore_errors=True)
+    sockets.remove()

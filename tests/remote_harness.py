@@ -4,6 +4,9 @@ conftest.py)."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+
 from specwire.target_service.drafters.remote import RemoteDrafter
 from specwire.target_service.request import Request, RequestState
 from specwire.target_service.resources.base import ResourceRegistry
@@ -14,6 +17,21 @@ MODES = ["stream", "relay", "socket", "unary"]
 # The modes a hand-written gRPC servicer serves: it has no unix socket (the socket's own
 # failures are test_remote_socket.py's).
 GRPC_MODES = [m for m in MODES if m != "socket"]
+
+
+class Sockets:
+    """A short temporary folder for drafter services' unix sockets (a socket's path holds 107
+    bytes): one per port, so a service restarted on its port comes back on its socket."""
+
+    def __init__(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="specwire-")
+
+    def path(self, port: int, started: int) -> str:
+        """The socket of a service on `port` (0: any port, then the `started`-th one)."""
+        return f"{self.dir}/{f'p{port}' if port else f'd{started}'}.sock"
+
+    def remove(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def never() -> bool:  # `Patience.at_launch`'s `covered`: some request needs the reply

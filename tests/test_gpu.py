@@ -195,12 +195,7 @@ def test_remote_drafter_with_branches_lossless_fp32_with_cuda_graphs(loaded, mod
             ),
             loaded=loaded,
         )
-        try:
-            spec = _run(eng, prompts)
-            c = eng.drafter.counters()
-        finally:
-            eng.shutdown()
-        diff = _differing(base, spec)
+        diff, c = _remote_run(eng, base, prompts)
         print(
             f"remote ({mode}) + branches fp32+graphs: {50 - len(diff)}/50 identical; accepted "
             f"{eng.executor.stats.accepted_tokens}/{eng.executor.stats.draft_tokens} drafts; "
@@ -234,12 +229,7 @@ def test_remote_drafter_gain_wait_rule_lossless_fp32_with_the_adaptive_policy(lo
             loaded=loaded,
         )
         prices = record_prices(eng.drafter)
-        try:
-            spec = _run(eng, prompts)
-            c = eng.drafter.counters()
-        finally:
-            eng.shutdown()
-        diff = _differing(base, spec)
+        diff, c = _remote_run(eng, base, prompts)
         priced = sorted(w for w in prices if w is not None)
         median = f"{1e3 * priced[len(priced) // 2]:.3f} ms" if priced else "n/a"
         print(
@@ -260,6 +250,16 @@ def _bf16_loaded():
     return load_model(
         GPU_MODEL, device="cuda", dtype=torch.bfloat16, progress=False, max_positions=2048
     )
+
+
+def _remote_run(eng, base, prompts) -> tuple[list[int], dict[str, int]]:
+    """Run `prompts` on `eng` (a remote drafter's engine), shut it down; the prompts whose
+    output differs from `base`, and the drafter's counters."""
+    try:
+        spec = _run(eng, prompts)
+        return _differing(base, spec), eng.drafter.counters()
+    finally:
+        eng.shutdown()
 
 
 def _differing(base, spec) -> list[int]:

@@ -9,10 +9,8 @@ GetModelInfo.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
-import tempfile
 from concurrent import futures
 from pathlib import Path
 
@@ -21,7 +19,7 @@ import pytest
 import torch
 from lossless_prompts import lossless_prompts
 from procs import free_port, running_service, wait_until
-from remote_harness import record_prices
+from remote_harness import Sockets, record_prices
 
 from specwire.common.client import GenerationClient
 from specwire.common.drafting import PROTOCOL_VERSION
@@ -58,11 +56,10 @@ def drafters():
     a service restarted on its port comes back on its socket); all are stopped at the end of
     the test."""
     started = []
-    sockets = tempfile.mkdtemp(prefix="specwire-")
+    sockets = Sockets()
 
     def start(port: int = 0, instance=None, **overrides):
-        name = f"p{port}" if port else f"d{len(started)}"
-        overrides.setdefault("socket", f"{sockets}/{name}.sock")
+        overrides.setdefault("socket", sockets.path(port, len(started)))
         cfg = DrafterServiceConfig(host="127.0.0.1", port=port, **overrides)  # cap: 16
         server = serve(cfg, instance)
         started.append(server)
@@ -71,7 +68,7 @@ def drafters():
     yield start
     for server in started:
         server.stop(None)
-    shutil.rmtree(sockets, ignore_errors=True)
+    sockets.remove()
 
 
 def via(server, mode: str) -> dict:

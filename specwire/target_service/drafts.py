@@ -44,6 +44,10 @@ class DraftIntake:
         self.errors = 0  # drafter calls that raised (each cost its step's drafts)
         # A drafter that drafts off the critical path (`submit`: the remote one).
         self._submit = getattr(drafter, "submit", None)
+        # A drafter that takes replies while the device runs (`Drafter.device_running`
+        # overridden: the remote one); else the device waits skip the hook altogether.
+        hook = getattr(type(drafter), "device_running", Drafter.device_running)
+        self._device_running = None if hook is Drafter.device_running else drafter.device_running
 
     @property
     def hears_steps(self) -> bool:
@@ -116,13 +120,14 @@ class DraftIntake:
             log.exception("drafter launch hook failed at step %d", step_no)
             self.errors += 1
 
-    def device_running(self, done, step_no: int) -> None:
-        """The executor is about to wait for a launched step: the drafter may take replies
-        meanwhile (`Drafter.device_running`). Fails open."""
-        if self.drafter is None:
+    def device_running(self, runner, logits, step_no: int) -> None:
+        """The executor is about to wait for the launched step `logits` on `runner`: the
+        drafter may take replies meanwhile (`Drafter.device_running`, asking
+        `runner.ready(logits)`). Fails open."""
+        if self._device_running is None:
             return
         try:
-            self.drafter.device_running(done)
+            self._device_running(lambda: runner.ready(logits))
         except Exception:
             log.exception("drafter device hook failed at step %d", step_no)
             self.errors += 1

@@ -6,7 +6,7 @@ A step that speculates (or samples, or reports logprobs) runs synchronously:
     resources.prepare(batch)
     drafts.prepare(decode rows)    # drafter.prepare_draft_tokens (unpadded), checked, padded
     logits = runner.forward(batch); drafts.launched()
-    drafts.device_running(runner.ready); runner.wait(logits)   # replies taken meanwhile
+    drafts.device_running(runner, logits); runner.wait(logits)   # replies taken meanwhile
     new_tokens = verifier.verify(decode rows, logits)
     resources.update(batch, accepted)
     emit(batch); drafts.submit(decode rows)   # a drafter off the critical path hears it
@@ -368,7 +368,7 @@ class Executor(OverlappedSteps, TwoBatchSteps):
         # Waiting for the GPU is the step's only sync (verify would sync here anyway); timing
         # it separates the GPU's share of a step from the host's.
         t0 = time.perf_counter()
-        self.drafts.device_running(lambda: self.runner.ready(logits), self.step_no)
+        self.drafts.device_running(self.runner, logits, self.step_no)
         self.runner.wait(logits)
         self._gpu_wait += time.perf_counter() - t0
         self._observe_gpu(logits)

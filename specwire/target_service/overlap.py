@@ -141,7 +141,7 @@ class OverlappedSteps:
             self._inflight = None
         t0 = time.perf_counter()
         try:
-            self.drafts.device_running(lambda: self.runner.ready(done.logits), done.step_no)
+            self.drafts.device_running(self.runner, done.logits, done.step_no)
             self.runner.wait(done.logits)
             self._observe_gpu(done.logits)
             tokens = done.logits.tokens()
@@ -285,7 +285,7 @@ class TwoBatchSteps:
         decode = [r for r in done.rows if r.decode]
         t0 = time.perf_counter()
         try:
-            self.drafts.device_running(lambda: self.runner.ready(done.logits), done.step_no)
+            self.drafts.device_running(self.runner, done.logits, done.step_no)
             self.runner.wait(done.logits)
             self._observe_gpu(done.logits)
             verified = self.verifier.verify(decode, done.logits)
