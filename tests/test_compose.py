@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from procs import free_port, output_tail, start_service, stop_service
+from procs import free_port, output_tail, start_service, stop_service, wait_until
 
 from specwire.common import healthcheck
 
@@ -40,6 +40,7 @@ PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n"
 MAX_NEW_TOKENS = 32
 _PORT_VARS = ("SPECWIRE_PORT", "SPECWIRE_DRAFTER_PORT", "SPECWIRE_GATEWAY_PORT")
 _HOST_VARS = ("SPECWIRE_HOST", "SPECWIRE_DRAFTER_HOST", "SPECWIRE_GATEWAY_HOST")
+SOCKET_VAR = "SPECWIRE_DRAFTER_SOCKET"  # the drafter's --socket and the target's --drafter-socket
 HTTP_SERVICES = {"gateway"}  # health is GET /health, not the gRPC probe
 
 
@@ -127,6 +128,25 @@ def test_target_waits_for_a_healthy_drafter(compose: dict) -> None:
         assert _environment(svc)["SPECWIRE_DRAFTER"] == f"grpc://drafter:{drafter_port}"
 
 
+def test_targets_reach_the_drafters_socket_in_a_shared_volume(compose: dict) -> None:
+    """The drafter serves its unix socket in a named volume that each target mounts at the
+    same place, and each target names that socket (socket mode, auto from the path)."""
+    services = compose["services"]
+    path = _environment(services["drafter"])[SOCKET_VAR]
+    assert path.startswith("/") and path.endswith(".sock")
+    folder = os.path.dirname(path)
+    volume = _volume_at(services["drafter"], folder)
+    assert volume in compose["volumes"], f"{volume}: not a named volume of the file"
+    for name in ("target", "target-gpu"):
+        assert _environment(services[name])[SOCKET_VAR] == path
+        assert _volume_at(services[name], folder) == volume
+        assert "SPECWIRE_DRAFTER_MODE" not in _environment(services[name])  # auto: socket
+    # Both images create the folder for their user (the volume takes its owner from there).
+    for dockerfile in ("drafter", "target"):
+        text = (ROOT / "docker" / f"{dockerfile}.Dockerfile").read_text()
+        assert f"install -d -o specwire -g specwire -m 0700 {folder}" in text
+
+
 def test_gpu_profile_reserves_an_nvidia_gpu(compose: dict) -> None:
     svc = compose["services"]["target-gpu"]
     assert svc["profiles"] == ["gpu"]
@@ -143,18 +163,25 @@ def test_gpu_profile_reserves_an_nvidia_gpu(compose: dict) -> None:
 # --- the services, run as local processes ------------------------------------------------------
 
 
-def test_compose_services_run_locally_and_speculation_is_lossless(compose: dict) -> None:
+def test_compose_services_run_locally_and_speculation_is_lossless(
+    compose: dict, tmp_path: Path
+) -> None:
     services = {n: s for n, s in compose["services"].items() if "profiles" not in s}
-    # Each service's container port gets a free loopback port.
+    # Each service's container port gets a free loopback port, the socket a local folder.
     ports = {name: {_service_port(svc): free_port()} for name, svc in services.items()}
+    socket = str(tmp_path / "drafter.sock")
+    procs = {}
 
     with ExitStack() as stack:
         for name in _start_order(services):
             svc = services[name]
             env = _local_environment(name, svc, ports)
+            if SOCKET_VAR in env:
+                env[SOCKET_VAR] = socket
             cmd = _local_command(svc["command"])
             proc, _ = start_service(cmd, env, None, timeout=0, cwd=ROOT)  # ready = healthy
             stack.callback(stop_service, proc)
+            procs[name] = proc
             address = f"127.0.0.1:{ports[name][_service_port(svc)]}"
             _wait_healthy(proc, address, name, timeout=300, http=name in HTTP_SERVICES)
             # The service's own health check command passes too.
@@ -163,6 +190,12 @@ def test_compose_services_run_locally_and_speculation_is_lossless(compose: dict)
                 probe[0] = sys.executable
             assert subprocess.run(probe, cwd=ROOT, timeout=30).returncode == 0
 
+        # The target drafts on the drafter's socket (its listening line names the carrier).
+        wait_until(
+            lambda: f"(socket {socket})" in output_tail(procs["target"]),
+            timeout=30,
+            what="the target's listening line naming the socket",
+        )
         target = f"127.0.0.1:{ports['target'][_service_port(services['target'])]}"
         speculative = _generate(target)
         plain = _generate(target, "--no-speculation")
@@ -200,6 +233,15 @@ def _environment(svc: dict) -> dict[str, str]:
     if isinstance(env, list):  # ["KEY=value", ...]
         env = dict(item.split("=", 1) for item in env)
     return {k: _interpolate(str(v)) for k, v in env.items()}
+
+
+def _volume_at(svc: dict, folder: str) -> str:
+    """The named volume `svc` mounts at `folder` ("name:/path" entries)."""
+    for entry in svc.get("volumes") or []:
+        source, _, target = str(entry).partition(":")
+        if target.split(":")[0] == folder:
+            return source
+    raise AssertionError(f"no volume at {folder}: {svc.get('volumes')}")
 
 
 def _service_port(svc: dict) -> str:

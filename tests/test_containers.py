@@ -4,7 +4,8 @@ SPECWIRE_CONTAINERS=1 and prepares podman and a Python base image; skipped other
 Both images are built from docker/*.Dockerfile, started as docker-compose.yml says (its
 environment and commands; containers on the host network where the hostname `drafter` is
 loopback, since the compose network needs a bridge this sandbox may not have; no pod,
-which would need the catatonit pause binary), probed with
+which would need the catatonit pause binary; the drafter's socket in a podman volume both
+mount, as the compose file's named volume), probed with
 their own HEALTHCHECK, and a generation through the containers must return the same tokens as
 the same request to the repo's processes.
 """
@@ -81,21 +82,29 @@ def test_compose_stack_in_containers_matches_the_repo(images: dict[str, str]) ->
     pod = "specwire-test"  # container name prefix
     names = [f"{pod}-{s}" for s in ("drafter", "target")]
     podman("rm", "-f", "--ignore", *names, check=False)
+    volumes: set[str] = set()
     try:
         for service in ("drafter", "target"):  # compose's depends_on order
             env = _environment(services[service])
             if "SPECWIRE_MODEL" in env:
                 env["SPECWIRE_MODEL"] = MODEL
             args = [f"--env={k}={v}" for k, v in env.items()]
+            for entry in services[service].get("volumes") or []:  # the socket's, shared
+                name, _, path = entry.partition(":")
+                args.append(f"--volume={pod}-{name}:{path}")
+                volumes.add(f"{pod}-{name}")
             podman("run", "-d", "--network", "host", "--add-host", "drafter:127.0.0.1",
                    "--name", f"{pod}-{service}", *args,
                    images[service], *services[service]["command"])  # fmt: skip
             port = env.get("SPECWIRE_PORT") or env["SPECWIRE_DRAFTER_PORT"]
             _wait_container_healthy(f"{pod}-{service}", f"127.0.0.1:{port}", timeout=300)
         in_containers = _generate("127.0.0.1:50051")
+        target_log = podman("logs", names[1], check=False)
     finally:
         logs = "".join(podman("logs", n, check=False).stderr[-1500:] for n in names)
         podman("rm", "-f", "--ignore", *names, check=False)
+        if volumes:
+            podman("volume", "rm", "-f", *sorted(volumes), check=False)
 
     # The same request to the repo's own processes (drafter, then target drafting through it).
     with ExitStack() as stack:
@@ -120,8 +129,11 @@ def test_compose_stack_in_containers_matches_the_repo(images: dict[str, str]) ->
 
     assert in_containers["token_ids"] == in_repo["token_ids"], logs
     assert in_containers["text"] == in_repo["text"]
-    # The containers' target really drafted through the drafter container.
+    # The containers' target really drafted through the drafter container, on its socket in
+    # the shared volume (the listening line names the carrier).
     assert in_containers["speculation"]["draft_tokens"] > 0, (in_containers, logs)
+    socket = _environment(services["target"])["SPECWIRE_DRAFTER_SOCKET"]
+    assert f"(socket {socket})" in target_log.stdout + target_log.stderr, logs
 
 
 def _wait_container_healthy(name: str, address: str, timeout: float) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import stat
 import subprocess
@@ -159,9 +160,10 @@ def test_a_question_that_does_not_parse_ends_that_stream_alone_and_says_why(serv
 
 
 def test_the_cli_pair_over_the_socket_matches_plain_decoding(tmp_path):
-    """`specwire drafter --socket`, `specwire target --drafter-mode socket --drafter-socket`,
-    real processes: output equal to the same target without speculation, drafts accepted; a
-    socket mode without its path is one line on stderr."""
+    """`specwire drafter --socket`, `specwire target --drafter-socket` (the mode, auto, becomes
+    socket with a path: the listening line says so), real processes: output equal to the same
+    target without speculation, drafts accepted; a socket mode without its path, or a path with
+    another mode, is one line on stderr."""
     sock = str(tmp_path / "d.sock")
     dport, tport, pport = free_port(), free_port(), free_port()
     drafter = SPECWIRE + ["drafter", "--port", str(dport), "--socket", sock]
@@ -169,8 +171,9 @@ def test_the_cli_pair_over_the_socket_matches_plain_decoding(tmp_path):
     prompt = "the cat sat on the mat. the cat sat on the mat. the cat sat on the"
     with running_service(drafter, None, f"listening on 127.0.0.1:{dport} and {sock}", 60):
         spec = target + ["--port", str(tport), "--drafter", f"grpc://127.0.0.1:{dport}"]
-        spec += ["--drafter-mode", "socket", "--drafter-socket", sock]
-        with running_service(spec, None, r"listening on", timeout=120):
+        spec += ["--drafter-socket", sock]
+        line = re.escape(f"drafter=grpc://127.0.0.1:{dport} (socket {sock}) ")
+        with running_service(spec, None, line, timeout=120):
             with GenerationClient(f"127.0.0.1:{tport}", timeout=60) as client:
                 out = client.generate(prompt, max_new_tokens=40)
                 c = client.model_info().drafter_counters
@@ -179,15 +182,16 @@ def test_the_cli_pair_over_the_socket_matches_plain_decoding(tmp_path):
                 plain = client.generate(prompt, max_new_tokens=40)
     assert out.token_ids == plain.token_ids
     assert out.speculation["accepted_tokens"] > 0 and c.failed == 0
-    bad = subprocess.run(
-        target + ["--drafter", f"grpc://127.0.0.1:{dport}", "--drafter-mode", "socket"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert bad.returncode != 0
-    errors = [ln for ln in bad.stderr.splitlines() if ln.startswith("specwire: error:")]
-    assert errors == ["specwire: error: --drafter-mode socket needs --drafter-socket PATH"]
+    remote = target + ["--drafter", f"grpc://127.0.0.1:{dport}"]
+    for args, error in (
+        (["--drafter-mode", "socket"], "--drafter-mode socket needs --drafter-socket PATH"),
+        (["--drafter-mode", "stream", "--drafter-socket", sock], "--drafter-socket is for"
+         " --drafter-mode socket"),
+    ):  # fmt: skip
+        bad = subprocess.run(remote + args, capture_output=True, text=True, timeout=120)
+        assert bad.returncode != 0
+        errors = [ln for ln in bad.stderr.splitlines() if ln.startswith("specwire: error:")]
+        assert errors == [f"specwire: error: {error}"]
 
 
 @pytest.mark.parametrize("mode", ["socket", "relay"])

@@ -60,11 +60,10 @@ ENGINE_FLAGS = {
     "max_context_len": Flag("prompt + generated tokens per request"),
     "num_kv_blocks": Flag("KV cache blocks (0 = enough for max-batch-size full contexts)"),
     "drafter_mode": Flag(
-        "remote drafters: a DraftStream (stream), the same through a relay process that keeps "
-        "its gRPC threads off the executor's GIL (relay), the same questions on a drafter "
-        "service's unix socket on this host, no gRPC on the round trip (socket; needs "
-        "the socket's path), or unary calls",
-        choices=MODES,
+        "remote drafters: a DraftStream (stream), the same held by a relay process (relay), "
+        "its frames on the drafter service's unix socket on this host, no gRPC on the round "
+        "trip (socket), or unary calls; auto: socket when a drafter socket is named, else stream",
+        choices=("auto", *MODES),
     ),
     "drafter_socket": Flag(
         "remote drafters in socket mode: the unix socket that the drafter service named by"
@@ -130,6 +129,13 @@ def config_from_args(args: argparse.Namespace) -> TargetConfig:
         args, flag="drafter-", token_env="SPECWIRE_DRAFTER_TOKEN"
     )
     return TargetConfig(**kwargs)
+
+
+def _drafter_mode(cfg: TargetConfig) -> str:
+    """How the listening line names a remote drafter's carrier (empty for the others)."""
+    if not cfg.drafter.startswith("grpc://"):
+        return ""
+    return f" ({cfg.drafter_mode} {cfg.drafter_socket})".replace(" )", ")")
 
 
 def register(sub) -> None:
@@ -235,7 +241,8 @@ def run(args: argparse.Namespace) -> int:
         engine.executor.metrics.serve(args.metrics_port, args.host)
     print(
         f"specwire target listening on {args.host}:{server.port} "
-        f"(model={cfg.model} drafter={cfg.drafter} K={k} device={cfg.device} graphs={graphs} "
+        f"(model={cfg.model} drafter={cfg.drafter}{_drafter_mode(cfg)} K={k} "
+        f"device={cfg.device} graphs={graphs} "
         f"security={server.security.describe()}{where})",
         flush=True,
     )

@@ -51,7 +51,9 @@ class TargetConfig:
     max_context_len: int = 2048
     block_size: int = 16
     num_kv_blocks: int = 0  # 0 = enough for max_batch_size full contexts
-    drafter_mode: str = "stream"  # stream | relay | socket | unary (remote_channel.MODES)
+    # auto | stream | relay | socket | unary (remote_channel.MODES); auto resolves at once to
+    # socket when a socket path is given, else stream.
+    drafter_mode: str = "auto"
     drafter_socket: str = ""  # socket mode: the drafter service's unix socket
     drafter_deadline_ms: float = 50.0
     # Remote drafters: how long a step waits for the drafts asked for as the previous step
@@ -110,9 +112,12 @@ class TargetConfig:
             raise UserError(f"--exact must be auto, on or off, got {self.exact!r}")
         if self.draft_policy not in ("adaptive", "static"):
             raise UserError(f"--draft-policy must be adaptive or static, got {self.draft_policy!r}")
+        if self.drafter_mode == "auto":
+            object.__setattr__(self, "drafter_mode", "socket" if self.drafter_socket else "stream")
         if self.drafter_mode not in MODES:
             raise UserError(
-                f"--drafter-mode must be one of {', '.join(MODES)}, got {self.drafter_mode!r}"
+                f"--drafter-mode must be auto or one of {', '.join(MODES)},"
+                f" got {self.drafter_mode!r}"
             )
         check_socket(self.drafter_mode, self.drafter_socket)
         if self.drafter_deadline_ms <= 0:
