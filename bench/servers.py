@@ -53,7 +53,10 @@ from specwire.target_service.drafters.remote_relay import SPIN_ENV  # noqa: E402
 # (--drafter-mode relay), "-gain" for auto patience that waits as long as the drafts pay for
 # the wait (--drafter-wait-rule gain), "-spin" for a relay whose two ends poll the pipe
 # instead of sleeping on it ($SPECWIRE_RELAY_SPIN_MS=20), "-socket" for the drafter service's
-# unix socket (its --socket, the target's --drafter-mode socket), to measure them side by side.
+# unix socket (its --socket, the target's --drafter-mode socket), "-socket-dspin" for that
+# drafter's event loop polling 20 ms after each event (--spin-ms 20) and "-socket-spin" for
+# that and the target's waiting step polling too ($SPECWIRE_RELAY_SPIN_MS=20), to measure them
+# side by side.
 CONFIGS = {
     "none": "none",
     "none-sync": "none",
@@ -80,6 +83,8 @@ CONFIGS = {
     "remote-ngram-relay-gain-spin": "remote",
     "remote-ngram-socket": "remote",
     "remote-ngram-socket-gain": "remote",
+    "remote-ngram-socket-dspin": "remote",
+    "remote-ngram-socket-spin": "remote",
     "none-proc": "none",
     "ngram-proc": "ngram",
     "remote-ngram-proc": "remote",
@@ -113,6 +118,8 @@ REMOTE_DRAFTERS = {  # service --drafter
     "remote-ngram-relay-gain-spin": "ngram",
     "remote-ngram-socket": "ngram",
     "remote-ngram-socket-gain": "ngram",
+    "remote-ngram-socket-dspin": "ngram",
+    "remote-ngram-socket-spin": "ngram",
     "remote-ngram-proc": "ngram",
     "remote-ngram-inproc": "ngram",
     "remote-ngram-exact": "ngram",
@@ -233,6 +240,8 @@ def running_config(config: str, args: argparse.Namespace) -> Iterator[Server]:
             if "-socket" in config:
                 sock = f"{tempfile.mkdtemp(prefix='specwire-')}/drafter.sock"
                 dcmd += ["--socket", sock]
+            if config.endswith("spin") and "-socket" in config:  # the drafter's loop polls
+                dcmd += ["--spin-ms", "20"]
             dproc, m = start_service(dcmd, _env(), DRAFTER_READY, timeout=120, cwd=ROOT)
             procs.append(dproc)
             commands.append(dcmd)
@@ -278,7 +287,7 @@ def running_config(config: str, args: argparse.Namespace) -> Iterator[Server]:
         if config.endswith("-noexact"):
             cmd += ["--exact", "off"]  # (the default, auto, is on for SmolLM2 in bf16)
         env = _env()
-        if "-spin" in config:  # the relay and a waiting step poll the pipe instead of sleeping
+        if "-spin" in config:  # the relay and a step waiting on a framed reply poll instead
             env[SPIN_ENV] = "20"
         proc, m = start_service(cmd, env, TARGET_READY, timeout=args.ready_timeout, cwd=ROOT)
         procs.append(proc)

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import faulthandler
+import selectors
 import signal
 import threading
+import time
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
@@ -60,11 +62,65 @@ class StopSignal:
             pass
 
 
-class LoopThread:
-    """An asyncio event loop running in a daemon thread; `run(coro)` waits for its result."""
+class SpinSelector(selectors.BaseSelector):
+    """A selector that, for `spin_s` after it last returned events, polls (a zero-timeout
+    select, each one a syscall that lets go of the GIL) instead of sleeping: a write that comes
+    meanwhile finds the loop awake, not asleep on a core that must be woken (on a GPU host
+    that wake is most of a unix socket's round trip). The cost: a core kept busy for `spin_s`
+    after each event, so all the time while a target drafts. Everything else is the wrapped
+    selector's."""
 
-    def __init__(self, name: str) -> None:
-        self.loop = asyncio.new_event_loop()
+    def __init__(self, inner: selectors.BaseSelector, spin_s: float) -> None:
+        self._inner, self._spin_s = inner, spin_s
+        self._until = 0.0  # poll instead of sleeping until then (time.monotonic)
+
+    def select(self, timeout: float | None = None):
+        if timeout is None or timeout > 0:
+            start = time.monotonic()
+            if start < self._until:
+                end = self._until if timeout is None else min(self._until, start + timeout)
+                while not (events := self._inner.select(0)):
+                    if time.monotonic() >= end:
+                        break
+                else:
+                    self._until = time.monotonic() + self._spin_s
+                    return events
+                if timeout is not None:
+                    timeout = max(0.0, timeout - (time.monotonic() - start))
+        events = self._inner.select(timeout)
+        if events:
+            self._until = time.monotonic() + self._spin_s
+        return events
+
+    def register(self, fileobj, events, data=None):
+        return self._inner.register(fileobj, events, data)
+
+    def unregister(self, fileobj):
+        return self._inner.unregister(fileobj)
+
+    def modify(self, fileobj, events, data=None):
+        return self._inner.modify(fileobj, events, data)
+
+    def get_key(self, fileobj):
+        return self._inner.get_key(fileobj)
+
+    def get_map(self):
+        return self._inner.get_map()
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class LoopThread:
+    """An asyncio event loop running in a daemon thread; `run(coro)` waits for its result.
+    `spin_s` > 0: the loop polls that long after each event before it sleeps (`SpinSelector`)."""
+
+    def __init__(self, name: str, spin_s: float = 0.0) -> None:
+        if spin_s > 0:
+            selector = SpinSelector(selectors.DefaultSelector(), spin_s)
+            self.loop: asyncio.AbstractEventLoop = asyncio.SelectorEventLoop(selector)
+        else:
+            self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
         self._thread.start()
 

@@ -56,6 +56,12 @@ FLAGS = {
         " in socket mode: no gRPC on the round trip",
         env="SPECWIRE_DRAFTER_SOCKET",
     ),
+    "spin_ms": Flag(
+        "after each event, poll this long before sleeping, so a target's question finds the"
+        " service awake (a shorter round trip, mostly on the socket; a core stays busy while"
+        " targets draft); 0: sleep at once",
+        env="SPECWIRE_DRAFTER_SPIN_MS",
+    ),
 }
 
 

@@ -238,7 +238,7 @@ class DrafterServer:
 
 def serve(config: DrafterServiceConfig, drafter: SessionDrafter | None = None) -> DrafterServer:
     """Start the service; `drafter` overrides `config.drafter` (tests inject their own)."""
-    loop = LoopThread("specwire-drafter-grpc")
+    loop = LoopThread("specwire-drafter-grpc", config.spin_ms / 1000)
     servicer = DrafterServicer(config)
 
     async def start():

@@ -42,8 +42,12 @@ from specwire.target_service.drafters.remote_channel import (
     RemoteDrafterConfig,
     handshake,
 )
-from specwire.target_service.drafters.remote_frames import FramedCall, SocketStreamCall
-from specwire.target_service.drafters.remote_relay import RelayStreamCall
+from specwire.target_service.drafters.remote_frames import (
+    SPIN_WAIT_S,
+    FramedCall,
+    SocketStreamCall,
+)
+from specwire.target_service.drafters.remote_relay import RelayStreamCall, spin_ms
 from specwire.target_service.drafters.remote_sessions import Reply, read_reply
 
 log = logging.getLogger(__name__)
@@ -220,7 +224,11 @@ class RemoteConnection:
         stream = None
         if self.config.mode == "socket":
             stream = SocketStreamCall(
-                self.config.socket, self._security.token, self.info, self.config.connect_timeout_s
+                self.config.socket,
+                self._security.token,
+                self.info,
+                self.config.connect_timeout_s,
+                SPIN_WAIT_S if spin_ms() > 0 else 0.0,  # $SPECWIRE_RELAY_SPIN_MS as the relay's
             )
         elif self.framed:
             stream = RelayStreamCall(

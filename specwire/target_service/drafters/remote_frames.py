@@ -148,9 +148,12 @@ class FramedCall:
 class SocketStreamCall(FramedCall):
     """A DraftStream as frames on a drafter service's unix socket (module docstring)."""
 
-    def __init__(self, path: str, token: str | None, info, timeout_s: float) -> None:
+    def __init__(
+        self, path: str, token: str | None, info, timeout_s: float, spin_wait_s: float = 0.0
+    ) -> None:
         """Connect to `path`, send the setup (the token) and check that the drafter there is
-        the one `info` (GetInfo's reply) describes, within `timeout_s`; raises UserError."""
+        the one `info` (GetInfo's reply) describes, within `timeout_s`; raises UserError.
+        `spin_wait_s`: as `FramedCall`'s (a step waiting for a reply polls that long first)."""
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.settimeout(timeout_s)
         try:
@@ -162,7 +165,7 @@ class SocketStreamCall(FramedCall):
                 "drafter service started with --socket on this host?"
             ) from None
         fd = self._sock.fileno()
-        super().__init__(fd, fd)
+        super().__init__(fd, fd, spin_wait_s)
         self._write(json.dumps({"token": token}).encode())
         got = self._wait_setup(timeout_s)
         try:
