@@ -55,8 +55,8 @@ from specwire.target_service.drafters.remote_relay import SPIN_ENV  # noqa: E402
 # instead of sleeping on it ($SPECWIRE_RELAY_SPIN_MS=20), "-socket" for the drafter service's
 # unix socket (its --socket, the target's --drafter-mode socket), "-socket-dspin" for that
 # drafter's event loop polling 20 ms after each event (--spin-ms 20) and "-socket-spin" for
-# that and the target's waiting step polling too ($SPECWIRE_RELAY_SPIN_MS=20), to measure them
-# side by side.
+# that and the target's waiting step polling too (--drafter-spin-ms 20), to measure them side
+# by side.
 CONFIGS = {
     "none": "none",
     "none-sync": "none",
@@ -256,6 +256,8 @@ def running_config(config: str, args: argparse.Namespace) -> Iterator[Server]:
             cmd += ["--drafter-mode", "relay"]
         if "-socket" in config:
             cmd += ["--drafter-mode", "socket", "--drafter-socket", sock]
+        if config.endswith("-socket-spin"):  # the waiting step polls the socket too
+            cmd += ["--drafter-spin-ms", "20"]
         if "-gain" in config:
             cmd += ["--drafter-wait-rule", "gain"]
         if config.endswith("-p0"):
@@ -287,7 +289,7 @@ def running_config(config: str, args: argparse.Namespace) -> Iterator[Server]:
         if config.endswith("-noexact"):
             cmd += ["--exact", "off"]  # (the default, auto, is on for SmolLM2 in bf16)
         env = _env()
-        if "-spin" in config:  # the relay and a step waiting on a framed reply poll instead
+        if "-relay" in config and "-spin" in config:  # the relay and a waiting step poll
             env[SPIN_ENV] = "20"
         proc, m = start_service(cmd, env, TARGET_READY, timeout=args.ready_timeout, cwd=ROOT)
         procs.append(proc)

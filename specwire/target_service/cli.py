@@ -69,6 +69,12 @@ ENGINE_FLAGS = {
         "remote drafters in socket mode: the unix socket that the drafter service named by"
         " the drafter flag serves (the path it was given as its socket)"
     ),
+    "drafter_spin_ms": Flag(
+        "remote drafters in socket mode: a step waiting for a reply polls the socket this long"
+        " (at most its wait) before it sleeps; with the drafter's spin of the same name"
+        " (its env variable is this one's) neither end must be woken",
+        env="SPECWIRE_DRAFTER_SPIN_MS",
+    ),
     "drafter_deadline_ms": Flag("remote drafters: wait this long for drafts, then go without"),
     "drafter_patience_ms": Flag(
         "remote drafters: wait this long for drafts asked for as the previous step committed,"

@@ -55,6 +55,8 @@ class TargetConfig:
     # socket when a socket path is given, else stream.
     drafter_mode: str = "auto"
     drafter_socket: str = ""  # socket mode: the drafter service's unix socket
+    # Socket mode: a step waiting for a reply polls this long first (RemoteDrafterConfig).
+    drafter_spin_ms: float = 0.0
     drafter_deadline_ms: float = 50.0
     # Remote drafters: how long a step waits for the drafts asked for as the previous step
     # committed before going without them (a later reply is kept for the steps after);
@@ -120,6 +122,8 @@ class TargetConfig:
                 f" got {self.drafter_mode!r}"
             )
         check_socket(self.drafter_mode, self.drafter_socket)
+        if self.drafter_spin_ms < 0:
+            raise UserError(f"--drafter-spin-ms must be >= 0, got {self.drafter_spin_ms}")
         if self.drafter_deadline_ms <= 0:
             raise UserError("--drafter-deadline-ms must be > 0")
         if self.drafter_patience_ms != -1 and not (

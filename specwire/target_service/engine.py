@@ -88,6 +88,7 @@ def make_drafter(cfg: TargetConfig, loaded: LoadedModel) -> Drafter | None:
             max_inflight=cfg.drafter_max_inflight,
             wait_rule=cfg.drafter_wait_rule,
             socket=cfg.drafter_socket,
+            spin_ms=cfg.drafter_spin_ms,
         )
     if ":" in spec:
         return load_plugin_drafter(spec, cfg.max_draft_len)

@@ -138,6 +138,7 @@ class RemoteDrafter(PrefetchReplies, FinishedNotices, Drafter):
         max_inflight: int = 2,
         wait_rule: str = "share",
         socket: str = "",
+        spin_ms: float = 0.0,
     ) -> None:
         super().__init__(max_draft_len)
         self.config = RemoteDrafterConfig(
@@ -150,6 +151,7 @@ class RemoteDrafter(PrefetchReplies, FinishedNotices, Drafter):
             wait_rule=wait_rule,
             max_inflight=max_inflight,
             socket=socket,
+            spin_ms=spin_ms,
         )
         self.security = security or ClientSecurity()
         self.name = f"grpc://{self.config.target}"

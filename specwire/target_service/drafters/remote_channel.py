@@ -76,6 +76,9 @@ class RemoteDrafterConfig:
     max_inflight: int = 2
     # Socket mode: the drafter service's unix socket (`specwire drafter --socket PATH`).
     socket: str = ""
+    # Socket mode: a step waiting for a reply polls the socket this long (at most its wait)
+    # before it sleeps, as the drafter's `--spin-ms` keeps its loop polling; 0: it sleeps.
+    spin_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.target or ":" not in self.target:
@@ -96,6 +99,8 @@ class RemoteDrafterConfig:
                 f"drafter max in flight must be between 1 and {MAX_INFLIGHT}, "
                 f"got {self.max_inflight}"
             )
+        if self.spin_ms < 0:
+            raise UserError(f"--drafter-spin-ms must be >= 0, got {self.spin_ms}")
         if self.deadline_ms <= 0 or self.connect_timeout_s <= 0:
             raise UserError("drafter deadline and connect timeout must be > 0")
         if self.patience_ms != -1 and not 0 <= self.patience_ms <= self.deadline_ms:

@@ -228,7 +228,7 @@ class RemoteConnection:
                 self._security.token,
                 self.info,
                 self.config.connect_timeout_s,
-                SPIN_WAIT_S if spin_ms() > 0 else 0.0,  # $SPECWIRE_RELAY_SPIN_MS as the relay's
+                self.config.spin_ms / 1000 or (SPIN_WAIT_S if spin_ms() > 0 else 0.0),
             )
         elif self.framed:
             stream = RelayStreamCall(

@@ -1,6 +1,8 @@
-"""transport.SpinSelector (`specwire drafter --spin-ms`): after an event the loop polls
-instead of sleeping for the spin window, then sleeps as before; a loop run on it serves the
-drafter service over gRPC and the unix socket alike."""
+"""Polling instead of sleeping, at both ends of the socket. The drafter's
+`transport.SpinSelector` (`specwire drafter --spin-ms`): after an event the loop polls for the
+spin window, then sleeps as before; a loop run on it serves the drafter service over gRPC and
+the unix socket alike. The target's `--drafter-spin-ms`: a step waiting for a reply on the
+socket polls (spends its thread's CPU) instead of sleeping."""
 
 from __future__ import annotations
 
@@ -8,9 +10,12 @@ import os
 import selectors
 import time
 
+import pytest
 from remote_harness import REPETITIVE, make_request
 
+from specwire.common.errors import UserError
 from specwire.common.transport import LoopThread, SpinSelector
+from specwire.target_service.config import TargetConfig
 
 
 class CountingSelector(selectors.DefaultSelector):
@@ -76,3 +81,25 @@ def test_a_drafter_service_with_spin_drafts_on_the_socket_and_the_stream(servers
         server = servers(spin_ms=20)
         h = servers.harness(f"grpc://{server.address}", mode=mode, lookahead=0)
         assert h.step([make_request("a", REPETITIVE)]) == [[3, 4, 1, 2]], mode
+
+
+def _waiting_cpu_s(servers, spin_ms: float) -> float:
+    """CPU seconds the executor's thread spends in a step that waits ~60 ms for its drafts."""
+    server = servers(delay_ms=60)
+    h = servers.harness(f"grpc://{server.address}", mode="socket", lookahead=0, spin_ms=spin_ms)
+    assert h.step([make_request("warm", REPETITIVE)]) == [[3, 4, 1, 2]]  # sessions, connection
+    t0, c0 = time.monotonic(), time.thread_time()
+    assert h.step([make_request("a", REPETITIVE)]) == [[3, 4, 1, 2]]
+    cpu, wall = time.thread_time() - c0, time.monotonic() - t0
+    assert wall >= 0.05  # it did wait for the drafter's delay
+    return cpu
+
+
+def test_the_targets_waiting_step_polls_the_socket_only_with_drafter_spin_ms(servers):
+    assert _waiting_cpu_s(servers, spin_ms=0) < 0.01  # asleep in select(2)
+    assert _waiting_cpu_s(servers, spin_ms=200) > 0.02  # polling through the wait
+
+
+def test_drafter_spin_ms_must_not_be_negative():
+    with pytest.raises(UserError, match="--drafter-spin-ms must be >= 0"):
+        TargetConfig(drafter="grpc://127.0.0.1:1", drafter_spin_ms=-1)
