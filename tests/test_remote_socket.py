@@ -13,6 +13,7 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -220,3 +221,23 @@ def test_the_stream_takes_its_replies_on_its_own_thread_not_in_the_device_wait(s
     t0 = time.monotonic()
     h.drafter.device_running(lambda: time.monotonic() - t0 > 5)
     assert time.monotonic() - t0 < 0.02  # returned at once: the reader thread's job
+
+
+def test_a_draining_drafter_keeps_its_open_socket_streams_for_the_grace(servers):
+    """SIGTERM's drain (`DrafterServer.drain`): the socket file goes at once, so nobody new
+    connects, while an open socket stream keeps drafting for the grace, as gRPC's streams do;
+    then it ends, and the target's next step goes without drafts (fail-open)."""
+    server = servers()
+    h = servers.harness(f"grpc://{server.address}", mode="socket", lookahead=0)
+    assert h.step([make_request("a", REPETITIVE)]) == [[3, 4, 1, 2]]
+    t0 = time.monotonic()
+    drain = threading.Thread(target=server.drain, args=(2.0,))
+    drain.start()
+    wait_until(lambda: not os.path.exists(server.config.socket), 5, what="the socket file gone")
+    with pytest.raises(OSError):
+        connect(server.config.socket)
+    assert h.step([make_request("b", REPETITIVE)]) == [[3, 4, 1, 2]]  # still drafting
+    drain.join(timeout=15)
+    assert not drain.is_alive()
+    assert time.monotonic() - t0 >= 1.5  # the open stream held the drain for its grace
+    assert h.step([make_request("c", REPETITIVE)]) == [[]]  # ended: no drafts, no error

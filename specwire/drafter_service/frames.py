@@ -79,18 +79,24 @@ class FrameServer:
             why = exc.strerror or exc
             raise UserError(f"--socket {self.path}: cannot listen ({why})") from None
 
-    async def stop(self) -> None:
-        """Stop listening, end the open connections and remove the socket file."""
+    async def stop(self, grace: float = 0.0) -> None:
+        """Stop listening and remove the socket file, so nobody new connects; the open
+        connections keep drafting for up to `grace` seconds (as the service's open gRPC
+        streams do while it drains), then end."""
         if self._server is None:
             return
         self._server.close()
-        for writer in list(self._writers):
-            writer.close()
-        await self._server.wait_closed()
         try:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        while self._writers and loop.time() < deadline:
+            await asyncio.sleep(min(0.05, max(0.0, deadline - loop.time())))
+        for writer in list(self._writers):
+            writer.close()
+        await self._server.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1

@@ -224,9 +224,12 @@ class DrafterServer:
             return
         self._stopped = True
         self.loop.run(self.health.enter_graceful_shutdown())
-        if self.frames is not None:
-            self.loop.run(self.frames.stop())
-        self.loop.run(self.server.stop(grace))
+
+        async def stop_both() -> None:  # the socket's streams get the same grace, meanwhile
+            frames = self.frames.stop(grace or 0.0) if self.frames is not None else None
+            await asyncio.gather(self.server.stop(grace), *([frames] if frames else []))
+
+        self.loop.run(stop_both())
         self.loop.close()
         self.servicer.pool.shutdown(wait=True, cancel_futures=True)
         engine = self.servicer.engine
