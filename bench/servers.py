@@ -53,10 +53,11 @@ from specwire.target_service.drafters.remote_relay import SPIN_ENV  # noqa: E402
 # (--drafter-mode relay), "-gain" for auto patience that waits as long as the drafts pay for
 # the wait (--drafter-wait-rule gain), "-spin" for a relay whose two ends poll the pipe
 # instead of sleeping on it ($SPECWIRE_RELAY_SPIN_MS=20), "-socket" for the drafter service's
-# unix socket (its --socket, the target's --drafter-mode socket), "-socket-dspin" for that
-# drafter's event loop polling 20 ms after each event (--spin-ms 20) and "-socket-spin" for
-# that and the target's waiting step polling too (--drafter-spin-ms 20), to measure them side
-# by side.
+# unix socket (its --socket, the target's --drafter-mode socket; the target's polling is its
+# default, auto: on a GPU), "-socket-nospin" for that with no polling at either end
+# (--drafter-spin-ms 0), "-socket-dspin" for the drafter's event loop alone polling 20 ms after
+# each event (its --spin-ms 20) and "-socket-spin" for both ends polling 20 ms
+# (--spin-ms 20, --drafter-spin-ms 20), to measure them side by side.
 CONFIGS = {
     "none": "none",
     "none-sync": "none",
@@ -85,6 +86,7 @@ CONFIGS = {
     "remote-ngram-socket-gain": "remote",
     "remote-ngram-socket-dspin": "remote",
     "remote-ngram-socket-spin": "remote",
+    "remote-ngram-socket-nospin": "remote",
     "none-proc": "none",
     "ngram-proc": "ngram",
     "remote-ngram-proc": "remote",
@@ -120,6 +122,7 @@ REMOTE_DRAFTERS = {  # service --drafter
     "remote-ngram-socket-gain": "ngram",
     "remote-ngram-socket-dspin": "ngram",
     "remote-ngram-socket-spin": "ngram",
+    "remote-ngram-socket-nospin": "ngram",
     "remote-ngram-proc": "ngram",
     "remote-ngram-inproc": "ngram",
     "remote-ngram-exact": "ngram",
@@ -258,6 +261,8 @@ def running_config(config: str, args: argparse.Namespace) -> Iterator[Server]:
             cmd += ["--drafter-mode", "socket", "--drafter-socket", sock]
         if config.endswith("-socket-spin"):  # the waiting step polls the socket too
             cmd += ["--drafter-spin-ms", "20"]
+        if config.endswith(("-socket-dspin", "-socket-nospin")):  # (auto polls on a GPU)
+            cmd += ["--drafter-spin-ms", "0"]
         if "-gain" in config:
             cmd += ["--drafter-wait-rule", "gain"]
         if config.endswith("-p0"):

@@ -6,12 +6,15 @@ socket polls (spends its thread's CPU) instead of sleeping."""
 
 from __future__ import annotations
 
+import json
 import os
 import selectors
 import time
 
 import pytest
+from procs import wait_until
 from remote_harness import REPETITIVE, make_request
+from test_remote_socket import connect, frame, read_reply
 
 from specwire.common.errors import UserError
 from specwire.common.transport import LoopThread, SpinSelector
@@ -97,9 +100,37 @@ def _waiting_cpu_s(servers, spin_ms: float) -> float:
 
 def test_the_targets_waiting_step_polls_the_socket_only_with_drafter_spin_ms(servers):
     assert _waiting_cpu_s(servers, spin_ms=0) < 0.01  # asleep in select(2)
-    assert _waiting_cpu_s(servers, spin_ms=200) > 0.02  # polling through the wait
+    assert _waiting_cpu_s(servers, spin_ms=100) > 0.02  # polling through the wait
 
 
-def test_drafter_spin_ms_must_not_be_negative():
-    with pytest.raises(UserError, match="--drafter-spin-ms must be >= 0"):
-        TargetConfig(drafter="grpc://127.0.0.1:1", drafter_spin_ms=-1)
+def test_drafter_spin_ms_is_checked_and_auto_is_off_on_the_cpu():
+    for bad in (-2, 101):
+        with pytest.raises(UserError, match="--drafter-spin-ms must be from 0 to 100"):
+            TargetConfig(drafter="grpc://127.0.0.1:1", drafter_spin_ms=bad)
+    auto = TargetConfig(drafter="grpc://127.0.0.1:1", drafter_socket="/tmp/d.sock")
+    assert auto.drafter_mode == "socket" and auto.drafter_spin_ms == 0  # a CPU target's cores
+    assert TargetConfig(drafter_spin_ms=5).drafter_spin_ms == 5
+
+
+def test_a_target_on_the_socket_has_the_drafter_poll_while_it_is_connected(servers):
+    """`--drafter-spin-ms` asks the drafter service (the socket's setup) to poll as long after
+    each event while that target is connected: the most any connection asked, or the
+    service's own `--spin-ms`; a request past the limit is refused in the setup."""
+    server = servers(spin_ms=5)
+    frames = server.frames
+    assert frames.spin_s == 0.005
+    a = servers.harness(f"grpc://{server.address}", mode="socket", lookahead=0, spin_ms=20)
+    assert a.step([make_request("a", REPETITIVE)]) == [[3, 4, 1, 2]]
+    assert frames.spin_s == 0.02
+    b = servers.harness(f"grpc://{server.address}", mode="socket", lookahead=0, spin_ms=50)
+    assert b.step([make_request("b", REPETITIVE)]) == [[3, 4, 1, 2]]
+    assert frames.spin_s == 0.05
+    b.drafter.close()
+    wait_until(lambda: frames.spin_s == 0.02, 5, what="b's polling given back")
+    a.drafter.close()
+    wait_until(lambda: frames.spin_s == 0.005, 5, what="the service's own polling again")
+    with connect(server.config.socket) as sock:
+        sock.sendall(frame(json.dumps({"token": None, "spin_ms": 1000}).encode()))
+        answer = json.loads(read_reply(sock)[0])
+    assert answer == {"error": "spin_ms must be a number of milliseconds from 0 to 100"}
+    assert frames.spin_s == 0.005

@@ -71,7 +71,8 @@ class SpinSelector(selectors.BaseSelector):
     selector's."""
 
     def __init__(self, inner: selectors.BaseSelector, spin_s: float) -> None:
-        self._inner, self._spin_s = inner, spin_s
+        self._inner = inner
+        self.spin_s = spin_s  # may change while the loop runs (its own thread's writes)
         self._until = 0.0  # poll instead of sleeping until then (time.monotonic)
 
     def select(self, timeout: float | None = None):
@@ -83,13 +84,13 @@ class SpinSelector(selectors.BaseSelector):
                     if time.monotonic() >= end:
                         break
                 else:
-                    self._until = time.monotonic() + self._spin_s
+                    self._until = time.monotonic() + self.spin_s
                     return events
                 if timeout is not None:
                     timeout = max(0.0, timeout - (time.monotonic() - start))
         events = self._inner.select(timeout)
-        if events:
-            self._until = time.monotonic() + self._spin_s
+        if events and self.spin_s > 0:
+            self._until = time.monotonic() + self.spin_s
         return events
 
     def register(self, fileobj, events, data=None):
@@ -113,12 +114,14 @@ class SpinSelector(selectors.BaseSelector):
 
 class LoopThread:
     """An asyncio event loop running in a daemon thread; `run(coro)` waits for its result.
-    `spin_s` > 0: the loop polls that long after each event before it sleeps (`SpinSelector`)."""
+    With `spin_s` (a number, 0 included) the loop runs on a `SpinSelector` (`selector`), which
+    polls that long after each event before it sleeps; the spin may be changed later."""
 
-    def __init__(self, name: str, spin_s: float = 0.0) -> None:
-        if spin_s > 0:
-            selector = SpinSelector(selectors.DefaultSelector(), spin_s)
-            self.loop: asyncio.AbstractEventLoop = asyncio.SelectorEventLoop(selector)
+    def __init__(self, name: str, spin_s: float | None = None) -> None:
+        self.selector: SpinSelector | None = None
+        if spin_s is not None:
+            self.selector = SpinSelector(selectors.DefaultSelector(), spin_s)
+            self.loop: asyncio.AbstractEventLoop = asyncio.SelectorEventLoop(self.selector)
         else:
             self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)

@@ -9,9 +9,15 @@ before the next step is built is what lets that step draft.
 
 One connection is one DraftStream, served by the same code as the gRPC call
 (`DrafterServicer.stream`: the caller's stream limit, the sessions, the hop trace), on the same
-event loop. Its first frame is the target's setup, {"token": ...} (JSON); the answer is
-{"info": GetInfo's fields}, or {"error": why} and the connection closes. A stream that fails
-(a question that does not parse, a limit) ends with a FAILED frame that says why.
+event loop. Its first frame is the target's setup, {"token": ..., "spin_ms": ...} (JSON);
+the answer is {"info": GetInfo's fields}, or {"error": why} and the connection closes. A stream
+that fails (a question that does not parse, a limit) ends with a FAILED frame that says why.
+
+Polling. A target may ask (`spin_ms`, at most MAX_SPIN_MS) that the service's event loop poll
+for that long after each event before it sleeps, while its connection is open: its questions
+then find the loop awake instead of asleep on a core that must be woken, which on a GPU host is
+most of the round trip (bench/RESULTS.md, round 34). The loop polls for the most that any open
+connection asked, or the service's own `--spin-ms`, whichever is more.
 
 Who may connect. The socket file is created with mode 0600: only the service's own user can
 open it. When the service takes tokens (`--auth-token-file`) the setup must carry one of them,
@@ -19,8 +25,9 @@ and the caller's sessions are its token's, as on gRPC; without tokens each conne
 caller of its own ("peer:unix:N"), whose sessions go when it closes. TLS does not apply: the
 bytes never leave the host.
 
-Stopping (or draining) ends the socket's streams at once, without the grace gRPC streams get:
-the target goes without drafts and reconnects, as after any dropped stream.
+Stopping removes the socket file at once, so nobody new connects; the open streams keep
+drafting for the grace a drain gives (as the service's gRPC streams do), then end, and the
+target goes without drafts and reconnects, as after any dropped stream.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from specwire.common.security import token_identity, token_valid
 log = logging.getLogger(__name__)
 
 MAX_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
+MAX_SPIN_MS = 100.0  # the most polling a connection may ask for (module docstring)
 
 
 def check_socket_path(path: str) -> None:
@@ -54,11 +62,16 @@ def check_socket_path(path: str) -> None:
 class FrameServer:
     """The unix socket's server (module docstring), on the servicer's event loop."""
 
-    def __init__(self, servicer, path: str, tokens: tuple[str, ...]) -> None:
+    def __init__(self, servicer, path: str, tokens: tuple[str, ...], selector=None) -> None:
+        """`selector`: the event loop's `transport.SpinSelector`, whose polling connections may
+        ask for (None: they may not)."""
         self.servicer, self.path, self.tokens = servicer, path, tokens
         self.connections = 0  # accepted so far (names a tokenless caller)
         self._server: asyncio.AbstractServer | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self._selector = selector
+        self._own_spin_s = selector.spin_s if selector is not None else 0.0
+        self._asked: dict[int, float] = {}  # connection -> the polling it asked for (s)
 
     async def start(self) -> None:
         """Listen on `path` (mode 0600). A socket left there by a service that died is
@@ -100,16 +113,28 @@ class FrameServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
+        n = self.connections
         self._writers.add(writer)
         try:
-            owner = await self._setup(reader, writer, self.connections)
+            owner = await self._setup(reader, writer, n)
             if owner is not None:
                 await self._relay(reader, writer, owner)
         except (ConnectionError, asyncio.CancelledError):
             pass  # the target went away, or the service is stopping
         finally:
             self._writers.discard(writer)
+            if self._asked.pop(n, None) is not None:
+                self._respin()
             writer.close()
+
+    @property
+    def spin_s(self) -> float:
+        """How long the event loop polls after an event now (0: it sleeps at once)."""
+        return self._selector.spin_s if self._selector is not None else 0.0
+
+    def _respin(self) -> None:
+        if self._selector is not None:
+            self._selector.spin_s = max([self._own_spin_s, *self._asked.values()])
 
     async def _setup(self, reader, writer, n: int) -> str | None:
         """Read the setup, answer it; the caller's identity, or None (refused: said why)."""
@@ -125,11 +150,20 @@ class FrameServer:
         token = setup.get("token")
         if self.tokens and not token_valid(token, self.tokens):
             return await _answer(writer, {"error": "missing or invalid token"})
+        spin_ms = setup.get("spin_ms", 0)
+        if isinstance(spin_ms, bool) or not isinstance(spin_ms, int | float):
+            spin_ms = -1
+        if not 0 <= spin_ms <= MAX_SPIN_MS:
+            why = f"spin_ms must be a number of milliseconds from 0 to {MAX_SPIN_MS:g}"
+            return await _answer(writer, {"error": why})
         try:
             info = self.servicer.info()
         except UserError as exc:  # still starting, or draining
             return await _answer(writer, {"error": str(exc)})
         await _answer(writer, {"info": {k: getattr(info, k) for k in IDENTITY}})
+        if spin_ms > 0:
+            self._asked[n] = spin_ms / 1000
+            self._respin()
         return token_identity(token) if self.tokens else f"peer:unix:{n}"
 
     async def _relay(self, reader, writer, owner: str) -> None:

@@ -262,7 +262,7 @@ def serve(config: DrafterServiceConfig, drafter: SessionDrafter | None = None) -
         raise
     running = DrafterServer(server, servicer, health_servicer, port, config, loop)
     if config.socket:
-        running.frames = FrameServer(servicer, config.socket, config.security.tokens)
+        running.frames = FrameServer(servicer, config.socket, config.security.tokens, loop.selector)
         try:
             loop.run(running.frames.start())
         except BaseException:

@@ -71,8 +71,9 @@ ENGINE_FLAGS = {
     ),
     "drafter_spin_ms": Flag(
         "remote drafters in socket mode: a step waiting for a reply polls the socket this long"
-        " (at most its wait) before it sleeps; with the drafter's spin of the same name"
-        " (its env variable is this one's) neither end must be woken",
+        " (at most its wait) before it sleeps, and asks the drafter service to poll as long"
+        " after each event while connected, so neither end must be woken (a busy core each)"
+        "; -1 = auto: 20 on a CUDA device, else 0",
         env="SPECWIRE_DRAFTER_SPIN_MS",
     ),
     "drafter_deadline_ms": Flag("remote drafters: wait this long for drafts, then go without"),

@@ -12,7 +12,9 @@ from specwire.common.ngram import DEFAULT_MAX_NGRAM, VOTE
 from specwire.common.security import ClientSecurity
 from specwire.target_service.drafters.remote_channel import (
     ASK_AT,
+    AUTO_SPIN_MS,
     MAX_INFLIGHT,
+    MAX_SPIN_MS,
     MODES,
     WAIT_RULES,
     check_socket,
@@ -55,8 +57,9 @@ class TargetConfig:
     # socket when a socket path is given, else stream.
     drafter_mode: str = "auto"
     drafter_socket: str = ""  # socket mode: the drafter service's unix socket
-    # Socket mode: a step waiting for a reply polls this long first (RemoteDrafterConfig).
-    drafter_spin_ms: float = 0.0
+    # Socket mode: a step waiting for a reply polls this long first, and the drafter is asked
+    # to poll as long (RemoteDrafterConfig); -1 = auto: AUTO_SPIN_MS on a CUDA device, else 0.
+    drafter_spin_ms: float = -1.0
     drafter_deadline_ms: float = 50.0
     # Remote drafters: how long a step waits for the drafts asked for as the previous step
     # committed before going without them (a later reply is kept for the steps after);
@@ -122,8 +125,14 @@ class TargetConfig:
                 f" got {self.drafter_mode!r}"
             )
         check_socket(self.drafter_mode, self.drafter_socket)
-        if self.drafter_spin_ms < 0:
-            raise UserError(f"--drafter-spin-ms must be >= 0, got {self.drafter_spin_ms}")
+        if self.drafter_spin_ms == -1:
+            gpu = self.device.startswith("cuda") and self.drafter_mode == "socket"
+            object.__setattr__(self, "drafter_spin_ms", AUTO_SPIN_MS if gpu else 0.0)
+        if not 0 <= self.drafter_spin_ms <= MAX_SPIN_MS:
+            raise UserError(
+                f"--drafter-spin-ms must be from 0 to {MAX_SPIN_MS:g} (or -1: auto),"
+                f" got {self.drafter_spin_ms}"
+            )
         if self.drafter_deadline_ms <= 0:
             raise UserError("--drafter-deadline-ms must be > 0")
         if self.drafter_patience_ms != -1 and not (

@@ -33,6 +33,10 @@ MAX_INFLIGHT = 4  # the most questions `--drafter-max-inflight` may keep on the 
 # process (remote_relay.py), the same questions and replies on the drafter's unix socket
 # (remote_frames.py; `--drafter-socket`), or one unary Draft call per question.
 MODES = ("stream", "relay", "socket", "unary")
+# Socket mode's polling (`--drafter-spin-ms`): what auto picks for a target on a GPU, and the
+# most a drafter service grants a connection (drafter_service/frames.py, MAX_SPIN_MS).
+AUTO_SPIN_MS = 20.0
+MAX_SPIN_MS = 100.0
 # `--drafter-ask-at`: when a question asked as a step commits goes out (remote_patience.py).
 ASK_AT = ("auto", "timed", "commit", "launch")
 # `--drafter-wait-rule`: how long auto patience waits for a reply on its way
@@ -77,7 +81,8 @@ class RemoteDrafterConfig:
     # Socket mode: the drafter service's unix socket (`specwire drafter --socket PATH`).
     socket: str = ""
     # Socket mode: a step waiting for a reply polls the socket this long (at most its wait)
-    # before it sleeps, as the drafter's `--spin-ms` keeps its loop polling; 0: it sleeps.
+    # before it sleeps, and the drafter is asked to poll as long after each event while this
+    # target is connected; 0: both sleep (unless the drafter's own --spin-ms says otherwise).
     spin_ms: float = 0.0
 
     def __post_init__(self) -> None:
@@ -99,8 +104,11 @@ class RemoteDrafterConfig:
                 f"drafter max in flight must be between 1 and {MAX_INFLIGHT}, "
                 f"got {self.max_inflight}"
             )
-        if self.spin_ms < 0:
-            raise UserError(f"--drafter-spin-ms must be >= 0, got {self.spin_ms}")
+        if not 0 <= self.spin_ms <= MAX_SPIN_MS:
+            raise UserError(
+                f"--drafter-spin-ms must be from 0 to {MAX_SPIN_MS:g} (or -1: auto),"
+                f" got {self.spin_ms}"
+            )
         if self.deadline_ms <= 0 or self.connect_timeout_s <= 0:
             raise UserError("drafter deadline and connect timeout must be > 0")
         if self.patience_ms != -1 and not 0 <= self.patience_ms <= self.deadline_ms:

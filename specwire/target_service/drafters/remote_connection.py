@@ -42,12 +42,8 @@ from specwire.target_service.drafters.remote_channel import (
     RemoteDrafterConfig,
     handshake,
 )
-from specwire.target_service.drafters.remote_frames import (
-    SPIN_WAIT_S,
-    FramedCall,
-    SocketStreamCall,
-)
-from specwire.target_service.drafters.remote_relay import RelayStreamCall, spin_ms
+from specwire.target_service.drafters.remote_frames import FramedCall, SocketStreamCall
+from specwire.target_service.drafters.remote_relay import RelayStreamCall
 from specwire.target_service.drafters.remote_sessions import Reply, read_reply
 
 log = logging.getLogger(__name__)
@@ -228,7 +224,7 @@ class RemoteConnection:
                 self._security.token,
                 self.info,
                 self.config.connect_timeout_s,
-                self.config.spin_ms / 1000 or (SPIN_WAIT_S if spin_ms() > 0 else 0.0),
+                self.config.spin_ms / 1000,
             )
         elif self.framed:
             stream = RelayStreamCall(

@@ -153,7 +153,8 @@ class SocketStreamCall(FramedCall):
     ) -> None:
         """Connect to `path`, send the setup (the token) and check that the drafter there is
         the one `info` (GetInfo's reply) describes, within `timeout_s`; raises UserError.
-        `spin_wait_s`: as `FramedCall`'s (a step waiting for a reply polls that long first)."""
+        `spin_wait_s`: as `FramedCall`'s (a step waiting for a reply polls that long first),
+        and the drafter is asked to poll as long (its `FrameServer`: `spin_ms` in the setup)."""
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.settimeout(timeout_s)
         try:
@@ -166,7 +167,8 @@ class SocketStreamCall(FramedCall):
             ) from None
         fd = self._sock.fileno()
         super().__init__(fd, fd, spin_wait_s)
-        self._write(json.dumps({"token": token}).encode())
+        setup = {"token": token, **({"spin_ms": spin_wait_s * 1000} if spin_wait_s > 0 else {})}
+        self._write(json.dumps(setup).encode())
         got = self._wait_setup(timeout_s)
         try:
             setup = json.loads(got[0]) if got else {"error": self.end_reason}

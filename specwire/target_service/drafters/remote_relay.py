@@ -55,12 +55,12 @@ _READ_BYTES = 1 << 16
 _GRACE_S = 1.0  # a closed relay's time to end its stream and exit before it is killed
 _SECURITY_BYTES = ("ca", "cert", "key")  # ClientSecurity's PEM fields (base64 in the setup)
 # How long the relay keeps polling its stdin after a question before it sleeps
-# (`QuestionFrames`), from $SPECWIRE_RELAY_SPIN_MS; > 0 also makes a step waiting for a framed
-# reply (relay or socket) poll for up to SPIN_WAIT_S first; 0 (the default): both ends always
-# sleep in select(2). Polling is off by default until the GPU has judged it: on the dev VM's
-# two vCPUs the polling ends take the cores the drafter needs (5 % slower in the CPU proxy), and
-# the GPU run that was to compare them was lost (bench/RESULTS.md, round 32). 20 is the value
-# tried.
+# (`QuestionFrames`), from $SPECWIRE_RELAY_SPIN_MS; > 0 also makes a step waiting for the
+# relay's reply poll for up to SPIN_WAIT_S first; 0 (the default): both ends always sleep in
+# select(2). Polling is off by default until the GPU has judged it: on the dev VM's two vCPUs
+# the polling ends take the cores the drafter needs (5 % slower in the CPU proxy), and the GPU
+# run that was to compare them was lost (bench/RESULTS.md, round 32). 20 is the value tried.
+# (The socket's polling is the target's --drafter-spin-ms.)
 SPIN_MS = 0.0
 SPIN_ENV = "SPECWIRE_RELAY_SPIN_MS"
 
