@@ -171,7 +171,7 @@ def test_remote_drafter_with_branches_lossless_fp32_with_cuda_graphs(loaded, mod
     """A drafter service (n-gram) on loopback, asked for branches at every message and never
     waited for: drafts from replies, look-aheads and branches, output equal to plain
     decoding; the stream held by the target's threads, by a relay process, or as frames on
-    the service's unix socket."""
+    the service's unix socket (both ends polling: the target's auto on a GPU)."""
     from specwire.drafter_service.config import DrafterServiceConfig
     from specwire.drafter_service.server import serve
 
@@ -195,6 +195,8 @@ def test_remote_drafter_with_branches_lossless_fp32_with_cuda_graphs(loaded, mod
             ),
             loaded=loaded,
         )
+        if mode == "socket":  # auto polling on a GPU: the target asked the drafter to poll
+            assert eng.config.drafter_spin_ms == 20 and server.frames.spin_s == 0.02
         diff, c = _remote_run(eng, base, prompts)
         print(
             f"remote ({mode}) + branches fp32+graphs: {50 - len(diff)}/50 identical; accepted "

@@ -160,10 +160,10 @@ class FrameServer:
             info = self.servicer.info()
         except UserError as exc:  # still starting, or draining
             return await _answer(writer, {"error": str(exc)})
-        await _answer(writer, {"info": {k: getattr(info, k) for k in IDENTITY}})
-        if spin_ms > 0:
+        if spin_ms > 0:  # polling before the answer: the target's first question finds it
             self._asked[n] = spin_ms / 1000
             self._respin()
+        await _answer(writer, {"info": {k: getattr(info, k) for k in IDENTITY}})
         return token_identity(token) if self.tokens else f"peer:unix:{n}"
 
     async def _relay(self, reader, writer, owner: str) -> None:
