@@ -26,6 +26,8 @@ IDENTITY = ("protocol_version", "name", "vocab_size", "tokenizer_fingerprint")
 # The longest question a drafter reads: gRPC's default receive limit, so a question one wire
 # takes the other takes too (a longer length ends the stream, as on gRPC).
 MAX_FRAME = 4 << 20
+# The most polling (ms) a socket connection's setup may ask of the drafter service ("spin_ms").
+MAX_SPIN_MS = 100.0
 
 
 def reply_frame(payload: bytes, at: float) -> bytes:

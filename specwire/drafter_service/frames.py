@@ -43,14 +43,19 @@ import time
 from google.protobuf.message import DecodeError
 
 from specwire.common.errors import UserError
-from specwire.common.frames import IDENTITY, failed_frame, read_question, reply_frame
+from specwire.common.frames import (
+    IDENTITY,
+    MAX_SPIN_MS,
+    failed_frame,
+    read_question,
+    reply_frame,
+)
 from specwire.common.protogen import drafter_pb2
 from specwire.common.security import token_identity, token_valid
 
 log = logging.getLogger(__name__)
 
 MAX_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
-MAX_SPIN_MS = 100.0  # the most polling a connection may ask for (module docstring)
 
 
 def check_socket_path(path: str) -> None:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from specwire.common.drafting import MAX_BRANCHES
 from specwire.common.errors import UserError
+from specwire.common.frames import MAX_SPIN_MS
 from specwire.common.model.paged import blocks_for
 from specwire.common.ngram import DEFAULT_MAX_NGRAM, VOTE
 from specwire.common.security import ClientSecurity
@@ -14,7 +15,6 @@ from specwire.target_service.drafters.remote_channel import (
     ASK_AT,
     AUTO_SPIN_MS,
     MAX_INFLIGHT,
-    MAX_SPIN_MS,
     MODES,
     WAIT_RULES,
     check_socket,

@@ -19,6 +19,7 @@ import grpc
 
 from specwire.common.drafting import PROTOCOL_VERSION, check_compatible
 from specwire.common.errors import UserError
+from specwire.common.frames import MAX_SPIN_MS
 from specwire.common.hoptrace import TARGET as TRACE
 from specwire.common.protogen import drafter_pb2, drafter_pb2_grpc
 
@@ -33,10 +34,9 @@ MAX_INFLIGHT = 4  # the most questions `--drafter-max-inflight` may keep on the 
 # process (remote_relay.py), the same questions and replies on the drafter's unix socket
 # (remote_frames.py; `--drafter-socket`), or one unary Draft call per question.
 MODES = ("stream", "relay", "socket", "unary")
-# Socket mode's polling (`--drafter-spin-ms`): what auto picks for a target on a GPU, and the
-# most a drafter service grants a connection (drafter_service/frames.py, MAX_SPIN_MS).
+# Socket mode's polling (`--drafter-spin-ms`): what auto picks for a target on a GPU (at most
+# MAX_SPIN_MS, the most a drafter service grants a connection).
 AUTO_SPIN_MS = 20.0
-MAX_SPIN_MS = 100.0
 # `--drafter-ask-at`: when a question asked as a step commits goes out (remote_patience.py).
 ASK_AT = ("auto", "timed", "commit", "launch")
 # `--drafter-wait-rule`: how long auto patience waits for a reply on its way
