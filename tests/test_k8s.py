@@ -55,7 +55,12 @@ def base() -> list[dict]:
     return render(K8S)
 
 
-@pytest.mark.parametrize("path", [K8S, K8S / "overlays" / "gpu"], ids=["base", "gpu"])
+OVERLAYS = K8S / "overlays"
+
+
+@pytest.mark.parametrize(
+    "path", [K8S, OVERLAYS / "gpu", OVERLAYS / "gpu-sidecar"], ids=["base", "gpu", "gpu-sidecar"]
+)
 def test_manifests_validate_against_the_schemas(path: Path) -> None:
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
     docs = render(path)
@@ -109,3 +114,36 @@ def test_gpu_overlay_puts_the_target_on_a_gpu() -> None:
     assert by_kind(docs, "ConfigMap")["specwire-config"]["data"]["SPECWIRE_DEVICE"] == "cuda"
     drafter = by_kind(docs, "Deployment")["specwire-drafter"]["spec"]["template"]["spec"]
     assert "nvidia.com/gpu" not in drafter["containers"][0]["resources"]["limits"]
+
+
+def test_gpu_sidecar_overlay_runs_the_drafter_in_the_targets_pod_on_a_socket() -> None:
+    """One pod: the GPU target and its drafter as a native sidecar (started first, so the
+    target finds it), sharing an emptyDir for the drafter's unix socket; the target names the
+    drafter on loopback and that socket; the base's drafter Deployment and Service are gone."""
+    docs = render(OVERLAYS / "gpu-sidecar")
+    assert set(by_kind(docs, "Deployment")) == {"specwire-target"}
+    assert set(by_kind(docs, "Service")) == {"specwire-target"}
+    config = by_kind(docs, "ConfigMap")["specwire-config"]["data"]
+    pod = by_kind(docs, "Deployment")["specwire-target"]["spec"]["template"]["spec"]
+    (target,) = pod["containers"]
+    (drafter,) = pod["initContainers"]
+    assert drafter["restartPolicy"] == "Always"  # a sidecar, not a run-once init container
+    assert target["resources"]["limits"]["nvidia.com/gpu"] == 1
+    (volume,) = pod["volumes"]
+    assert "emptyDir" in volume
+
+    def env(container: dict) -> dict[str, str]:
+        return {e["name"]: e.get("value") for e in container["env"]}
+
+    def mount(container: dict) -> str:
+        (m,) = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+        return m["mountPath"]
+
+    socket = env(target)["SPECWIRE_DRAFTER_SOCKET"]
+    assert env(drafter)["SPECWIRE_DRAFTER_SOCKET"] == socket
+    assert mount(target) == mount(drafter) == socket.rsplit("/", 1)[0]
+    assert env(target)["SPECWIRE_DRAFTER"] == f"grpc://127.0.0.1:{config['SPECWIRE_DRAFTER_PORT']}"
+    assert env(drafter)["SPECWIRE_DRAFTER"] == "ngram"
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert drafter[probe]["grpc"]["port"] == int(config["SPECWIRE_DRAFTER_PORT"])
+    assert drafter["securityContext"]["allowPrivilegeEscalation"] is False
