@@ -22,7 +22,7 @@ replies not back by the end of that step, which serve a step later. Here the cal
 thread is the busy one, as a target's executor is between a step's commit and its next wait.
 
     python bench/drafter_ping.py [--steps 600] [--batches 1,8,32] \
-        [--modes stream,relay,socket,unary] [--busy-threads 0,1] \
+        [--modes stream,relay,socket,socket-spin,unary] [--busy-threads 0,1] \
         [--submit-host-ms 0.3,0.6 --submit-gpu-ms 0.8]
 """
 
@@ -97,16 +97,18 @@ def ping(
     """Seconds per `prepare_draft_tokens` (one message and its reply), after the warm-up;
     `sock`: the service's unix socket (socket mode)."""
     cls = FutureUnary if mode == "unary-future" else RemoteDrafter
+    carrier = mode.removesuffix("-future").removesuffix("-spin")
     d = cls(
         address,
         4,
         50_000,
         "fp",
-        mode=mode.removesuffix("-future"),
+        mode=carrier,
         deadline_ms=1000,
         lookahead=0,
         connect_timeout_s=30,
-        socket=sock if mode == "socket" else "",
+        socket=sock if carrier == "socket" else "",
+        spin_ms=20.0 if mode == "socket-spin" else 0.0,  # both ends poll (--drafter-spin-ms)
     )
     res = ResourceRegistry()
     res.add(d.spec_resource_manager)
@@ -199,7 +201,9 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument(
-        "--modes", default="stream,unary", help="stream, relay, socket, unary, unary-future"
+        "--modes",
+        default="stream,unary",
+        help="stream, relay, socket, socket-spin (both ends polling), unary, unary-future",
     )
     ap.add_argument("--busy-threads", default="0", help="e.g. 0,1: busy Python threads")
     ap.add_argument(
