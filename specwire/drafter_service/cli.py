@@ -59,7 +59,7 @@ FLAGS = {
     "spin_ms": Flag(
         "after each event, poll this long before sleeping, so a target's question finds the"
         " service awake (a shorter round trip, mostly on the socket; a core stays busy while"
-        " targets draft); 0: sleep at once",
+        " targets draft); 0 (or -1, a target's auto): only as socket connections ask",
         env="SPECWIRE_DRAFTER_SPIN_MS",
     ),
 }

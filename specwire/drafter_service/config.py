@@ -40,6 +40,8 @@ class DrafterServiceConfig:
     socket: str = ""
     # After each event the service's event loop polls this long before it sleeps, so that a
     # question finds it awake (transport.SpinSelector): a shorter round trip, a busy core.
+    # -1 (a target's auto, the two sharing SPECWIRE_DRAFTER_SPIN_MS) is 0 here: the service
+    # polls only as its socket's connections ask.
     spin_ms: float = 0.0
 
     def __post_init__(self) -> None:
@@ -55,7 +57,7 @@ class DrafterServiceConfig:
             "--kv-blocks": (self.kv_blocks, 1),
             "--draft-probs-top-n": (self.draft_probs_top_n, 0),
             "--delay-ms": (self.delay_ms, 0),
-            "--spin-ms": (self.spin_ms, 0),
+            "--spin-ms": (self.spin_ms, -1),
             "max_workers": (self.max_workers, 1),
             "--max-sessions": (self.max_sessions, 1),
             "--max-session-tokens": (self.max_session_tokens, 1),

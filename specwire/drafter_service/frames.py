@@ -156,9 +156,8 @@ class FrameServer:
         if self.tokens and not token_valid(token, self.tokens):
             return await _answer(writer, {"error": "missing or invalid token"})
         spin_ms = setup.get("spin_ms", 0)
-        if isinstance(spin_ms, bool) or not isinstance(spin_ms, int | float):
-            spin_ms = -1
-        if not 0 <= spin_ms <= MAX_SPIN_MS:
+        number = isinstance(spin_ms, int | float) and not isinstance(spin_ms, bool)
+        if not (number and 0 <= spin_ms <= MAX_SPIN_MS):
             why = f"spin_ms must be a number of milliseconds from 0 to {MAX_SPIN_MS:g}"
             return await _answer(writer, {"error": why})
         try:

@@ -226,8 +226,10 @@ class DrafterServer:
         self.loop.run(self.health.enter_graceful_shutdown())
 
         async def stop_both() -> None:  # the socket's streams get the same grace, meanwhile
-            frames = self.frames.stop(grace or 0.0) if self.frames is not None else None
-            await asyncio.gather(self.server.stop(grace), *([frames] if frames else []))
+            stops = [self.server.stop(grace)]
+            if self.frames is not None:
+                stops.append(self.frames.stop(grace or 0.0))
+            await asyncio.gather(*stops)
 
         self.loop.run(stop_both())
         self.loop.close()
@@ -241,7 +243,7 @@ class DrafterServer:
 
 def serve(config: DrafterServiceConfig, drafter: SessionDrafter | None = None) -> DrafterServer:
     """Start the service; `drafter` overrides `config.drafter` (tests inject their own)."""
-    loop = LoopThread("specwire-drafter-grpc", config.spin_ms / 1000)
+    loop = LoopThread("specwire-drafter-grpc", max(0.0, config.spin_ms) / 1000)
     servicer = DrafterServicer(config)
 
     async def start():

@@ -142,7 +142,7 @@ def _drafter_mode(cfg: TargetConfig) -> str:
     """How the listening line names a remote drafter's carrier (empty for the others)."""
     if not cfg.drafter.startswith("grpc://"):
         return ""
-    return f" ({cfg.drafter_mode} {cfg.drafter_socket})".replace(" )", ")")
+    return f" ({' '.join(filter(None, (cfg.drafter_mode, cfg.drafter_socket)))})"
 
 
 def register(sub) -> None:

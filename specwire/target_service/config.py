@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING
 
 from specwire.common.drafting import MAX_BRANCHES
 from specwire.common.errors import UserError
-from specwire.common.frames import MAX_SPIN_MS
 from specwire.common.model.paged import blocks_for
 from specwire.common.ngram import DEFAULT_MAX_NGRAM, VOTE
 from specwire.common.security import ClientSecurity
@@ -18,6 +17,7 @@ from specwire.target_service.drafters.remote_channel import (
     MODES,
     WAIT_RULES,
     check_socket,
+    check_spin,
 )
 
 if TYPE_CHECKING:  # torch loads when a config is built, not when the CLI reads this class
@@ -128,11 +128,7 @@ class TargetConfig:
         if self.drafter_spin_ms == -1:
             gpu = self.device.startswith("cuda") and self.drafter_mode == "socket"
             object.__setattr__(self, "drafter_spin_ms", AUTO_SPIN_MS if gpu else 0.0)
-        if not 0 <= self.drafter_spin_ms <= MAX_SPIN_MS:
-            raise UserError(
-                f"--drafter-spin-ms must be from 0 to {MAX_SPIN_MS:g} (or -1: auto),"
-                f" got {self.drafter_spin_ms}"
-            )
+        check_spin(self.drafter_spin_ms)
         if self.drafter_deadline_ms <= 0:
             raise UserError("--drafter-deadline-ms must be > 0")
         if self.drafter_patience_ms != -1 and not (

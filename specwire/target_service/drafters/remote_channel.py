@@ -52,6 +52,15 @@ def check_socket(mode: str, socket: str) -> None:
         raise UserError("--drafter-socket is for --drafter-mode socket")
 
 
+def check_spin(spin_ms: float) -> None:
+    """Socket mode's polling, once auto (-1) is resolved, is 0 to MAX_SPIN_MS ms (the most a
+    drafter service grants); raises UserError."""
+    if not 0 <= spin_ms <= MAX_SPIN_MS:
+        raise UserError(
+            f"--drafter-spin-ms must be from 0 to {MAX_SPIN_MS:g} (or -1: auto), got {spin_ms}"
+        )
+
+
 @dataclass(frozen=True)
 class RemoteDrafterConfig:
     address: str  # "grpc://host:port" or "host:port"
@@ -104,11 +113,7 @@ class RemoteDrafterConfig:
                 f"drafter max in flight must be between 1 and {MAX_INFLIGHT}, "
                 f"got {self.max_inflight}"
             )
-        if not 0 <= self.spin_ms <= MAX_SPIN_MS:
-            raise UserError(
-                f"--drafter-spin-ms must be from 0 to {MAX_SPIN_MS:g} (or -1: auto),"
-                f" got {self.spin_ms}"
-            )
+        check_spin(self.spin_ms)
         if self.deadline_ms <= 0 or self.connect_timeout_s <= 0:
             raise UserError("drafter deadline and connect timeout must be > 0")
         if self.patience_ms != -1 and not 0 <= self.patience_ms <= self.deadline_ms:
