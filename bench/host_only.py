@@ -241,6 +241,7 @@ def main() -> int:
         help="recorded greedy outputs (branch_replay.py --save-outputs) as the stub's model",
     )
     ap.add_argument("--profile", choices=("executor", "output"), default=None)
+    ap.add_argument("--profile-rows", type=int, default=30, help="functions --profile prints")
     ap.add_argument(
         "--draft-lengths",
         action="store_true",
@@ -397,7 +398,7 @@ def main() -> int:
         if service is not None:
             stop_service(service)
     if profiler is not None:
-        pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(args.profile_rows)
     return 0
 
 

@@ -95,6 +95,8 @@ class FramedCall:
                 self.ended = True
                 break
             self._in += chunk
+            if len(chunk) < _READ_BYTES:  # a short read drained the descriptor: no EAGAIN
+                break  # read to learn it (a syscall a step); more is read at the next call
         out = []
         while len(self._in) >= REPLY.size:
             n, at = REPLY.unpack_from(self._in)
