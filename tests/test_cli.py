@@ -14,7 +14,7 @@ import sys
 
 import pytest
 import torch
-from procs import output_tail, running_service, wait_until
+from procs import free_port, output_tail, running_service, start_service, stop_service, wait_until
 
 from specwire.common.cli import build_parser
 from specwire.common.client import GenerationClient
@@ -272,3 +272,31 @@ def test_json_logs_are_one_object_per_line() -> None:
     # Nothing else on stderr: every stderr line is a JSON record (gRPC core is quiet too).
     stderr = [ln for ln in output_tail(proc).splitlines() if ln.startswith("[stderr] ")]
     assert all(ln.removeprefix("[stderr] ").startswith("{") for ln in stderr), stderr
+
+
+def test_a_target_waits_for_a_drafter_started_after_it() -> None:
+    """`--drafter-wait-s`: a target started before its drafter (a pod or container that comes
+    up first) says in its log that it is waiting, then starts and drafts once the drafter is
+    up; with nobody there it gives up after the wait, with one line on stderr that says so."""
+    dport = free_port()
+    prompt = "the cat sat on the mat. the cat sat on the mat. the cat sat on the"
+    target = SPECWIRE + ["target", "--model", "tiny-random", "--port", "0", "--no-progress"]
+    target += ["--drafter", f"grpc://127.0.0.1:{dport}"]
+    proc, _ = start_service(target + ["--drafter-wait-s", "120"], None, None, timeout=120)
+    try:
+        wait_until(lambda: "is not reachable yet" in output_tail(proc), 120, what="the wait")
+        assert proc.poll() is None and "listening on" not in output_tail(proc)
+        drafter = SPECWIRE + ["drafter", "--port", str(dport)]
+        with running_service(drafter, None, rf"listening on 127.0.0.1:{dport}", 60):
+            wait_until(lambda: "listening on" in output_tail(proc), 60, what="the target")
+            port = re.search(r"listening on [\d.]+:(\d+)", output_tail(proc)).group(1)
+            with GenerationClient(f"127.0.0.1:{port}", timeout=60) as client:
+                out = client.generate(prompt, max_new_tokens=40)
+        assert out.speculation["accepted_tokens"] > 0
+    finally:
+        stop_service(proc)
+    bad = specwire(*target[len(SPECWIRE) :], "--drafter-wait-s", "0.5")
+    assert bad.returncode != 0
+    errors = [ln for ln in bad.stderr.decode().splitlines() if ln.startswith("specwire: error:")]
+    assert len(errors) == 1 and "is unreachable" in errors[0], bad.stderr.decode()
+    assert errors[0].endswith("waited 0.5 s (--drafter-wait-s)"), errors[0]

@@ -60,7 +60,7 @@ def test_handshake_accepts_matching_or_token_agnostic_drafters(servers):
 
 def test_handshake_refuses_unreachable_drafter_and_wrong_protocol(servers):
     with pytest.raises(UserError, match="unreachable"):
-        Harness(f"grpc://127.0.0.1:{free_port()}", connect_timeout_s=0.3)
+        Harness(f"grpc://127.0.0.1:{free_port()}", startup_wait_s=0.3)
 
     class FutureVersion(drafter_pb2_grpc.DrafterServiceServicer):
         def GetInfo(self, request, context):

@@ -77,6 +77,10 @@ ENGINE_FLAGS = {
         env="SPECWIRE_DRAFTER_SPIN_MS",
     ),
     "drafter_deadline_ms": Flag("remote drafters: wait this long for drafts, then go without"),
+    "drafter_wait_s": Flag(
+        "remote drafters, at start-up: wait this long for a drafter that is not up yet, then"
+        " refuse to start (once running, a drafter that goes away only costs drafts)"
+    ),
     "drafter_patience_ms": Flag(
         "remote drafters: wait this long for drafts asked for as the previous step committed,"
         " then go without and keep the late reply for the steps after"

@@ -61,6 +61,10 @@ class TargetConfig:
     # to poll as long (RemoteDrafterConfig); -1 = auto: AUTO_SPIN_MS on a CUDA device, else 0.
     drafter_spin_ms: float = -1.0
     drafter_deadline_ms: float = 50.0
+    # Remote drafters, at start-up: how long to wait for a drafter that is not up yet (a pod
+    # or container started before its drafter, a model drafter still loading) before refusing
+    # to start. Once started, a drafter that goes away only costs drafts (fail-open).
+    drafter_wait_s: float = 60.0
     # Remote drafters: how long a step waits for the drafts asked for as the previous step
     # committed before going without them (a later reply is kept for the steps after);
     # -1 = auto: only if due within 30 % of a drafting step, at most that long (the

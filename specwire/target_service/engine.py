@@ -89,6 +89,7 @@ def make_drafter(cfg: TargetConfig, loaded: LoadedModel) -> Drafter | None:
             wait_rule=cfg.drafter_wait_rule,
             socket=cfg.drafter_socket,
             spin_ms=cfg.drafter_spin_ms,
+            startup_wait_s=cfg.drafter_wait_s,
         )
     if ":" in spec:
         return load_plugin_drafter(spec, cfg.max_draft_len)

@@ -139,6 +139,7 @@ class RemoteDrafter(PrefetchReplies, FinishedNotices, Drafter):
         wait_rule: str = "share",
         socket: str = "",
         spin_ms: float = 0.0,
+        startup_wait_s: float = 5.0,
     ) -> None:
         super().__init__(max_draft_len)
         self.config = RemoteDrafterConfig(
@@ -152,6 +153,7 @@ class RemoteDrafter(PrefetchReplies, FinishedNotices, Drafter):
             max_inflight=max_inflight,
             socket=socket,
             spin_ms=spin_ms,
+            startup_wait_s=startup_wait_s,
         )
         self.security = security or ClientSecurity()
         self.name = f"grpc://{self.config.target}"

@@ -93,6 +93,9 @@ class RemoteDrafterConfig:
     # before it sleeps, and the drafter is asked to poll as long after each event while this
     # target is connected; 0: both sleep (unless the drafter's own --spin-ms says otherwise).
     spin_ms: float = 0.0
+    # At start-up: how long the handshake waits for a drafter that is not up yet (still
+    # starting, or started after the target), before the target gives up and refuses to start.
+    startup_wait_s: float = 5.0
 
     def __post_init__(self) -> None:
         if not self.target or ":" not in self.target:
@@ -116,6 +119,8 @@ class RemoteDrafterConfig:
         check_spin(self.spin_ms)
         if self.deadline_ms <= 0 or self.connect_timeout_s <= 0:
             raise UserError("drafter deadline and connect timeout must be > 0")
+        if self.startup_wait_s <= 0:
+            raise UserError(f"--drafter-wait-s must be > 0, got {self.startup_wait_s:g}")
         if self.patience_ms != -1 and not 0 <= self.patience_ms <= self.deadline_ms:
             raise UserError(
                 "drafter patience must be between 0 and the deadline "
@@ -135,6 +140,11 @@ class RemoteDrafterConfig:
     @property
     def stall_s(self) -> float:
         return max(1.0, 20 * self.deadline_ms / 1000)
+
+
+class DrafterUnreachable(UserError):
+    """The handshake found no drafter answering (as against one that answered and does not
+    fit)."""
 
 
 def handshake(
@@ -162,7 +172,7 @@ def handshake(
             break
         except grpc.RpcError as exc:
             if not wait or exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() >= end:
-                raise UserError(
+                raise DrafterUnreachable(
                     f"drafter at {name} is unreachable ({exc.code().name}: {exc.details()})"
                 ) from None
             time.sleep(0.05)

@@ -38,6 +38,7 @@ from specwire.common.transport import make_channel
 from specwire.target_service.drafters.remote_channel import (
     CHANNEL_OPTIONS,
     MAX_INFLIGHT,
+    DrafterUnreachable,
     DraftStreamCall,
     RemoteDrafterConfig,
     handshake,
@@ -49,6 +50,8 @@ from specwire.target_service.drafters.remote_sessions import Reply, read_reply
 log = logging.getLogger(__name__)
 
 _KEEP = MAX_INFLIGHT + 1  # replies held for their steps at most (`_hand`)
+# At start-up the handshake waits this long before it says in the log that it is waiting.
+STARTUP_QUIET_S = 2.0
 
 
 class RemoteConnection:
@@ -87,7 +90,7 @@ class RemoteConnection:
         self._channel = make_channel(config.target, security, CHANNEL_OPTIONS)
         self.stub = drafter_pb2_grpc.DrafterServiceStub(self._channel)
         try:
-            self.info = self._handshake(config.connect_timeout_s)
+            self.info = self._startup_handshake()
         except BaseException:
             self._channel.close()
             raise
@@ -203,6 +206,27 @@ class RemoteConnection:
         with self.cv:
             lost, self._lost_sync = self._lost_sync, False
         return lost
+
+    def _startup_handshake(self) -> drafter_pb2.GetInfoResponse:
+        """The first handshake: waits up to `startup_wait_s` for a drafter that is not up yet,
+        saying so in the log once the first seconds have passed; raises UserError."""
+        wait = self.config.startup_wait_s
+        first = min(wait, STARTUP_QUIET_S)
+        try:
+            try:
+                return self._handshake(first)
+            except DrafterUnreachable as exc:
+                if wait <= first:
+                    raise
+                log.warning(
+                    "drafter %s is not reachable yet (%s); waiting up to %g s more",
+                    self.name,
+                    exc,
+                    wait - first,
+                )
+            return self._handshake(wait - first)
+        except DrafterUnreachable as exc:
+            raise DrafterUnreachable(f"{exc}; waited {wait:g} s (--drafter-wait-s)") from None
 
     def _handshake(self, timeout_s: float, wait: bool = True) -> drafter_pb2.GetInfoResponse:
         """See `remote_channel.handshake`; raises UserError."""
