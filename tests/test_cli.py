@@ -242,6 +242,12 @@ def test_a_negative_lookahead_other_than_auto_is_refused() -> None:
         TargetConfig(drafter_lookahead=-2)
 
 
+@pytest.mark.parametrize("wait", [0, -1, float("nan")])
+def test_a_drafter_wait_that_is_not_positive_is_refused(wait) -> None:
+    with pytest.raises(UserError, match="--drafter-wait-s must be > 0"):
+        TargetConfig(drafter_wait_s=wait)
+
+
 @pytest.mark.parametrize("value", ["0", "-1e-3", "1e-7", "0.5"])
 def test_a_gil_switch_interval_out_of_range_is_a_one_line_error(value) -> None:
     proc = specwire("target", f"--gil-switch-interval={value}")

@@ -18,6 +18,7 @@ from specwire.target_service.drafters.remote_channel import (
     WAIT_RULES,
     check_socket,
     check_spin,
+    check_wait,
 )
 
 if TYPE_CHECKING:  # torch loads when a config is built, not when the CLI reads this class
@@ -135,6 +136,7 @@ class TargetConfig:
         check_spin(self.drafter_spin_ms)
         if self.drafter_deadline_ms <= 0:
             raise UserError("--drafter-deadline-ms must be > 0")
+        check_wait(self.drafter_wait_s)
         if self.drafter_patience_ms != -1 and not (
             0 <= self.drafter_patience_ms <= self.drafter_deadline_ms
         ):

@@ -61,6 +61,12 @@ def check_spin(spin_ms: float) -> None:
         )
 
 
+def check_wait(wait_s: float) -> None:
+    """The start-up wait for a drafter (`--drafter-wait-s`) is > 0 s; raises UserError."""
+    if not wait_s > 0:
+        raise UserError(f"--drafter-wait-s must be > 0, got {wait_s:g}")
+
+
 @dataclass(frozen=True)
 class RemoteDrafterConfig:
     address: str  # "grpc://host:port" or "host:port"
@@ -119,8 +125,7 @@ class RemoteDrafterConfig:
         check_spin(self.spin_ms)
         if self.deadline_ms <= 0 or self.connect_timeout_s <= 0:
             raise UserError("drafter deadline and connect timeout must be > 0")
-        if self.startup_wait_s <= 0:
-            raise UserError(f"--drafter-wait-s must be > 0, got {self.startup_wait_s:g}")
+        check_wait(self.startup_wait_s)
         if self.patience_ms != -1 and not 0 <= self.patience_ms <= self.deadline_ms:
             raise UserError(
                 "drafter patience must be between 0 and the deadline "
