@@ -45,6 +45,7 @@ from procs import free_port, start_service, stop_service  # noqa: E402
 
 from specwire.common.drafters.ngram import NGramDrafter  # noqa: E402
 from specwire.target_service.drafters.remote import RemoteDrafter  # noqa: E402
+from specwire.target_service.drafters.remote_channel import RemoteDrafterConfig  # noqa: E402
 from specwire.target_service.request import Request, RequestState  # noqa: E402
 from specwire.target_service.resources.base import ResourceRegistry  # noqa: E402
 
@@ -98,18 +99,16 @@ def ping(
     `sock`: the service's unix socket (socket mode)."""
     cls = FutureUnary if mode == "unary-future" else RemoteDrafter
     carrier = mode.removesuffix("-future").removesuffix("-spin")
-    d = cls(
+    config = RemoteDrafterConfig(
         address,
-        4,
-        50_000,
-        "fp",
         mode=carrier,
         deadline_ms=1000,
-        lookahead=0,
         connect_timeout_s=30,
         socket=sock if carrier == "socket" else "",
         spin_ms=20.0 if mode == "socket-spin" else 0.0,  # both ends poll (--drafter-spin-ms)
+        startup_wait_s=30,
     )
+    d = cls(config, 4, 50_000, "fp", lookahead=0)
     res = ResourceRegistry()
     res.add(d.spec_resource_manager)
     reqs = []
@@ -160,9 +159,10 @@ def submit_ping(
     """(seconds from each `submit` to its reply's arrival, replies not back by the end of the
     step after it) — see the module docstring. Reads the drafter's prefetch bookkeeping
     (`_prefetch`, `_take_answered`): a benchmark of that path, not an API."""
-    d = RemoteDrafter(
-        address, 4, 50_000, "fp", mode=mode, deadline_ms=1000, lookahead=20, connect_timeout_s=30
+    config = RemoteDrafterConfig(
+        address, mode=mode, deadline_ms=1000, connect_timeout_s=30, startup_wait_s=30
     )
+    d = RemoteDrafter(config, 4, 50_000, "fp", lookahead=20)
     reqs = []
     for i in range(batch):
         r = Request(f"r{i}", list(range(100 + i, 400 + i)), max_new_tokens=10**6, max_draft_len=4)

@@ -43,6 +43,7 @@ from procs import start_service, stop_service  # noqa: E402
 from specwire.common.model.loader import LoadedModel, load_model  # noqa: E402
 from specwire.target_service.config import TargetConfig  # noqa: E402
 from specwire.target_service.drafters.remote import RemoteDrafter  # noqa: E402
+from specwire.target_service.drafters.remote_channel import RemoteDrafterConfig  # noqa: E402
 from specwire.target_service.engine import Engine, build_engine  # noqa: E402
 from specwire.target_service.output import Complete  # noqa: E402
 
@@ -253,11 +254,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name, spec, *mode in configs:
             TimedRemoteDrafter.settings = dict(
-                address=address,
+                config=RemoteDrafterConfig(
+                    address, mode=mode[0] if mode else "stream", deadline_ms=args.deadline_ms
+                ),
                 vocab_size=loaded.config.vocab_size,
                 tokenizer_fingerprint=tok.fingerprint,
-                mode=mode[0] if mode else "stream",
-                deadline_ms=args.deadline_ms,
             )
             eng = make_engine(loaded, args, spec, max_context_len)
             run_batch(eng, ids[:2], 8)  # warm-up: connection, graphs, allocator

@@ -8,6 +8,7 @@ import shutil
 import tempfile
 
 from specwire.target_service.drafters.remote import RemoteDrafter
+from specwire.target_service.drafters.remote_channel import RemoteDrafterConfig
 from specwire.target_service.request import Request, RequestState
 from specwire.target_service.resources.base import ResourceRegistry
 
@@ -68,15 +69,12 @@ class Harness:
     """A RemoteDrafter with its resource registry, as the executor drives it."""
 
     def __init__(self, address: str, mode: str = "stream", deadline_ms: float = 2000, **kw):
-        self.drafter = RemoteDrafter(
-            address,
-            max_draft_len=4,
-            vocab_size=kw.pop("vocab", VOCAB),
-            tokenizer_fingerprint=kw.pop("fp", FP),
-            mode=mode,
-            deadline_ms=deadline_ms,
-            **kw,
-        )
+        """`kw`: RemoteDrafter's own arguments (security, lookahead, branches), `vocab` and
+        `fp` (the target's), and RemoteDrafterConfig fields."""
+        own = {k: kw.pop(k) for k in ("security", "lookahead", "branches") if k in kw}
+        vocab, fp = kw.pop("vocab", VOCAB), kw.pop("fp", FP)
+        config = RemoteDrafterConfig(address, mode=mode, deadline_ms=deadline_ms, **kw)
+        self.drafter = RemoteDrafter(config, 4, vocab, fp, **own)
         self.resources = ResourceRegistry()
         self.resources.add(self.drafter.spec_resource_manager)
 

@@ -72,24 +72,28 @@ def make_drafter(cfg: TargetConfig, loaded: LoadedModel) -> Drafter | None:
         return SessionDrafterAdapter(draft, cfg.max_draft_len)
     if spec.startswith("grpc://"):
         from specwire.target_service.drafters.remote import RemoteDrafter
+        from specwire.target_service.drafters.remote_channel import RemoteDrafterConfig
 
-        return RemoteDrafter(
-            spec.removeprefix("grpc://"),
-            max_draft_len=cfg.max_draft_len,
-            vocab_size=loaded.config.vocab_size,
-            tokenizer_fingerprint=loaded.tokenizer.fingerprint,
+        remote = RemoteDrafterConfig(
+            spec,
             mode=cfg.drafter_mode,
             deadline_ms=cfg.drafter_deadline_ms,
-            security=cfg.drafter_security,
-            lookahead=cfg.drafter_lookahead,
             patience_ms=cfg.drafter_patience_ms,
-            branches=cfg.drafter_branches,
             ask_at=cfg.drafter_ask_at,
-            max_inflight=cfg.drafter_max_inflight,
             wait_rule=cfg.drafter_wait_rule,
+            max_inflight=cfg.drafter_max_inflight,
             socket=cfg.drafter_socket,
             spin_ms=cfg.drafter_spin_ms,
             startup_wait_s=cfg.drafter_wait_s,
+        )
+        return RemoteDrafter(
+            remote,
+            max_draft_len=cfg.max_draft_len,
+            vocab_size=loaded.config.vocab_size,
+            tokenizer_fingerprint=loaded.tokenizer.fingerprint,
+            security=cfg.drafter_security,
+            lookahead=cfg.drafter_lookahead,
+            branches=cfg.drafter_branches,
         )
     if ":" in spec:
         return load_plugin_drafter(spec, cfg.max_draft_len)

@@ -63,7 +63,6 @@ from specwire.common.protogen import drafter_pb2
 from specwire.common.security import ClientSecurity
 from specwire.target_service.drafters.base import Drafter
 from specwire.target_service.drafters.remote_channel import (
-    DEFAULT_DEADLINE_MS,
     PROTOCOL_VERSION,
     RemoteDrafterConfig,
 )
@@ -123,38 +122,19 @@ class RemoteDrafter(PrefetchReplies, FinishedNotices, Drafter):
 
     def __init__(
         self,
-        address: str,
+        config: RemoteDrafterConfig,
         max_draft_len: int,
         vocab_size: int,
         tokenizer_fingerprint: str,
-        mode: str = "stream",
-        deadline_ms: float = DEFAULT_DEADLINE_MS,
-        connect_timeout_s: float = 5.0,
         security: ClientSecurity | None = None,
         lookahead: int = -1,
-        patience_ms: float = -1.0,
         branches: int = -1,
-        ask_at: str = "auto",
-        max_inflight: int = 2,
-        wait_rule: str = "share",
-        socket: str = "",
-        spin_ms: float = 0.0,
-        startup_wait_s: float = 5.0,
     ) -> None:
+        """Handshake with the drafter `config` names (raises UserError); `lookahead` (tokens
+        asked past a step's drafts) and `branches` (alternatives per draft position): -1 auto,
+        by what the drafter offers."""
         super().__init__(max_draft_len)
-        self.config = RemoteDrafterConfig(
-            address,
-            mode,
-            deadline_ms,
-            connect_timeout_s,
-            patience_ms=patience_ms,
-            ask_at=ask_at,
-            wait_rule=wait_rule,
-            max_inflight=max_inflight,
-            socket=socket,
-            spin_ms=spin_ms,
-            startup_wait_s=startup_wait_s,
-        )
+        self.config = config
         self.security = security or ClientSecurity()
         self.name = f"grpc://{self.config.target}"
         self.vocab_size = vocab_size
