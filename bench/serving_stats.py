@@ -459,8 +459,11 @@ def paired_ratios(passes: list[dict], key: str = "tok_per_s") -> dict[int, dict]
     ratio of the pairs that ran "on" first and of those that ran "off" first (a gap between
     the two is drift within a pair, or one half's passes changing the server for the other),
     the ratio of the halves' mean tok/s, and what each half drafted: tokens from the requests'
-    own stats and, with --metrics, drafting steps (an "off" half must have none). A pair
-    missing a half or a figure is counted in `skipped`."""
+    own stats and, with --metrics, drafting steps (an "off" half must have none), and the
+    tokens each half generated (`tokens_on` / `tokens_off`: halves are different prompts, and
+    in a pass short enough for its ramp-up and drain to weigh, the half with fewer tokens
+    reads slower whatever it runs). A pair missing a half or a figure is counted in
+    `skipped`."""
     pairs: dict[tuple[int, int], dict] = {}
     for p in passes:
         if p.get("pair") is None or not p.get("timed", True):
@@ -474,9 +477,10 @@ def paired_ratios(passes: list[dict], key: str = "tok_per_s") -> dict[int, dict]
         cell = out.setdefault(c, dict(skipped=0, on_first=[], off_first=[], on=[], off=[]))
         for side in ("on", "off"):
             if side in slot:
-                cell[f"drafted_{side}"] = (
-                    cell.get(f"drafted_{side}", 0) + (slot[side]["summary"]["drafted"])
-                )
+                summary = slot[side]["summary"]
+                cell[f"drafted_{side}"] = cell.get(f"drafted_{side}", 0) + summary["drafted"]
+                done = summary.get("completion_tokens") or 0
+                cell[f"tokens_{side}"] = cell.get(f"tokens_{side}", 0) + done
                 steps = slot[side].get("draft_steps")
                 if steps is not None:
                     cell[f"draft_steps_{side}"] = cell.get(f"draft_steps_{side}", 0) + steps
@@ -551,8 +555,8 @@ def paired_markdown(results: list[dict]) -> str:
         "",
         "| server | c | pairs | on tok/s | off tok/s | on ÷ off (range of pairs) | on first / "
         "off first | on ÷ off, steady | on ÷ none (fresh servers) | off ÷ none | drafted "
-        "tokens on / off | drafting steps on / off |",
-        "|---" * 12 + "|",
+        "tokens on / off | drafting steps on / off | tokens on ÷ off |",
+        "|---" * 13 + "|",
     ]
     pooled: dict[str, dict[int, dict[str, list]]] = {}
     for rec in results:
@@ -577,7 +581,8 @@ def paired_markdown(results: list[dict]) -> str:
                 f"{_f(statistics.fmean(cell['off']) if cell['off'] else None, '.1f')} | "
                 f"{_range(cell)} | {orders} | {_range(steady.get(c))} | "
                 f"{_x(f.get('on'))} | {_x(f.get('off'))} | "
-                f"{cell.get('drafted_on', 0)} / {cell.get('drafted_off', 0)} | {steps} |"
+                f"{cell.get('drafted_on', 0)} / {cell.get('drafted_off', 0)} | {steps} | "
+                f"{ratio(cell.get('tokens_on'), cell.get('tokens_off'))} |"
             )
     lines += [
         "",

@@ -126,9 +126,11 @@ def test_client_processes_share_every_prompt_once_and_the_concurrency() -> None:
     assert shares(1, 8, 4) == [([0], 2)]
 
 
-def _paired(c: int, pair: int, on: bool, tok_s: float | None, drafted: int = 0, **extra) -> dict:
+def _paired(
+    c: int, pair: int, on: bool, tok_s: float | None, drafted: int = 0, tokens: int = 0, **extra
+) -> dict:
     name = f"c={c} {'on' if on else 'off'} #{pair}"
-    summary = {"tok_per_s": tok_s, "drafted": drafted}
+    summary = {"tok_per_s": tok_s, "drafted": drafted, "completion_tokens": tokens}
     return {"name": name, "concurrency": c, "timed": True, "pair": pair, "speculate": on,
             "summary": summary, **extra}  # fmt: skip
 
@@ -140,10 +142,10 @@ def test_paired_ratios_per_pair_with_their_spread_and_both_orders() -> None:
 
     passes = [
         {"name": "warm-up on", "concurrency": 2, "timed": False, "summary": {"tok_per_s": 1.0}},
-        _paired(8, 0, True, 120.0, drafted=50, draft_steps=10.0),  # on first: 1.2
-        _paired(8, 0, False, 100.0, draft_steps=0.0),
-        _paired(8, 1, False, 100.0, draft_steps=0.0),  # off first: 0.9
-        _paired(8, 1, True, 90.0, drafted=30, draft_steps=7.0),
+        _paired(8, 0, True, 120.0, drafted=50, tokens=900, draft_steps=10.0),  # on first: 1.2
+        _paired(8, 0, False, 100.0, tokens=1000, draft_steps=0.0),
+        _paired(8, 1, False, 100.0, tokens=1100, draft_steps=0.0),  # off first: 0.9
+        _paired(8, 1, True, 90.0, drafted=30, tokens=1000, draft_steps=7.0),
         _paired(64, 0, True, 300.0),
         _paired(64, 0, False, None),  # no figure: skipped
     ]
@@ -158,6 +160,7 @@ def test_paired_ratios_per_pair_with_their_spread_and_both_orders() -> None:
     assert cell["ratio_of_means"] == pytest.approx(105.0 / 100.0)
     assert (cell["drafted_on"], cell["drafted_off"]) == (80, 0)
     assert (cell["draft_steps_on"], cell["draft_steps_off"]) == (17.0, 0.0)
+    assert (cell["tokens_on"], cell["tokens_off"]) == (1900, 2100)
     assert got[64]["skipped"] == 1 and got[64]["ratios"] == [] and "mean" not in got[64]
     steady = paired_ratios(
         [
@@ -175,8 +178,8 @@ def test_fresh_server_ratios_match_passes_by_name_within_a_round() -> None:
     from serving_stats import fresh_ratios, paired_markdown
 
     def server(config: str, rnd: int, on: list[float], off: list[float]) -> dict:
-        passes = [_paired(8, p, True, t) for p, t in enumerate(on)]
-        passes += [_paired(8, p, False, t) for p, t in enumerate(off)]
+        passes = [_paired(8, p, True, t, tokens=950) for p, t in enumerate(on)]
+        passes += [_paired(8, p, False, t, tokens=1000) for p, t in enumerate(off)]
         return {"config": config, "round": rnd, "passes": passes[::-1] if rnd else passes}
 
     results = [
@@ -194,6 +197,7 @@ def test_fresh_server_ratios_match_passes_by_name_within_a_round() -> None:
     # ngram round 0: pairs 1.05 and 1.26 (on first in both: listed first)
     assert "| ngram r0 | 8 | 2 | 115.5 | 100.0 | 1.155× (1.050–1.260) |" in table
     assert "| 1.100× | 1.000× | 0 / 0 |" in table
+    assert table.splitlines()[4].endswith("| 0.95× |")  # every server: 1900 / 2000 tokens
     # pooled: four pairs (1.05, 1.26, 0.905, 0.905), servers' means 1.155 and 0.905, rounds
     # on / none 1.1 and 0.95
     assert "| ngram | 8 | 2 | 4 | 1.030× (0.905–1.260) |" in table
