@@ -149,7 +149,11 @@ class RemoteDrafterConfig:
 
 class DrafterUnreachable(UserError):
     """The handshake found no drafter answering (as against one that answered and does not
-    fit)."""
+    fit); `reason`: gRPC's status and details."""
+
+    def __init__(self, name: str, reason: str, waited: str = "") -> None:
+        super().__init__(f"drafter at {name} is unreachable ({reason}){waited}")
+        self.name, self.reason = name, reason
 
 
 def handshake(
@@ -177,9 +181,7 @@ def handshake(
             break
         except grpc.RpcError as exc:
             if not wait or exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() >= end:
-                raise DrafterUnreachable(
-                    f"drafter at {name} is unreachable ({exc.code().name}: {exc.details()})"
-                ) from None
+                raise DrafterUnreachable(name, f"{exc.code().name}: {exc.details()}") from None
             time.sleep(0.05)
     if info.protocol_version != PROTOCOL_VERSION:
         raise UserError(

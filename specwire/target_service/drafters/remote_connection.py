@@ -221,12 +221,13 @@ class RemoteConnection:
                 log.warning(
                     "drafter %s is not reachable yet (%s); waiting up to %g s more",
                     self.name,
-                    exc,
+                    exc.reason,
                     wait - first,
                 )
             return self._handshake(wait - first)
         except DrafterUnreachable as exc:
-            raise DrafterUnreachable(f"{exc}; waited {wait:g} s (--drafter-wait-s)") from None
+            waited = f"; waited {wait:g} s (--drafter-wait-s)"
+            raise DrafterUnreachable(exc.name, exc.reason, waited) from None
 
     def _handshake(self, timeout_s: float, wait: bool = True) -> drafter_pb2.GetInfoResponse:
         """See `remote_channel.handshake`; raises UserError."""
