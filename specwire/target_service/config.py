@@ -13,6 +13,7 @@ from specwire.common.security import ClientSecurity
 from specwire.target_service.drafters.remote_channel import (
     ASK_AT,
     AUTO_SPIN_MS,
+    DEFAULT_WAIT_S,
     MAX_INFLIGHT,
     MODES,
     WAIT_RULES,
@@ -65,7 +66,7 @@ class TargetConfig:
     # Remote drafters, at start-up: how long to wait for a drafter that is not up yet (a pod
     # or container started before its drafter, a model drafter still loading) before refusing
     # to start. Once started, a drafter that goes away only costs drafts (fail-open).
-    drafter_wait_s: float = 60.0
+    drafter_wait_s: float = DEFAULT_WAIT_S
     # Remote drafters: how long a step waits for the drafts asked for as the previous step
     # committed before going without them (a later reply is kept for the steps after);
     # -1 = auto: only if due within 30 % of a drafting step, at most that long (the

@@ -24,6 +24,8 @@ from specwire.common.hoptrace import TARGET as TRACE
 from specwire.common.protogen import drafter_pb2, drafter_pb2_grpc
 
 DEFAULT_DEADLINE_MS = 50.0
+# At start-up, how long a target waits for a drafter that is not up yet (--drafter-wait-s).
+DEFAULT_WAIT_S = 60.0
 CHANNEL_OPTIONS = [  # notice a restarted drafter within ~1 s (gRPC's default waits up to 120 s)
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
@@ -101,7 +103,7 @@ class RemoteDrafterConfig:
     spin_ms: float = 0.0
     # At start-up: how long the handshake waits for a drafter that is not up yet (still
     # starting, or started after the target), before the target gives up and refuses to start.
-    startup_wait_s: float = 5.0
+    startup_wait_s: float = DEFAULT_WAIT_S
 
     def __post_init__(self) -> None:
         if not self.target or ":" not in self.target:
