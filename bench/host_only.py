@@ -28,7 +28,10 @@ and every thread's contention for the GIL are real.
 
 Prints tok/s per pass and, with --profile, the top functions of that thread (cProfile;
 wall time, so a function's share includes its waits for the GIL); with --draft-lengths, how
-many drafts each drafting row got over the run (0: a step that went without).
+many drafts each drafting row got over the run (0: a step that went without). With
+--device-ms, each pass also says how long the simulated device sat idle before each step that
+only decodes, drafted or plain: the host time on the critical path between one step's end and
+the next one's launch (for a plain step the overlap hides most of it).
 """
 
 from __future__ import annotations
@@ -76,11 +79,32 @@ class DeviceClock:
     def __init__(self, ms: float, us_per_token: float) -> None:
         self.step_s, self.token_s = ms / 1e3, us_per_token / 1e6
         self.free_at = 0.0
+        # kind -> [launches, seconds the device sat idle before them]: for a decode step, the
+        # host time on the critical path since the step before it ended (`idle_summary`).
+        self.idle: dict[str, list] = {}
 
-    def launch(self, tokens: int) -> _StepEnd:
-        start = max(time.perf_counter(), self.free_at)
+    def launch(self, tokens: int, kind: str | None = None) -> _StepEnd:
+        """`kind`: "drafted" or "plain" for a step that only decodes (its idle time is
+        counted), None for one that prefills (the gap before it is the client's)."""
+        now = time.perf_counter()
+        if kind is not None and self.free_at:
+            count = self.idle.setdefault(kind, [0, 0.0])
+            count[0] += 1
+            count[1] += max(0.0, now - self.free_at)
+        start = max(now, self.free_at)
         self.free_at = start + self.step_s + tokens * self.token_s
         return _StepEnd(self.free_at)
+
+    def idle_summary(self) -> str:
+        """The device's idle time before each decode step's launch, by kind, since the last
+        call (then reset)."""
+        parts = [
+            f"{kind} {secs * 1e6 / n:.0f} us (x{n})"
+            for kind, (n, secs) in sorted(self.idle.items())
+            if n
+        ]
+        self.idle = {}
+        return "device idle before a decode step: " + (", ".join(parts) or "none")
 
 
 class _StepEnd:
@@ -176,7 +200,10 @@ class StubForward:
         self.last = np.where(pos % 5 == 4, self.alt[fed], self.table[fed])
         if self.truths is not None:
             self._replay(rows, pos)
-        done = self.device.launch(t) if self.device is not None else None
+        done = None
+        if self.device is not None:
+            kind = "drafted" if any(row.drafts for row in rows) else "plain"
+            done = self.device.launch(t, kind if all(row.decode for row in rows) else None)
         greedy = torch.from_numpy(self.last)
         return StepLogits(torch.empty(0), step.spans, "stub", greedy=greedy, done=done)
 
@@ -367,6 +394,8 @@ def main() -> int:
         for plan in plans:
             t0 = time.perf_counter()
             cpu.reset()
+            if device is not None:
+                device.idle_summary()  # from this pass on
             halves = two_batch_steps()
             rec = await run_pass(engine, plan, args, pool, params_for=params_for)
             checked = replay.check(rec["outputs"]) if replay is not None else 0
@@ -379,7 +408,8 @@ def main() -> int:
                 f" over {cpu.steps} steps ({halves:.0f} two-batch), "
                 f"{cpu.seconds * 1e6 / max(rec['tokens'], 1):.1f} us/token "
                 f"[{time.perf_counter() - t0:.1f}s]"
-                + (f"; {checked} completions equal their recordings" if replay else ""),
+                + (f"; {checked} completions equal their recordings" if replay else "")
+                + (f"; {device.idle_summary()}" if device is not None else ""),
                 flush=True,
             )
 
