@@ -63,61 +63,13 @@ from host_probes import DraftLengths, StepCPU  # noqa: E402
 from procs import start_service, stop_service  # noqa: E402
 from prompt_pool import Prompt, build_pool  # noqa: E402
 from serving import plan_passes  # noqa: E402
+from sim_device import DeviceClock  # noqa: E402
 
 from specwire.target_service.config import TargetConfig  # noqa: E402
 from specwire.target_service.engine import build_engine  # noqa: E402
 from specwire.target_service.params import GenerationParams  # noqa: E402
 from specwire.target_service.runner.graphs import token_buckets  # noqa: E402
 from specwire.target_service.runner.model_runner import StepLogits  # noqa: E402
-
-
-class DeviceClock:
-    """A simulated device (`--device-ms`): steps run one after another, each taking a fixed
-    time plus a time per token; `synchronize` sleeps (the GIL released, as a CUDA wait) until
-    the step's end. A model of a GPU, not a measurement of one."""
-
-    def __init__(self, ms: float, us_per_token: float) -> None:
-        self.step_s, self.token_s = ms / 1e3, us_per_token / 1e6
-        self.free_at = 0.0
-        # kind -> [launches, seconds the device sat idle before them]: for a decode step, the
-        # host time on the critical path since the step before it ended (`idle_summary`).
-        self.idle: dict[str, list] = {}
-
-    def launch(self, tokens: int, kind: str | None = None) -> _StepEnd:
-        """`kind`: "drafted" or "plain" for a step that only decodes (its idle time is
-        counted), None for one that prefills (the gap before it is the client's)."""
-        now = time.perf_counter()
-        if kind is not None and self.free_at:
-            count = self.idle.setdefault(kind, [0, 0.0])
-            count[0] += 1
-            count[1] += max(0.0, now - self.free_at)
-        start = max(now, self.free_at)
-        self.free_at = start + self.step_s + tokens * self.token_s
-        return _StepEnd(self.free_at)
-
-    def idle_summary(self) -> str:
-        """The device's idle time before each decode step's launch, by kind, since the last
-        call (then reset)."""
-        parts = [
-            f"{kind} {secs * 1e6 / n:.0f} us (x{n})"
-            for kind, (n, secs) in sorted(self.idle.items())
-            if n
-        ]
-        self.idle = {}
-        return "device idle before a decode step: " + (", ".join(parts) or "none")
-
-
-class _StepEnd:
-    def __init__(self, at: float) -> None:
-        self.at = at
-
-    def query(self) -> bool:
-        return time.perf_counter() >= self.at
-
-    def synchronize(self) -> None:
-        left = self.at - time.perf_counter()
-        if left > 0:
-            time.sleep(left)
 
 
 class Replay:
@@ -395,7 +347,7 @@ def main() -> int:
             t0 = time.perf_counter()
             cpu.reset()
             if device is not None:
-                device.idle_summary()  # from this pass on
+                device.idle.clear()  # from this pass on
             halves = two_batch_steps()
             rec = await run_pass(engine, plan, args, pool, params_for=params_for)
             checked = replay.check(rec["outputs"]) if replay is not None else 0

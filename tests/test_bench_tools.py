@@ -51,6 +51,9 @@ def test_host_only_runs_speculation_in_two_batches_on_a_simulated_device():
     assert [p[0] for p in passes] == ["warm-up", "c=4", "replay"], out
     for _name, tokens, errors, steps, halves in passes:
         assert int(tokens) > 0 and errors == "0" and int(halves) > 0 and int(steps) > 0
+    # Every pass times the device's idle gaps before its decode steps, the drafted ones apart.
+    idle = re.findall(r"device idle before a decode step: drafted (\d+) us \(x(\d+)\)", out)
+    assert len(idle) == 3 and all(int(n) > 0 for _us, n in idle), out
 
 
 def test_drafter_cost_times_the_ngram_pool_and_a_service_message():
