@@ -31,6 +31,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from procs import free_port, output_tail, start_service, stop_service  # noqa: E402
 
 from specwire.drafter_service.config import DrafterServiceConfig  # noqa: E402
+from specwire.target_service.config import AUTO_DRAFT_LEN, AUTO_DRAFT_LEN_GPU  # noqa: E402
 from specwire.target_service.drafters.remote import LOOKAHEAD_STEPS  # noqa: E402
 from specwire.target_service.drafters.remote_relay import SPIN_ENV  # noqa: E402
 
@@ -152,7 +153,13 @@ def add_target_flags(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default=None, help="default: the target's (fp32 CPU, bf16 GPU)")
     g.add_argument("--max-batch-size", type=int, default=None)
     g.add_argument("--max-num-tokens", type=int, default=None)
-    g.add_argument("--max-draft-len", type=int, default=4, help="K, also the drafter service's")
+    g.add_argument(
+        "--max-draft-len",
+        type=int,
+        default=-1,
+        help="K (-1: the target's auto, 8 on a GPU, 4 on the CPU); the drafter service gets room"
+        " for it and its look-ahead",
+    )
     g.add_argument(
         "--target-arg",
         action="append",
@@ -236,7 +243,8 @@ def running_config(config: str, args: argparse.Namespace) -> Iterator[Server]:
             dcmd = [sys.executable, "-m", "specwire.common.cli", "drafter", "--host", "127.0.0.1"]
             dcmd += ["--port", "0", "--drafter", REMOTE_DRAFTERS[config]]
             # Room for the target's auto look-ahead: K drafts + LOOKAHEAD_STEPS (K+1) more.
-            room = args.max_draft_len + LOOKAHEAD_STEPS * (args.max_draft_len + 1)
+            k = draft_len(args)
+            room = k + LOOKAHEAD_STEPS * (k + 1)
             dcmd += ["--max-draft-len", str(max(DrafterServiceConfig().max_draft_len, room))]
             if args.drafter_delay_ms:  # a round trip longer than a step, on any machine
                 dcmd += ["--delay-ms", str(args.drafter_delay_ms)]
@@ -284,7 +292,7 @@ def running_config(config: str, args: argparse.Namespace) -> Iterator[Server]:
         if config.endswith("-inflight1"):  # one question at a time (before round 27)
             cmd += ["--drafter-max-inflight", "1"]
         if config.endswith("-la1"):  # round 23's auto look-ahead: one step's worth (K+1)
-            cmd += ["--drafter-lookahead", str(args.max_draft_len + 1)]
+            cmd += ["--drafter-lookahead", str(draft_len(args) + 1)]
         if config.endswith("-proc"):
             cmd += ["--engine-process", "on"]
         if config.endswith("-inproc"):
@@ -328,3 +336,12 @@ def scrape_metrics(url: str | None) -> dict[str, float]:
         for sample in family.samples:
             out[sample.name] = out.get(sample.name, 0.0) + sample.value
     return out
+
+
+def draft_len(args) -> int:
+    """The K the target runs with: `--max-draft-len`, or the target's auto for the device (a
+    `--target-arg` that turns graphs or the adaptive policy off is not seen here)."""
+    if args.max_draft_len >= 0:
+        return args.max_draft_len
+    gpu = args.device.startswith("cuda")
+    return AUTO_DRAFT_LEN_GPU if gpu else AUTO_DRAFT_LEN

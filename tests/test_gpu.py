@@ -11,7 +11,7 @@ from engine_driver import run_to_completion
 from lossless_prompts import lossless_prompts
 from remote_harness import record_prices
 
-from specwire.target_service.config import TargetConfig
+from specwire.target_service.config import AUTO_DRAFT_LEN_GPU, TargetConfig
 from specwire.target_service.engine import build_engine
 
 pytestmark = [
@@ -31,8 +31,7 @@ def _cfg(**kw):
         model=GPU_MODEL,
         device="cuda",
         dtype="float32",
-        drafter="ngram",
-        max_draft_len=4,
+        drafter="ngram",  # K: the target's auto, AUTO_DRAFT_LEN_GPU on a CUDA device
         max_batch_size=16,
         progress=False,
     )
@@ -139,11 +138,12 @@ def test_lossless_fp32_with_cuda_graphs(loaded):
     prompts = lossless_prompts(50)
     base = _run(build_engine(_cfg(drafter="none"), loaded=loaded), prompts)
     eng = build_engine(_cfg(), loaded=loaded)
+    assert eng.executor.max_draft_len == AUTO_DRAFT_LEN_GPU  # the auto K on a CUDA device
     spec = _run(eng, prompts)
     pairs = enumerate(zip(base, spec, strict=True))
     diff = [i for i, (a, b) in pairs if a.token_ids != b.token_ids]
     print(
-        f"fp32+graphs: {50 - len(diff)}/50 identical; accepted "
+        f"fp32+graphs, K={eng.executor.max_draft_len}: {50 - len(diff)}/50 identical; accepted "
         f"{eng.executor.stats.accepted_tokens}/{eng.executor.stats.draft_tokens} drafts"
     )
     assert not diff, f"prompts {diff} differ with speculation"

@@ -235,7 +235,7 @@ def test_cli_target_and_generate_json():
         (["--model", "/nonexistent/model.gguf"], "does not exist"),
         (["--model", "tiny-random", "--drafter", "bogus"], "unknown drafter"),
         (["--model", "tiny-random", "--drafter", "nosuchmodule:X"], "cannot import drafter"),
-        (["--model", "tiny-random", "--max-draft-len", "-1"], "--max-draft-len must be >= 0"),
+        (["--model", "tiny-random", "--max-draft-len", "-2"], "--max-draft-len must be >= 0"),
         (["--model", "tiny-random", "--two-batch-rows", "-2"], "--two-batch-rows must be >= 0"),
     ],
 )

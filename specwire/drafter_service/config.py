@@ -17,7 +17,9 @@ class DrafterServiceConfig:
     """Everything `specwire drafter` needs; built from flags/environment by cli.py."""
 
     drafter: str = "ngram"  # ngram | model:NAME | module:Class
-    max_draft_len: int = 32  # most tokens per proposal (a step's drafts + the look-ahead)
+    # Most tokens per proposal: a step's drafts + the look-ahead (a GPU target's auto K=8 asks
+    # 8 + 4 x 9 = 44: target_service.config.AUTO_DRAFT_LEN_GPU, remote.LOOKAHEAD_STEPS).
+    max_draft_len: int = 48
     host: str = "127.0.0.1"  # loopback unless told otherwise (compose sets 0.0.0.0)
     port: int = 50152  # 0 = pick a free port (tests)
     max_ngram: int = DEFAULT_MAX_NGRAM

@@ -21,7 +21,10 @@ from specwire.target_service.drafters.remote_channel import ASK_AT, MODES, WAIT_
 ENGINE_FLAGS = {
     "model": Flag("smollm2-135m, tiny-random, a HF folder or a .gguf file"),
     "drafter": Flag("none | ngram | model:NAME | module:Class | grpc://HOST:PORT"),
-    "max_draft_len": Flag("most draft tokens per sequence per step"),
+    "max_draft_len": Flag(
+        "most draft tokens per sequence per step (-1: auto, 8 on a CUDA device with graphs and"
+        " the adaptive policy, else 4)"
+    ),
     "max_ngram": Flag("ngram drafter: longest n-gram matched"),
     "ngram_vote": Flag(
         "ngram drafter: earlier occurrences of the match whose next token votes (1: the latest"
