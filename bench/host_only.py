@@ -189,6 +189,7 @@ def main() -> int:
         " process on loopback)",
     )
     ap.add_argument("--drafter-branches", type=int, default=-1, help="remote: -1 auto, 0 off")
+    ap.add_argument("--drafter-branches-at", default="later", help="remote: later or reply")
     ap.add_argument("--drafter-patience-ms", type=float, default=-1.0, help="remote: -1 auto")
     ap.add_argument("--drafter-lookahead", type=int, default=-1, help="remote: -1 auto")
     ap.add_argument(
@@ -255,6 +256,7 @@ def main() -> int:
         model="tiny-random",
         drafter=drafter,
         drafter_branches=args.drafter_branches,
+        drafter_branches_at=args.drafter_branches_at,
         drafter_patience_ms=args.drafter_patience_ms,
         drafter_lookahead=args.drafter_lookahead,
         drafter_mode=args.drafter_mode,
@@ -330,7 +332,8 @@ def main() -> int:
     label = args.drafter + (" adaptive" if args.adaptive else "")
     label += " replay" if args.replay else ""
     if service is not None:
-        label += f" branches={args.drafter_branches} patience={args.drafter_patience_ms:g}"
+        label += f" branches={args.drafter_branches}@{args.drafter_branches_at}"
+        label += f" patience={args.drafter_patience_ms:g}"
         label += f" lookahead={args.drafter_lookahead} mode={args.drafter_mode}"
         label += f" ask-at={args.drafter_ask_at} inflight={args.drafter_max_inflight}"
         label += f" wait={args.drafter_wait_rule}"

@@ -58,7 +58,9 @@ from specwire.target_service.drafters.remote_relay import SPIN_ENV  # noqa: E402
 # default, auto: on a GPU), "-socket-nospin" for that with no polling at either end
 # (--drafter-spin-ms 0), "-socket-dspin" for the drafter's event loop alone polling 20 ms after
 # each event (its --spin-ms 20) and "-socket-spin" for both ends polling 20 ms
-# (--spin-ms 20, --drafter-spin-ms 20), to measure them side by side.
+# (--spin-ms 20, --drafter-spin-ms 20), "-socket-brreply" for the socket with the branches in
+# the drafts' reply (--drafter-branches-at reply; before round 37 the only way), to measure
+# them side by side.
 CONFIGS = {
     "none": "none",
     "none-sync": "none",
@@ -88,6 +90,7 @@ CONFIGS = {
     "remote-ngram-socket-dspin": "remote",
     "remote-ngram-socket-spin": "remote",
     "remote-ngram-socket-nospin": "remote",
+    "remote-ngram-socket-brreply": "remote",
     "none-proc": "none",
     "ngram-proc": "ngram",
     "remote-ngram-proc": "remote",
@@ -124,6 +127,7 @@ REMOTE_DRAFTERS = {  # service --drafter
     "remote-ngram-socket-dspin": "ngram",
     "remote-ngram-socket-spin": "ngram",
     "remote-ngram-socket-nospin": "ngram",
+    "remote-ngram-socket-brreply": "ngram",
     "remote-ngram-proc": "ngram",
     "remote-ngram-inproc": "ngram",
     "remote-ngram-exact": "ngram",
@@ -281,6 +285,8 @@ def running_config(config: str, args: argparse.Namespace) -> Iterator[Server]:
             cmd += ["--two-batch-rows", str(TWO_BATCH_ROWS)]
         if config.endswith("-nobranch"):
             cmd += ["--drafter-branches", "0"]
+        if config.endswith("-brreply"):
+            cmd += ["--drafter-branches-at", "reply"]
         if config.endswith("-atcommit"):  # questions at the commit, never held for the launch
             cmd += ["--drafter-ask-at", "commit"]
         if config.endswith("-timed"):  # held for the launch on the timing rule only

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import time
 
 from specwire.target_service.drafters.remote import RemoteDrafter
 from specwire.target_service.drafters.remote_channel import RemoteDrafterConfig
@@ -90,3 +91,17 @@ class Harness:
 
     def counters(self) -> dict[str, int]:
         return self.drafter.counters()
+
+    def await_branches(self, timeout_s: float = 5.0) -> None:
+        """What a step's device time gives the drafter: the branches that follow the drafts
+        already kept (`branches_later`) come, and are kept with their proposals."""
+        conn, end = self.drafter.connection, time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            with conn.cv:
+                if conn.framed and conn._stream is not None:
+                    conn._pump(conn._stream)
+                due = bool(conn._branches_due)
+            if not due:
+                break
+            time.sleep(0.001)
+        self.drafter.unanswered()  # takes what came

@@ -130,14 +130,26 @@ def test_a_branch_is_cut_to_what_was_asked_and_must_match_all_committed_since():
 # -- through a real drafter service --------------------------------------------------------------
 
 
+@pytest.mark.parametrize("branches_at", ["later", "reply"])
 @pytest.mark.parametrize("mode", MODES)
-def test_after_a_rejection_the_next_step_drafts_at_once_from_the_reply_it_had(servers, mode):
+def test_after_a_rejection_the_next_step_drafts_at_once_from_the_reply_it_had(
+    servers, mode, branches_at
+):
     """The drafter answers 100 ms late and the step does not wait (patience 0): the only
-    drafts it can have come from the branch the previous reply carried."""
+    drafts it can have come from the branch the previous reply carried, or (`later`, on a
+    stream) sent right after it, while the step ran on the device."""
     server = servers(max_draft_len=16, delay_ms=100)
-    h = servers.harness(f"grpc://{server.address}", mode=mode, patience_ms=0)
+    h = servers.harness(
+        f"grpc://{server.address}", mode=mode, patience_ms=0, branches_at=branches_at
+    )
     a = make_request("a", FORKED)
     assert h.step([a]) == [[5, 6, 9, 1]]  # the first question is waited for
+    split = branches_at == "later" and mode != "unary"  # a unary call has one response
+    # Split: the drafts came alone, and the step did not wait for the branches.
+    assert bool(h.drafter.sessions.runs["a"].branches) is not split
+    h.await_branches()
+    assert h.drafter.sessions.runs["a"].branches  # (a reply of their own, when split)
+    assert not h.drafter.connection.branches_due
     a.output_ids += [3]  # draft 5 rejected: the target's token is 3
     h.drafter.submit([a])
     assert h.step([a]) == [[4, 9, 1, 2]]
@@ -231,11 +243,40 @@ def test_the_drafter_service_passes_only_well_formed_branches_and_proposals(serv
     assert dropped.request_id == "b" and list(dropped.tokens) == [] and not dropped.branches
 
 
+def test_a_stream_asked_for_branches_later_sends_the_drafts_then_the_same_branches(servers):
+    """drafter.proto `branches_later`: the first response is the drafts alone, the second
+    (`branches_only`, same step) the branches an inline answer would have carried."""
+    server = servers(max_draft_len=16)
+    update = drafter_pb2.SequenceUpdate(
+        request_id="a", new_tokens=FORKED, max_draft_tokens=9, max_branches=4, branch_positions=2
+    )
+    inline = drafter_pb2.SequenceUpdate(
+        request_id="b", new_tokens=FORKED, max_draft_tokens=9, max_branches=4, branch_positions=2
+    )
+    questions = [
+        drafter_pb2.DraftStreamRequest(step=1, sequences=[update], branches_later=True),
+        drafter_pb2.DraftStreamRequest(step=2, sequences=[inline]),
+    ]
+    with grpc.insecure_channel(server.address) as channel:
+        stub = drafter_pb2_grpc.DrafterServiceStub(channel)
+        first, second, third = list(stub.DraftStream(iter(questions)))
+    assert (first.step, first.branches_only, second.step, second.branches_only) == (1, 0, 1, 1)
+    (draft,) = first.drafts
+    assert list(draft.tokens) == [5, 6, 9, 1, 2, 5, 6, 9, 1] and not draft.branches
+    (later,) = second.drafts
+    assert (later.request_id, later.base_len, list(later.tokens)) == ("a", len(FORKED), [])
+    assert not third.branches_only and third.drafts[0].branches  # asked inline: one response
+    assert list(later.branches) == list(third.drafts[0].branches)
+    assert [(b.position, b.token) for b in later.branches] == [(0, 3)]
+
+
 def test_drafter_branches_flag_is_checked():
     with pytest.raises(UserError, match="--drafter-branches must be between 0 and 16"):
         TargetConfig(drafter_branches=17)
     with pytest.raises(UserError, match="--drafter-branches"):
         TargetConfig(drafter_branches=-2)
+    with pytest.raises(UserError, match="--drafter-branches-at must be one of later, reply"):
+        TargetConfig(drafter_branches_at="soon")
 
 
 class GarbageDrafter(SessionDrafter):

@@ -71,6 +71,11 @@ class SeqDraft:
     branches: list[Branch] | None = None
 
 
+# A proposal's branches to find (`DraftEngine.draft`'s `later`): (its answer, the session's
+# drafter state, the budget, the update).
+BranchWork = tuple[SeqDraft, object, int, SeqUpdate]
+
+
 def validate(updates: list[SeqUpdate]) -> None:
     """Raise UserError naming the first malformed update."""
     ids = {u.request_id for u in updates}
@@ -132,17 +137,23 @@ class DraftEngine:
         self.branches = "branches" in drafter.capabilities
 
     def draft(
-        self, updates: list[SeqUpdate], want_probs: bool = False, owner: str = ""
+        self,
+        updates: list[SeqUpdate],
+        want_probs: bool = False,
+        owner: str = "",
+        later: list[BranchWork] | None = None,
     ) -> list[SeqDraft]:
         """One draft (maybe empty, maybe resync) per non-finished update. Sessions are the
-        `owner`'s own (see sessions.py)."""
+        `owner`'s own (see sessions.py). With `later` (a list), the branches asked for are
+        not found here: what finding them takes goes into `later`, for `find_branches` once the
+        drafts are on their way (a DraftStream's `branches_later`)."""
         validate(updates)
         if self.delay_s:
             time.sleep(self.delay_s)  # injected latency, outside the lock like a slow network
         with self.store.lock:  # the drafter is not thread-safe; one step at a time
             self.store.expire_due()
             out: list[SeqDraft] = []
-            todo: list[tuple[SeqDraft, object, int, SeqUpdate]] = []
+            todo: list[BranchWork] = []
             for u in updates:
                 if u.finished:
                     self.store.finish(u.request_id, owner)
@@ -161,11 +172,24 @@ class DraftEngine:
                 if budget > 0:
                     todo.append((answer, session.state, budget, u))
             if todo:
-                self._propose(todo, want_probs)
+                self._propose(todo, want_probs, later)
             return out
 
+    def find_branches(self, later: list[BranchWork]) -> list[SeqDraft]:
+        """The branches `draft` left for later, as drafts that carry only them (request id,
+        base_len, branches), for the sequences that have any. Each is found from the
+        session's state as it was drafted: a stream's next question is read only after this
+        (the same caller's sessions change only by its own questions)."""
+        out = []
+        with self.store.lock:
+            for answer, state, budget, u in later:
+                found = self._alternatives(state, answer.tokens, u, budget)
+                if found:
+                    out.append(SeqDraft(answer.request_id, answer.base_len, branches=found))
+        return out
+
     def _propose(
-        self, todo: list[tuple[SeqDraft, object, int, SeqUpdate]], want_probs: bool
+        self, todo: list[BranchWork], want_probs: bool, later: list[BranchWork] | None = None
     ) -> None:
         try:
             proposals = self.drafter.propose_batch(
@@ -189,7 +213,10 @@ class DraftEngine:
                 except Exception as exc:  # the draft stays, as point masses
                     log.warning("drafter %s: distributions dropped: %r", self.drafter.name, exc)
             if u.max_branches and u.branch_positions and self.branches:
-                answer.branches = self._alternatives(state, answer.tokens, u, budget)
+                if later is None:
+                    answer.branches = self._alternatives(state, answer.tokens, u, budget)
+                else:
+                    later.append((answer, state, budget, u))
 
     def _alternatives(
         self, state: object, tokens: list[int], u: SeqUpdate, budget: int

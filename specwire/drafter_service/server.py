@@ -74,9 +74,12 @@ def updates_from_proto(request: DraftMessage) -> list[SeqUpdate]:
 
 
 def response_to_proto(
-    step: int, drafts: list[SeqDraft], kind: type[DraftReply] = drafter_pb2.DraftResponse
+    step: int,
+    drafts: list[SeqDraft],
+    kind: type[DraftReply] = drafter_pb2.DraftResponse,
+    branches_only: bool = False,
 ) -> DraftReply:
-    out = kind(step=step)
+    out = kind(step=step, branches_only=branches_only)
     for d in drafts:
         msg = out.drafts.add(
             request_id=d.request_id, base_len=d.base_len, tokens=d.tokens, resync=d.resync
@@ -152,11 +155,17 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServiceServicer):
         if by_connection:
             self.connection_streams[owner] += 1
         try:
+            kind = drafter_pb2.DraftStreamResponse
             async for request in requests:
                 TRACE.mark("in", request.step)
-                reply = await self._draft(request, owner, drafter_pb2.DraftStreamResponse)
+                later = [] if request.branches_later else None
+                reply = await self._draft(request, owner, kind, later)
                 TRACE.mark("out", request.step)
                 yield reply
+                if later:  # the drafts are on their way: now the branches they left (sent
+                    # even when none were found: the target then knows none are coming)
+                    branches = await self._branches(later)
+                    yield response_to_proto(request.step, branches, kind, branches_only=True)
         finally:
             self.streams[group] -= 1
             if not self.streams[group]:
@@ -168,17 +177,28 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServiceServicer):
                     if self.engine is not None:
                         self.engine.store.drop_owner(owner)
 
-    async def _draft(self, request: DraftMessage, owner: str, kind: type[DraftReply]) -> DraftReply:
+    async def _draft(
+        self, request: DraftMessage, owner: str, kind: type[DraftReply], later: list | None = None
+    ) -> DraftReply:
+        """The reply to `request`; with `later` (a stream's `branches_later`), the branches
+        asked for are left in it for `_branches`."""
         engine = self._ready(new_call=False)  # an open stream keeps drafting while draining
         updates = updates_from_proto(request)
+        args = (updates, request.want_probs, owner, later)
         if engine.inline:
-            drafts = engine.draft(updates, request.want_probs, owner)
+            drafts = engine.draft(*args)
         else:
             loop = asyncio.get_running_loop()
-            drafts = await loop.run_in_executor(
-                self.pool, engine.draft, updates, request.want_probs, owner
-            )
+            drafts = await loop.run_in_executor(self.pool, engine.draft, *args)
         return response_to_proto(request.step, drafts, kind)
+
+    async def _branches(self, later: list) -> list[SeqDraft]:
+        engine = self._ready(new_call=False)
+        if engine.inline:
+            return engine.find_branches(later)
+        return await asyncio.get_running_loop().run_in_executor(
+            self.pool, engine.find_branches, later
+        )
 
     def _ready(self, new_call: bool = True) -> DraftEngine:
         if self.engine is None:

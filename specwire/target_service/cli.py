@@ -15,7 +15,12 @@ from specwire.common.security import (
     server_security_from_args,
 )
 from specwire.target_service.config import TargetConfig
-from specwire.target_service.drafters.remote_channel import ASK_AT, MODES, WAIT_RULES
+from specwire.target_service.drafters.remote_channel import (
+    ASK_AT,
+    BRANCHES_AT,
+    MODES,
+    WAIT_RULES,
+)
 
 # The TargetConfig fields a user sets; flag, variable, type and default come from the field.
 ENGINE_FLAGS = {
@@ -98,6 +103,11 @@ ENGINE_FLAGS = {
         " positions, each with the drafts after it, so a step that rejects a draft has the"
         " next drafts at once (-1 = auto: 4 while a message carries <= 8 sequences, else 0;"
         " only when the look-ahead the drafter's max-draft-len leaves is at least 2)"
+    ),
+    "drafter_branches_at": Flag(
+        "remote drafters, stream modes: the branches in a reply of their own right after the"
+        " drafts, so a step never waits for them (later), or in the drafts' reply (reply)",
+        choices=BRANCHES_AT,
     ),
     "drafter_ask_at": Flag(
         "remote drafters, auto patience: ask once the next step is launched, off the critical"

@@ -13,6 +13,7 @@ from specwire.common.security import ClientSecurity
 from specwire.target_service.drafters.remote_channel import (
     ASK_AT,
     AUTO_SPIN_MS,
+    BRANCHES_AT,
     DEFAULT_WAIT_S,
     MAX_INFLIGHT,
     MODES,
@@ -86,6 +87,9 @@ class TargetConfig:
     # Remote drafters with the "branches" capability: alternatives asked per draft position;
     # -1 = auto (4 while a message carries at most 8 sequences, else none).
     drafter_branches: int = -1
+    # Remote drafters, stream modes: the branches in a reply of their own after the drafts
+    # (later), or in the drafts' reply (reply).
+    drafter_branches_at: str = "later"
     # Remote drafters, auto patience: when the next step would not wait for the reply, the
     # question asked as a step commits goes out once that step is launched (auto) or at the
     # commit (commit).
@@ -161,6 +165,11 @@ class TargetConfig:
         if self.drafter_ask_at not in ASK_AT:
             raise UserError(
                 f"--drafter-ask-at must be one of {', '.join(ASK_AT)}, got {self.drafter_ask_at!r}"
+            )
+        if self.drafter_branches_at not in BRANCHES_AT:
+            raise UserError(
+                f"--drafter-branches-at must be one of {', '.join(BRANCHES_AT)}, "
+                f"got {self.drafter_branches_at!r}"
             )
         if self.drafter_wait_rule not in WAIT_RULES:
             raise UserError(

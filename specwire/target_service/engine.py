@@ -81,6 +81,7 @@ def make_drafter(cfg: TargetConfig, loaded: LoadedModel) -> Drafter | None:
             patience_ms=cfg.drafter_patience_ms,
             ask_at=cfg.drafter_ask_at,
             wait_rule=cfg.drafter_wait_rule,
+            branches_at=cfg.drafter_branches_at,
             max_inflight=cfg.drafter_max_inflight,
             socket=cfg.drafter_socket,
             spin_ms=cfg.drafter_spin_ms,

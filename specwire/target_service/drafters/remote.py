@@ -328,6 +328,8 @@ class RemoteDrafter(PrefetchReplies, FinishedNotices, Drafter):
         kind = drafter_pb2.DraftStreamRequest if self.mode == "stream" else drafter_pb2.DraftRequest
         msg = kind(step=step, want_probs=self.want_probs)
         per_position = branches_per_position(self.branches, len(budgets))
+        if per_position and self.mode == "stream":
+            msg.branches_later = self.config.branches_at == "later"
         asks = [(r, self._ask(budget)) for r, budget in budgets]
         return msg, self.sessions.write_updates(msg, asks, per_position)
 

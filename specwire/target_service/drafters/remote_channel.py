@@ -41,6 +41,9 @@ MODES = ("stream", "relay", "socket", "unary")
 AUTO_SPIN_MS = 20.0
 # `--drafter-ask-at`: when a question asked as a step commits goes out (remote_patience.py).
 ASK_AT = ("auto", "timed", "commit", "launch")
+# `--drafter-branches-at`: branches in a reply of their own after the drafts (the drafts are
+# not held back while the drafter finds them), or in the drafts' reply (before round 37).
+BRANCHES_AT = ("later", "reply")
 # `--drafter-wait-rule`: how long auto patience waits for a reply on its way
 # (remote_patience.py): a share of a drafting step, or what the policy says drafts are worth.
 WAIT_RULES = ("share", "gain")
@@ -101,6 +104,8 @@ class RemoteDrafterConfig:
     # before it sleeps, and the drafter is asked to poll as long after each event while this
     # target is connected; 0: both sleep (unless the drafter's own --spin-ms says otherwise).
     spin_ms: float = 0.0
+    # Stream modes: where the branches asked for come (one of BRANCHES_AT).
+    branches_at: str = "later"
     # At start-up: how long the handshake waits for a drafter that is not up yet (still
     # starting, or started after the target), before the target gives up and refuses to start.
     startup_wait_s: float = DEFAULT_WAIT_S
@@ -114,6 +119,11 @@ class RemoteDrafterConfig:
         if self.ask_at not in ASK_AT:
             raise UserError(
                 f"drafter ask-at must be one of {', '.join(ASK_AT)}, got {self.ask_at!r}"
+            )
+        if self.branches_at not in BRANCHES_AT:
+            raise UserError(
+                f"drafter branches-at must be one of {', '.join(BRANCHES_AT)}, "
+                f"got {self.branches_at!r}"
             )
         if self.wait_rule not in WAIT_RULES:
             raise UserError(

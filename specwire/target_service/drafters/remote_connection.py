@@ -83,6 +83,10 @@ class RemoteConnection:
         # when it arrived). At most a few: one whose step gave up on it is dropped (`_hand`).
         self._replies: dict[int, tuple[Reply, float]] = {}
         self._reply_at = 0.0  # when the reply `reply` last returned arrived
+        # Branches asked to follow their drafts (`branches_later`): the steps whose branches
+        # have not come, and those that came, not yet taken (`take_branches`).
+        self._branches_due: set[int] = set()
+        self._branches: list[Reply] = []
         self._lost_sync = False  # set on failure: every sequence restarts from base_len 0
         self._reconnecting = False
         self._closed = threading.Event()
@@ -143,8 +147,39 @@ class RemoteConnection:
             return None
         if awaited:
             self._inflight[msg.step] = time.monotonic()
+            if msg.branches_later:
+                self._branches_due.add(msg.step)
         stream.send(msg)
         return stream
+
+    @property
+    def branches_due(self) -> bool:
+        """Branches asked to follow their drafts have not all come, or came and wait to be
+        taken (read without `cv`: the executor's hint; `take_branches` decides)."""
+        return bool(self._branches_due or self._branches)
+
+    def take_branches(self) -> list[Reply]:
+        """The branches-only replies that have come (`cv` held), oldest first."""
+        if self.framed and self._stream is not None and self._branches_due:
+            self._pump(self._stream)
+        out, self._branches = self._branches, []
+        return out
+
+    def _arrived(self, reply: Reply, arrived: float | None = None) -> None:
+        """A reply read off the stream (`cv` held): the drafts of a step in flight, handed to
+        it, or the branches that follow a step's drafts (kept for `take_branches`). The
+        stream answers in order, so a step's drafts mean that no branches will come for the
+        steps before it (a drafter that sends them with the drafts, or found none to send)."""
+        step = reply.step
+        if reply.branches_only:
+            if step in self._branches_due:
+                self._branches_due.discard(step)
+                self._branches.append(reply)
+            return
+        if self._branches_due:
+            self._branches_due = {s for s in self._branches_due if s >= step}
+        if self._inflight.pop(step, None) is not None:  # else junk: ignore
+            self._hand(reply, arrived)
 
     def reply(self, step: int) -> Reply | None:
         """The stream's reply for `step`, once the reader has handed it over (relay: once it
@@ -179,8 +214,7 @@ class RemoteConnection:
                 self.disconnect("the drafter sent a reply that does not parse")
                 return
             reply = read_reply(message)
-            if self._inflight.pop(reply.step, None) is not None:  # else junk: ignore
-                self._hand(reply, arrived)
+            self._arrived(reply, arrived)
             TRACE.mark("handed", reply.step)
         if stream.ended:
             self.disconnect(stream.end_reason)
@@ -266,6 +300,7 @@ class RemoteConnection:
                 return
             self._stream, self._connected = stream, True
             self._inflight, self._replies = {}, {}
+            self._branches_due, self._branches = set(), []
             self.connections += 1
             # A stream whose reader ended before it was registered here (a drafter that fails
             # it at once) has nobody left to report it: drop it now, not at the stall check.
@@ -281,6 +316,7 @@ class RemoteConnection:
             log.warning("drafter %s: %s; reconnecting in the background", self.name, why)
             stream, self._stream, self._connected = self._stream, None, False
             self._inflight, self._replies, self._lost_sync = {}, {}, True
+            self._branches_due, self._branches = set(), []
             self.cv.notify_all()
             start = not self._reconnecting
             self._reconnecting = True
@@ -313,9 +349,8 @@ class RemoteConnection:
                 with self.cv:
                     if stream is not self._stream:
                         return
-                    if self._inflight.pop(reply.step, None) is not None:  # else junk: ignore
-                        self._hand(reply)
-                        self.cv.notify_all()
+                    self._arrived(reply)
+                    self.cv.notify_all()
                 TRACE.mark("handed", reply.step)
             why = "the drafter ended the stream"
         except grpc.RpcError as exc:

@@ -53,8 +53,13 @@ class PrefetchReplies:
 
     def _take_answered(self) -> None:
         """Keep the proposals of every `submit` the drafter has already answered, oldest
-        first (never waits). One still unanswered a deadline after it was sent is given up on
-        (counted late)."""
+        first, and the branches that followed (never waits). One still unanswered a deadline
+        after it was sent is given up on (counted late)."""
+        if self.connection.branches_due:
+            with self._cv:
+                came = self.connection.take_branches()
+            for reply in came:
+                self.sessions.add_branches(reply)
         for pre in list(self._pending):
             if pre.future is not None:
                 if pre.future.done():
@@ -77,12 +82,13 @@ class PrefetchReplies:
         to wait for, take the replies that arrive (read, parse, keep their proposals), which
         the next commit's `submit` would otherwise do on the critical path. Polls the
         descriptor for at most DEVICE_POLL_S at a time between `done()` checks, and returns
-        as soon as nothing is pending or the device is done. (The stream's reader thread
+        as soon as nothing is pending (no reply, no branches to follow one) or the device is
+        done. (The stream's reader thread
         does this on its own thread; a unary call has nothing to take.)"""
         conn = self.connection
         if not conn.framed:
             return
-        while self._pending and not done():
+        while (self._pending or conn.branches_due) and not done():
             with self._cv:
                 conn.wait(DEVICE_POLL_S)
             self._take_answered()

@@ -43,6 +43,9 @@ class Reply(NamedTuple):
 
     step: int
     drafts: list[Proposed]
+    # The branches that follow a step's drafts (drafter.proto `branches_only`): each
+    # Proposed carries only request_id, base_len and branches.
+    branches_only: bool = False
 
 
 def read_reply(reply: Any) -> Reply:
@@ -59,7 +62,7 @@ def read_reply(reply: Any) -> Reply:
         if d.probs and len(d.probs) == len(tokens):
             probs = [(list(p.ids), list(p.probs)) for p in d.probs]
         drafts.append(Proposed(d.request_id, d.base_len, d.resync, tokens, probs, d.branches or ()))
-    return Reply(reply.step, drafts)
+    return Reply(reply.step, drafts, reply.branches_only)
 
 
 def branches_per_position(setting: int, rows: int) -> int:
@@ -162,6 +165,19 @@ class RemoteSessions(ResourceManager):
         if old is not None and old.anchor > anchor:
             return
         self.runs[request_id] = Run(anchor, tokens, probs, asked, branches)
+
+    def add_branches(self, reply: Reply) -> int:
+        """Attach the branches of a branches-only reply (drafter.proto `branches_later`) to
+        the proposals they belong to: a request's kept run of the same anchor that has none
+        yet (a newer proposal, or a branch taken meanwhile, leaves them unused). Returns how
+        many runs got branches."""
+        added = 0
+        for d in reply.drafts:
+            run = self.runs.get(d.request_id)
+            if run is not None and run.anchor == d.base_len and not run.branches and d.branches:
+                run.branches = d.branches
+                added += 1
+        return added
 
     def drafts_from_run(
         self, request: Request, peek: bool = False
