@@ -480,6 +480,63 @@ def test_malformed_replies_are_counted_and_dropped(mode):
         server.stop(None)
 
 
+class SendsBranchesWithDrafts(drafter_pb2_grpc.DrafterServiceServicer):
+    """A drafter written before `branches_later`: it offers branches and always sends them
+    with its drafts, in one response."""
+
+    def __init__(self) -> None:
+        self.later: list[bool] = []  # what each question asked
+
+    def GetInfo(self, request, context):
+        caps = ["stream", "branches"]
+        return drafter_pb2.GetInfoResponse(protocol_version=1, name="old", capabilities=caps)
+
+    def Draft(self, request, context):
+        self.later.append(request.branches_later)
+        if len(self.later) > 1:
+            time.sleep(0.2)  # later questions answer late: a step that does not wait has
+            # only the proposals it holds
+        out = drafter_pb2.DraftResponse(step=request.step)
+        for s in request.sequences:
+            if not s.finished:
+                d = out.drafts.add(request_id=s.request_id, base_len=s.base_len + len(s.new_tokens))
+                d.tokens.extend([5, 6, 9, 1, 2, 5, 6, 9, 1][: s.max_draft_tokens])
+                if s.max_branches:
+                    d.branches.add(position=0, token=3, tokens=[4, 9, 1, 2])
+        return out
+
+    def DraftStream(self, request_iterator, context):
+        for req in request_iterator:
+            reply = self.Draft(req, context)
+            yield drafter_pb2.DraftStreamResponse.FromString(reply.SerializeToString())
+
+
+@pytest.mark.parametrize("mode", GRPC_MODES)
+def test_a_drafter_that_sends_branches_with_its_drafts_is_still_served(mode):
+    """A stream asks for the branches after the drafts (`branches_later`); a drafter that
+    ignores that and sends them in the drafts' reply is used as before, and the target does
+    not keep waiting for branches that never come: a later step's drafts forget them."""
+    old = SendsBranchesWithDrafts()
+    server, port = custom_server(old)
+    try:
+        h = Harness(f"127.0.0.1:{port}", mode=mode, patience_ms=0)
+        a = make_request("a", [1, 2, 3])
+        assert h.step([a]) == [[5, 6, 9, 1]]
+        stream = mode != "unary"
+        assert old.later == [stream]  # (one response per unary call: never asked)
+        assert h.drafter.sessions.runs["a"].branches  # with the drafts
+        a.output_ids += [3]  # the first draft rejected: the branch drafts the next step
+        h.drafter.submit([a])
+        assert h.step([a]) == [[4, 9, 1, 2]]
+        wait_until(lambda: reply_kept(h.drafter), timeout=10, what="the submit's reply")
+        # Step 1's branches are no longer due; at most the last question's are.
+        assert len(h.drafter.connection._branches_due) == stream and old.later[-1] is stream
+        assert h.counters()["branched"] == 1
+        h.drafter.close()
+    finally:
+        server.stop(None)
+
+
 class _Info(drafter_pb2_grpc.DrafterServiceServicer):
     def GetInfo(self, request, context):
         return drafter_pb2.GetInfoResponse(
