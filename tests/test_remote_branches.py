@@ -205,15 +205,19 @@ def test_the_target_asks_a_drafter_that_offers_branches_while_its_messages_are_s
     # branch hold a whole step's drafts.
     assert h.drafter.lookahead == 20 and h.drafter.branches == -1
     h.step([make_request("a", FORKED)])
+    h.await_branches()  # (they follow the drafts: found once these are on their way)
     # Positions 0 and 1, 4 each; K + look-ahead = 24 tokens, capped at the drafter's 16.
     assert rec.asked == [(2, 4, 16)]
     h.step([make_request(f"r{i}", FORKED) for i in range(9)])  # 9 sequences: none (auto)
+    h.await_branches()
     assert rec.asked == [(2, 4, 16)]
     fixed = servers.harness(f"grpc://{server.address}", branches=2, lookahead=5)
     fixed.step([make_request(f"s{i}", FORKED) for i in range(9)])
+    fixed.await_branches()
     assert rec.asked[1:] == [(2, 2, 9)] * 9
     off = servers.harness(f"grpc://{server.address}", branches=0)
     off.step([make_request("t", FORKED)])
+    off.await_branches()
     assert len(rec.asked) == 10
     # Nor without look-ahead enough for a branch at the second position to fill a step.
     short = servers.harness(f"grpc://{server.address}", branches=4, lookahead=1)

@@ -159,10 +159,16 @@ class RemoteConnection:
         return bool(self._branches_due or self._branches)
 
     def take_branches(self) -> list[Reply]:
-        """The branches-only replies that have come (`cv` held), oldest first."""
+        """The branches-only replies that have come (`cv` held), oldest first, but for those
+        whose drafts' reply is still to be taken (`reply`): branches attach to the proposal
+        that reply holds, so they wait for it."""
         if self.framed and self._stream is not None and self._branches_due:
             self._pump(self._stream)
-        out, self._branches = self._branches, []
+        out = [b for b in self._branches if b.step not in self._replies]
+        if len(out) < len(self._branches):
+            self._branches = [b for b in self._branches if b.step in self._replies]
+        else:
+            self._branches = []
         return out
 
     def _arrived(self, reply: Reply, arrived: float | None = None) -> None:

@@ -53,13 +53,18 @@ class PrefetchReplies:
 
     def _take_answered(self) -> None:
         """Keep the proposals of every `submit` the drafter has already answered, oldest
-        first, and the branches that followed (never waits). One still unanswered a deadline
+        first, then the branches that followed them (never waits): a branches-only reply
+        attaches to the proposal its drafts' reply left, so that one is kept first (reading
+        one reply off the socket may read the other too). One still unanswered a deadline
         after it was sent is given up on (counted late)."""
+        self._take_replies()
         if self.connection.branches_due:
             with self._cv:
                 came = self.connection.take_branches()
             for reply in came:
                 self.sessions.add_branches(reply)
+
+    def _take_replies(self) -> None:
         for pre in list(self._pending):
             if pre.future is not None:
                 if pre.future.done():
