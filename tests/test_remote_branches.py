@@ -6,6 +6,8 @@ service lets through; lossless end to end in test_remote_e2e.py."""
 
 from __future__ import annotations
 
+import time
+
 import grpc
 import pytest
 from remote_harness import MODES, make_request
@@ -245,6 +247,23 @@ def test_the_drafter_service_passes_only_well_formed_branches_and_proposals(serv
     got = [(b.position, b.token, list(b.tokens)) for b in draft.branches]
     assert got == [(1, 10, [2] * 4), (1, 11, [2] * 4)]  # 2 per position, 6 - 1 - 1 tokens
     assert dropped.request_id == "b" and list(dropped.tokens) == [] and not dropped.branches
+
+
+@pytest.mark.parametrize("mode", ["stream", "relay", "socket"])
+def test_branches_that_come_with_their_drafts_reply_attach_to_its_proposal(servers, mode):
+    """A question asked at a commit whose drafts and branches have both arrived before the
+    target looks (one read may bring both): the drafts' proposal is kept first, then its
+    branches attach to it."""
+    server = servers(max_draft_len=16)
+    h = servers.harness(f"grpc://{server.address}", mode=mode)
+    a = make_request("a", FORKED)
+    h.drafter.submit([a])
+    time.sleep(0.3)  # both responses are on their way back, none read yet
+    h.await_branches()
+    run = h.drafter.sessions.runs["a"]
+    assert run.anchor == len(FORKED) and run.tokens[:4] == [5, 6, 9, 1]
+    assert [(b.position, b.token) for b in run.branches] == [(0, 3)]
+    assert h.drafter.unanswered() == 0 and not h.drafter.connection.branches_due
 
 
 def test_a_stream_asked_for_branches_later_sends_the_drafts_then_the_same_branches(servers):
