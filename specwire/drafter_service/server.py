@@ -164,7 +164,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServiceServicer):
                 yield reply
                 if later:  # the drafts are on their way: now the branches they left (sent
                     # even when none were found: the target then knows none are coming)
-                    branches = await self._branches(later)
+                    branches = await self._on_engine("find_branches", later)
                     yield response_to_proto(request.step, branches, kind, branches_only=True)
         finally:
             self.streams[group] -= 1
@@ -181,24 +181,19 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServiceServicer):
         self, request: DraftMessage, owner: str, kind: type[DraftReply], later: list | None = None
     ) -> DraftReply:
         """The reply to `request`; with `later` (a stream's `branches_later`), the branches
-        asked for are left in it for `_branches`."""
-        engine = self._ready(new_call=False)  # an open stream keeps drafting while draining
+        asked for are left in it for `DraftEngine.find_branches`."""
         updates = updates_from_proto(request)
-        args = (updates, request.want_probs, owner, later)
-        if engine.inline:
-            drafts = engine.draft(*args)
-        else:
-            loop = asyncio.get_running_loop()
-            drafts = await loop.run_in_executor(self.pool, engine.draft, *args)
+        drafts = await self._on_engine("draft", updates, request.want_probs, owner, later)
         return response_to_proto(request.step, drafts, kind)
 
-    async def _branches(self, later: list) -> list[SeqDraft]:
+    async def _on_engine(self, method: str, *args):
+        """`engine.<method>(*args)`: on the event loop for a cheap drafter, else on the pool.
+        An open stream keeps drafting while the service drains."""
         engine = self._ready(new_call=False)
         if engine.inline:
-            return engine.find_branches(later)
-        return await asyncio.get_running_loop().run_in_executor(
-            self.pool, engine.find_branches, later
-        )
+            return getattr(engine, method)(*args)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.pool, getattr(engine, method), *args)
 
     def _ready(self, new_call: bool = True) -> DraftEngine:
         if self.engine is None:

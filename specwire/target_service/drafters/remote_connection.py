@@ -165,10 +165,7 @@ class RemoteConnection:
         if self.framed and self._stream is not None and self._branches_due:
             self._pump(self._stream)
         out = [b for b in self._branches if b.step not in self._replies]
-        if len(out) < len(self._branches):
-            self._branches = [b for b in self._branches if b.step in self._replies]
-        else:
-            self._branches = []
+        self._branches = [b for b in self._branches if b.step in self._replies]
         return out
 
     def _arrived(self, reply: Reply, arrived: float | None = None) -> None:

@@ -166,18 +166,14 @@ class RemoteSessions(ResourceManager):
             return
         self.runs[request_id] = Run(anchor, tokens, probs, asked, branches)
 
-    def add_branches(self, reply: Reply) -> int:
+    def add_branches(self, reply: Reply) -> None:
         """Attach the branches of a branches-only reply (drafter.proto `branches_later`) to
         the proposals they belong to: a request's kept run of the same anchor that has none
-        yet (a newer proposal, or a branch taken meanwhile, leaves them unused). Returns how
-        many runs got branches."""
-        added = 0
+        yet (a newer proposal, or a branch taken meanwhile, leaves them unused)."""
         for d in reply.drafts:
             run = self.runs.get(d.request_id)
-            if run is not None and run.anchor == d.base_len and not run.branches and d.branches:
+            if run is not None and run.anchor == d.base_len and not run.branches:
                 run.branches = d.branches
-                added += 1
-        return added
 
     def drafts_from_run(
         self, request: Request, peek: bool = False
