@@ -570,34 +570,3 @@ def test_the_price_of_a_wait_leaves_out_the_waits_it_allowed():
     (bare, cost), (after_waits, dearer) = prices
     assert after_waits == pytest.approx(bare)
     assert dearer == pytest.approx(cost + 0.4e-3)
-
-
-def test_a_plain_step_after_a_synchronous_one_is_priced_with_its_host_time():
-    """Only a plain step that follows a plain step overlaps: after a drafting step nothing is in
-    flight, so the plain step's host work runs with the device idle, as a drafting step's does.
-    Priced as overlapped there, one stream left drafting for single plain steps between
-    drafting steps that would have paid (round 38, CPU proxy)."""
-    p = _policy({1: 0.45e-3, 8: 0.47e-3, 16: 0.5e-3})
-    req = _req("a")
-    req.step_draft_cap = 4
-    for _ in range(30):  # a draft on every step, about a quarter of the drafts accepted
-        p.observe(req, 4, 1)
-        p.observe(req, 4, 0)
-    for _ in range(4):  # 0.25 ms of host a drafting step, 0.05 ms of it getting the drafts
-        p.observe_sync(rows=1, tokens=5, seconds=0.72e-3, device_wait=0.47e-3, draft_wait=0.05e-3)
-    for _ in range(20):  # plain steps after plain steps hide their host work
-        p.observe_plain(rows=1, tokens=1, seconds=0.45e-3)
-    assert p.step_draft_len([req]) == 0  # one overlapped step more beats drafting
-    # Drained, a plain step costs its host work too: until measured, a drafting step's less
-    # its drafter's part (0.2 ms); then what such steps took (0.18 ms).
-    assert abs(p.plain_cost(1, 1, drained=True) - 0.65e-3) < 1e-6
-    assert p.step_draft_len([req], drained=True) == 4
-    for _ in range(20):
-        p.observe_plain_cold(rows=1, seconds=0.18e-3)
-    assert abs(p.plain_cost(1, 1, drained=True) - 0.63e-3) < 1e-6
-    assert p.step_draft_len([req], drained=True) == 4
-    assert p.step_draft_len([req]) == 0
-    # A cold plain step as cheap as an overlapped one: pricing as before.
-    for _ in range(60):
-        p.observe_plain_cold(rows=1, seconds=0.0)
-    assert p.step_draft_len([req], drained=True) == 0

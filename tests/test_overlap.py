@@ -200,28 +200,3 @@ def test_steps_of_requests_without_speculation_are_no_evidence_about_it(overlap)
     ex.run_until_idle()
     assert policy.mode == "spec" and policy.rates == {} and policy.host == {}
     assert ex.stats.draft_tokens == 0
-
-
-def test_a_plain_step_launched_with_nothing_in_flight_teaches_its_host_time(baseline):
-    """After a synchronous step nothing is in flight: the policy is told so when it picks k
-    (a plain step would not overlap), and such a plain step's host time, from the previous
-    step's end to its launch, is what it learns to price one by (`DraftLengthPolicy.cold`)."""
-    eng = _engine(drafter="ngram")
-    ex = eng.executor
-    policy = ex.scheduler.policy
-    policy.adaptive = True
-    policy.mode_window = policy.first_window = 4  # modes switch within this run
-    policy.seed_costs({1: 1e-3, 4: 1e-3, 8: 1.1e-3, 12: 1.2e-3, 16: 4e-3, 64: 16e-3, 1024: 0.3})
-    asked: list[tuple[bool, bool]] = []  # (drained as told, nothing in flight)
-    pick = policy.step_draft_len
-
-    def step_draft_len(decode, prefill_tokens=0, drained=False):
-        asked.append((drained, ex._inflight is None))
-        return pick(decode, prefill_tokens, drained)
-
-    policy.step_draft_len = step_draft_len
-    out = [c.token_ids for c in run_to_completion(eng, PROMPTS, max_new_tokens=20)]
-    assert out == baseline
-    assert all(told == empty for told, empty in asked)
-    assert {told for told, _ in asked} == {True, False}
-    assert policy.cold and all(0 < s < 1 for s in policy.cold.values())

@@ -275,7 +275,7 @@ def test_plain_steps_keep_a_remote_drafter_current(tiny, baseline, drafters, mod
     eng = engine(tiny, f"grpc://{server.address}", drafter_mode=mode, drafter_patience_ms=-1)
     _adaptive(eng, {1: 1e-3, 1024: 0.3})
     policy = eng.executor.scheduler.policy
-    policy.step_draft_len = lambda decode, prefill_tokens=0, drained=False: 0  # k = 0, "spec"
+    policy.step_draft_len = lambda decode, prefill_tokens=0: 0  # k = 0, mode "spec"
     results = run_all(eng, PROMPTS)
     assert [c.token_ids for c in results] == baseline["short"]
     stats = eng.executor.stats

@@ -98,8 +98,8 @@ def _install(out_dir: str) -> None:
         policy = self.scheduler.policy
         choose = policy.step_draft_len
 
-        def step_draft_len(decode, prefill_tokens=0, drained=False):
-            k = choose(decode, prefill_tokens, drained)
+        def step_draft_len(decode, prefill_tokens=0):
+            k = choose(decode, prefill_tokens)
             # One stream, speculating, a request that may draft (an off arm's requests never
             # do, and keep the population's estimate: they would blur the means).
             if decode and policy.mode == "spec" and len(decode) == 1 and decode[0].useful_drafts:

@@ -57,24 +57,9 @@ k = 0 there means a plain step, and the executor overlaps it: pricing it like a 
 step (host + gpu) made drafting look better than it is wherever the host is a large share of a
 step. On the H200 in fp32 at 32-64 rows that chose verify steps of 12.6-18.2 ms against
 overlapped plain steps of 7.9 ms, and the n-gram drafter ran at 0.95x of no drafter
-(bench/RESULTS.md, round 13, run C).
-
-But only a plain step that follows a plain step overlaps. After a synchronous step nothing is
-in flight (`drained`): the plain step's host work (reading the last step, scheduling, preparing
-its inputs) runs while the device idles, as a drafting step's does, and only the plain steps
-after it overlap. So from a drained pipeline k = 0 costs
-
-    cost(0, drained) = gpu(tokens(0)) + cold(rows)
-
-with cold(rows) an EMA per row bucket of such a step's host time (the previous step's end to
-its launch; host_bare(rows), a synchronous step's host time less its drafter's part, until
-measured). Priced as overlapped there, one stream left drafting for single plain steps
-between drafting steps (never overlapped) where drafting would have paid: in the CPU proxy at
-one stream 3-8 % more steps for the same tokens (bench/RESULTS.md, round 38).
-
-A request whose drafts are almost never accepted (a < `min_accept`) stops drafting and is
-re-tried now and then (`explore_every`). With a static policy (`adaptive=False`, e.g. on the
-CPU where no cost table exists) k is always the maximum.
+(bench/RESULTS.md, round 13, run C). A request whose drafts are almost never accepted
+(a < `min_accept`) stops drafting and is re-tried now and then (`explore_every`). With a static
+policy (`adaptive=False`, e.g. on the CPU where no cost table exists) k is always the maximum.
 """
 
 from __future__ import annotations
@@ -182,8 +167,6 @@ class DraftLengthPolicy:
     _bare_recent: dict[int, deque] = field(default_factory=dict)
     # row bucket -> seconds an overlapped plain step took beyond its device time
     exposed: dict[int, float] = field(default_factory=dict)
-    # row bucket -> host seconds of a plain step launched with nothing in flight (`cold`)
-    cold: dict[int, float] = field(default_factory=dict)
     _est: dict[str, _Estimate] = field(default_factory=dict)
     _population: _Estimate = field(default_factory=_Estimate)
     _window: list[float] = field(default_factory=lambda: [0.0, 0.0, 0, 0])  # tok, s, steps, rows
@@ -243,16 +226,10 @@ class DraftLengthPolicy:
     def sync_cost(self, rows: int, tokens: int) -> float:
         return self._host(rows) + self._gpu(tokens)
 
-    def plain_cost(self, rows: int, tokens: int, drained: bool = False) -> float:
-        """Seconds of a plain step of `rows` rows and `tokens` tokens: its device time plus
-        the host work the overlap left exposed at that load (0 until measured); `drained`
-        (nothing in flight: the last step was synchronous), the host work that overlaps
-        nothing (`cold`; until measured, a synchronous step's host time less its drafter's)."""
-        b = _row_bucket(rows)
-        if drained:
-            host = self.cold.get(b)
-            return self._gpu(tokens) + (self._host(rows, self.host_bare) if host is None else host)
-        return self._gpu(tokens) + self.exposed.get(b, 0.0)
+    def plain_cost(self, rows: int, tokens: int) -> float:
+        """Seconds of an overlapped plain step of `rows` rows and `tokens` tokens: its device
+        time plus the host work the overlap left exposed at that load (0 until measured)."""
+        return self._gpu(tokens) + self.exposed.get(_row_bucket(rows), 0.0)
 
     def observe_plain(self, rows: int, tokens: int, seconds: float) -> None:
         """An overlapped plain step of `rows` rows and `tokens` tokens took `seconds` from its
@@ -262,14 +239,6 @@ class DraftLengthPolicy:
         b = _row_bucket(rows)
         over = max(0.0, seconds - self._gpu(tokens))
         self.exposed[b] = _ema(self.exposed.get(b), over, self.ema)
-
-    def observe_plain_cold(self, rows: int, seconds: float) -> None:
-        """A plain step of `rows` rows launched with nothing in flight spent `seconds` on the
-        host from the previous step's end to its launch, the device idle all along."""
-        if not self.buckets or rows <= 0 or not self.measure_costs:
-            return
-        b = _row_bucket(rows)
-        self.cold[b] = _ema(self.cold.get(b), seconds, self.ema)
 
     def observe_sync(
         self,
@@ -484,11 +453,8 @@ class DraftLengthPolicy:
             return True
         return False
 
-    def step_draft_len(
-        self, decode: list[Request], prefill_tokens: int = 0, drained: bool = False
-    ) -> int:
-        """The draft length for a step whose decode rows are `decode` (caps still apply);
-        `drained`: nothing is in flight (a plain step would not overlap: `plain_cost`)."""
+    def step_draft_len(self, decode: list[Request], prefill_tokens: int = 0) -> int:
+        """The draft length for a step whose decode rows are `decode` (caps still apply)."""
         if self.adaptive and self._window[2] == 0:
             self._start_window(len(decode) + (1 if prefill_tokens else 0))
         self.wait_worth_s = None
@@ -521,7 +487,7 @@ class DraftLengthPolicy:
             tokens = math.ceil(fed - 1e-9)
             per_k.append((committed, tokens))
             if k == 0:
-                goodput = committed / max(self.plain_cost(rows, tokens, drained), 1e-9)
+                goodput = committed / max(self.plain_cost(rows, tokens), 1e-9)
                 best, free = goodput, goodput
                 continue
             gpu = self._gpu(tokens)

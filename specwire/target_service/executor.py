@@ -261,7 +261,7 @@ class Executor(OverlappedSteps, TwoBatchSteps):
             if batch is None:
                 return
             if overlap:
-                self._step_overlapped(batch, t_start)
+                self._step_overlapped(batch)
             else:
                 self._step_sync(batch, t0, t_start, generated)
         finally:
@@ -270,8 +270,7 @@ class Executor(OverlappedSteps, TwoBatchSteps):
     def _plan(self) -> tuple[bool, int]:
         """(overlap this step?, the policy's draft length)."""
         overlap = self.overlap and self._sync_requests <= 0
-        drained = self._inflight is None and self._inflight_spec is None
-        step_k = self.scheduler.draft_len(drained) if self.drafter is not None else 0
+        step_k = self.scheduler.draft_len() if self.drafter is not None else 0
         if step_k and self.scheduler.wants_drafts(step_k):
             overlap = False
         return overlap, step_k

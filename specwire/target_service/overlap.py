@@ -60,9 +60,8 @@ class InFlightSpec:
 class OverlappedSteps:
     """Plain greedy steps launched before the previous step's tokens are read."""
 
-    def _step_overlapped(self, batch: ScheduledBatch, t_start: float) -> None:
-        """Launch `batch` (no drafts), commit it optimistically, then read the step before it.
-        `t_start`: the previous step's end (with nothing in flight, the device idled since)."""
+    def _step_overlapped(self, batch: ScheduledBatch) -> None:
+        """Launch `batch` (no drafts), commit it optimistically, then read the step before it."""
         prev = self._inflight
         t0 = time.perf_counter()
         if prev is not None:
@@ -85,8 +84,6 @@ class OverlappedSteps:
             self._gpu_wait = 0.0
             self._run_isolated(rows, draft=False)
             return
-        if prev is None:  # nothing overlapped its host work: the policy prices that
-            self.scheduler.policy.observe_plain_cold(len(batch.rows), time.perf_counter() - t_start)
         if logits.graph is None:
             self.metrics.batched.add(self.metrics.eager_steps, 1)
         self.metrics.batched.add(self.metrics.overlapped_steps, 1)

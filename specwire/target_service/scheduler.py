@@ -101,9 +101,8 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def draft_len(self, drained: bool = False) -> int:
-        """The draft length the policy picks for the next step (before request caps);
-        `drained`: no step is in flight (`DraftLengthPolicy.step_draft_len`)."""
+    def draft_len(self) -> int:
+        """The draft length the policy picks for the next step (before request caps)."""
         if self.policy.plain_step():
             return 0
         decode_next, prefill = [], 0
@@ -113,8 +112,7 @@ class Scheduler:
                 decode_next.append(r)
             else:
                 prefill += left
-        prefill = min(prefill, self.config.max_num_tokens)
-        return self.policy.step_draft_len(decode_next, prefill, drained)
+        return self.policy.step_draft_len(decode_next, min(prefill, self.config.max_num_tokens))
 
     def wants_drafts(self, step_k: int) -> bool:
         """Whether any request that may run next step would get a draft budget at `step_k`."""
