@@ -30,6 +30,7 @@ a replay of real greedy outputs through the real drafting code, no device and no
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import sys
 import time
@@ -201,13 +202,16 @@ def main() -> int:
     ap.add_argument("--step-ms", type=float, default=1.17, help="1-token step")
     ap.add_argument("--verify-ms", type=float, default=1.30, help="1+K-token step")
     ap.add_argument("--rtt-ms", type=float, default=0.85, help="drafter round trip (wait mode)")
-    ap.add_argument("--outputs", help="reuse greedy outputs saved by an earlier run (JSON)")
+    ap.add_argument(
+        "--outputs", help="reuse greedy outputs saved by an earlier run (JSON, or gzipped JSON)"
+    )
     ap.add_argument("--save-outputs", help="save the greedy outputs here (JSON)")
     args = ap.parse_args()
 
     t0 = time.perf_counter()
     if args.outputs:
-        data = json.loads(Path(args.outputs).read_text())
+        raw = Path(args.outputs).read_bytes()  # as saved, or gzipped (bench/results/)
+        data = json.loads(gzip.decompress(raw) if args.outputs.endswith(".gz") else raw)
         source = f"outputs from {args.outputs}"
     else:
         data, source = greedy_outputs(args)
