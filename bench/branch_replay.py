@@ -24,7 +24,7 @@ a replay of real greedy outputs through the real drafting code, no device and no
    H200's at one stream (round 9: 1-token step, 5-token verify step, drafter round trip). A
    model, not a measurement: the real figures come from `bench/serving.py` on the GPU.
 
-    python bench/branch_replay.py [--per-kind 10] [--max-new-tokens 128] [--model smollm2-135m]
+    python bench/branch_replay.py [--per-kind 10] [--kinds all] [--max-new-tokens 128]
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from prompt_pool import KINDS, build_pool  # noqa: E402
+from prompt_pool import ALL_KINDS, KINDS, build_pool  # noqa: E402
 
 from specwire.common.drafters.ngram import NGramDrafter  # noqa: E402
 from specwire.common.ngram import DEFAULT_MAX_NGRAM, VOTE, NGramIndex  # noqa: E402
@@ -58,10 +58,12 @@ def greedy_outputs(args) -> tuple[list[dict], str]:
     from specwire.target_service.config import TargetConfig
     from specwire.target_service.engine import build_engine
 
-    pool, source = build_pool(chat=True, seed=args.seed)
+    pool, source = build_pool(chat=True, kinds=args.kinds, seed=args.seed)
     skip = {d["id"] for d in json.loads(Path(args.exclude).read_text())} if args.exclude else set()
     pool = [p for p in pool if p.id not in skip]
-    chosen = [p for kind in KINDS for p in [q for q in pool if q.kind == kind][: args.per_kind]]
+    chosen = [
+        p for kind in args.kinds for p in [q for q in pool if q.kind == kind][: args.per_kind]
+    ]
     cfg = TargetConfig(
         model=args.model,
         drafter="none",
@@ -162,6 +164,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--per-kind", type=int, default=10)
+    ap.add_argument(
+        "--kinds",
+        default=",".join(KINDS),
+        help="prompt kinds, comma-separated, or 'all' (the serving benchmark's --kinds all)",
+    )
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--k", type=int, default=4, help="drafts per step")
     ap.add_argument("--max-ngram", type=int, default=DEFAULT_MAX_NGRAM, help="both drafters'")
@@ -207,6 +214,7 @@ def main() -> int:
     )
     ap.add_argument("--save-outputs", help="save the greedy outputs here (JSON)")
     args = ap.parse_args()
+    args.kinds = ALL_KINDS if args.kinds == "all" else tuple(args.kinds.split(","))
 
     t0 = time.perf_counter()
     if args.outputs:
@@ -232,7 +240,7 @@ def main() -> int:
         "projected ÷ none | ÷ inproc |"
     )
     print("|---|---|---|---|---|---|---|---|")
-    for kind in ("all", *KINDS):
+    for kind in ("all", *sorted({d["kind"] for d in data})):
         rows = [d for d in data if kind in ("all", d["kind"])]
         inproc_speed = None
         for mode in MODES:
