@@ -3,6 +3,8 @@ bench/RESULTS.md, never in tests). Real subprocesses, the real engine on tiny-ra
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
 import re
 import subprocess
@@ -82,6 +84,26 @@ def test_branch_replay_cost_and_index_comparison_run_on_tiny_random(tmp_path):
         "--other", "specwire/common/ngram.py", "--iters", "2",
     )  # fmt: skip
     assert out.count("| real") == 1 and out.count("| straddling") == 1, out
+
+
+def test_branch_replay_records_every_kind_and_reads_its_outputs_gzipped(tmp_path):
+    """`--kinds all` records the serving benchmark's eight prompt kinds (the replay that judges
+    policy changes, bench/README.md), and `--outputs` reads them back gzipped."""
+    outputs = tmp_path / "all.json"
+    _run(
+        "bench/branch_replay.py", "--model", "tiny-random", "--per-kind", "1", "--kinds", "all",
+        "--max-new-tokens", "8", "--save-outputs", str(outputs),
+    )  # fmt: skip
+    sys.path.insert(0, str(ROOT / "bench"))
+    from prompt_pool import ALL_KINDS
+
+    records = json.loads(outputs.read_text())
+    assert sorted(r["kind"] for r in records) == sorted(ALL_KINDS)
+    packed = tmp_path / "all.json.gz"
+    packed.write_bytes(gzip.compress(outputs.read_bytes()))
+    out = _run("bench/branch_replay.py", "--outputs", str(packed), "--k", "4")
+    rows = re.findall(r"^\| (\w+) \| (inproc|wait|remote|branch) \|", out, re.M)
+    assert len(rows) == (1 + len(ALL_KINDS)) * 4, out  # all + each kind, 4 drafters each
 
 
 def test_host_only_drafts_through_a_remote_drafter_service(tmp_path):
