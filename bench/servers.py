@@ -59,8 +59,9 @@ from specwire.target_service.drafters.remote_relay import SPIN_ENV  # noqa: E402
 # (--drafter-spin-ms 0), "-socket-dspin" for the drafter's event loop alone polling 20 ms after
 # each event (its --spin-ms 20) and "-socket-spin" for both ends polling 20 ms
 # (--spin-ms 20, --drafter-spin-ms 20), "-socket-brreply" for the socket with the branches in
-# the drafts' reply (--drafter-branches-at reply; before round 37 the only way), to measure
-# them side by side.
+# the drafts' reply (--drafter-branches-at reply; before round 37 the only way) and
+# "-socket-atlaunch" for the socket with every question held for the launch (round 38's
+# proxy: +5 % at one stream, +10 % at 8), to measure them side by side.
 CONFIGS = {
     "none": "none",
     "none-sync": "none",
@@ -91,6 +92,7 @@ CONFIGS = {
     "remote-ngram-socket-spin": "remote",
     "remote-ngram-socket-nospin": "remote",
     "remote-ngram-socket-brreply": "remote",
+    "remote-ngram-socket-atlaunch": "remote",
     "none-proc": "none",
     "ngram-proc": "ngram",
     "remote-ngram-proc": "remote",
@@ -128,6 +130,7 @@ REMOTE_DRAFTERS = {  # service --drafter
     "remote-ngram-socket-spin": "ngram",
     "remote-ngram-socket-nospin": "ngram",
     "remote-ngram-socket-brreply": "ngram",
+    "remote-ngram-socket-atlaunch": "ngram",
     "remote-ngram-proc": "ngram",
     "remote-ngram-inproc": "ngram",
     "remote-ngram-exact": "ngram",
