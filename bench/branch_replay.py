@@ -93,6 +93,12 @@ def greedy_outputs(args) -> tuple[list[dict], str]:
     return out, source
 
 
+def load_outputs(path: str) -> list[dict]:
+    """Greedy outputs saved by `--save-outputs`, as saved or gzipped (as in bench/results/)."""
+    raw = Path(path).read_bytes()
+    return json.loads(gzip.decompress(raw) if path.endswith(".gz") else raw)
+
+
 def auto_lookahead(args) -> int:
     """`--lookahead`, or the remote client's auto for an n-gram drafter."""
     return args.lookahead if args.lookahead >= 0 else LOOKAHEAD_STEPS * (args.k + 1)
@@ -218,8 +224,7 @@ def main() -> int:
 
     t0 = time.perf_counter()
     if args.outputs:
-        raw = Path(args.outputs).read_bytes()  # as saved, or gzipped (bench/results/)
-        data = json.loads(gzip.decompress(raw) if args.outputs.endswith(".gz") else raw)
+        data = load_outputs(args.outputs)
         source = f"outputs from {args.outputs}"
     else:
         data, source = greedy_outputs(args)

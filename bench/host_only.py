@@ -40,8 +40,6 @@ import argparse
 import asyncio
 import cProfile
 import gc
-import gzip
-import json
 import os
 import pstats
 import sys
@@ -58,6 +56,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
 
+from branch_replay import load_outputs  # noqa: E402
 from engine_only import run_pass  # noqa: E402
 from host_probes import DraftLengths, StepCPU  # noqa: E402
 from procs import start_service, stop_service  # noqa: E402
@@ -78,8 +77,7 @@ class Replay:
     id), in the stub's vocabulary."""
 
     def __init__(self, path: str, vocab: int, eos: int | None) -> None:
-        raw = Path(path).read_bytes()
-        records = json.loads(gzip.decompress(raw) if path.endswith(".gz") else raw)
+        records = load_outputs(path)
         counts = Counter(t for r in records for t in r["prompt"] + r["output"])
         ids = [i for i in range(3, vocab) if i != eos]
         to_stub = {tok: ids[i % len(ids)] for i, (tok, _) in enumerate(counts.most_common())}

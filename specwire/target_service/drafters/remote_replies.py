@@ -88,8 +88,8 @@ class PrefetchReplies:
         the next commit's `submit` would otherwise do on the critical path. Polls the
         descriptor for at most DEVICE_POLL_S at a time between `done()` checks, and returns
         as soon as nothing is pending (no reply, no branches to follow one) or the device is
-        done. (The stream's reader thread
-        does this on its own thread; a unary call has nothing to take.)"""
+        done. (The stream's reader thread does this on its own thread; a unary call has
+        nothing to take.)"""
         conn = self.connection
         if not conn.framed:
             return
