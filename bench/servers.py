@@ -61,7 +61,7 @@ from specwire.target_service.drafters.remote_relay import SPIN_ENV  # noqa: E402
 # (--spin-ms 20, --drafter-spin-ms 20), "-socket-brreply" for the socket with the branches in
 # the drafts' reply (--drafter-branches-at reply; before round 37 the only way) and
 # "-socket-atlaunch" for the socket with every question held for the launch (round 38's
-# proxy: +5 % at one stream, +10 % at 8), to measure them side by side.
+# proxy: +5 % at one stream, +10 % at 8; round 39's H100: level), to measure them side by side.
 CONFIGS = {
     "none": "none",
     "none-sync": "none",
