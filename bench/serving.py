@@ -313,6 +313,9 @@ async def run_server(server, plans: list[PassPlan], args) -> dict:
                 # the drafter's exposed time, summed, against all steps' time
                 draft_s=_counter_delta(before, after, "specwire_draft_seconds_sum"),
                 draft_steps=_counter_delta(before, after, "specwire_draft_seconds_count"),
+                # and the rest of it: a synchronous step's ask after its commit (remote)
+                ask_s=_counter_delta(before, after, "specwire_drafter_ask_seconds_sum"),
+                ask_steps=_counter_delta(before, after, "specwire_drafter_ask_seconds_count"),
                 step_s=_counter_delta(before, after, "specwire_step_seconds_sum"),
                 # synchronous steps (speculative ones, where steps overlap), timed from the end
                 # of the step before: what a switch to speculation costs per step

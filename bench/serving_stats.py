@@ -224,20 +224,24 @@ def drafting_table(passes: list[dict]) -> str:
     as its auto patience saw them at the pass's end)."""
     lines = [
         "| pass | drafting steps | exposed ms/drafting step | exposed share of step time | "
+        "ask after the commit ms/sync step | "
         "sync steps | ms/sync step | look-ahead hits | branch hits | prefetched replies | "
         "deferred | late | failed | sent at launch (probes) | "
         "EMAs rtt / step / gap / launch rtt / launch-to-commit ms |",
-        "|---" * 14 + "|",
+        "|---" * 15 + "|",
     ]
     for p in passes:
         n, s, total = p.get("draft_steps"), p.get("draft_s"), p.get("step_s")
+        asks, ask_s = p.get("ask_steps"), p.get("ask_s")  # (absent from older JSON)
+        ask = _f(ask_s / asks * 1e3 if asks else None, ".3f")
         d = p.get("drafter") or {}
         ema = p.get("drafter_ema_ms") or {}
         emas = " / ".join(_f(v, ".2f") for v in ema.values())  # metrics.DRAFTER_TIMINGS' order
         emas = emas if any(v is not None for v in ema.values()) else "n/a"
         lines.append(
             f"| {p['name']} | {_delta(n)} | {_f(s / n * 1e3 if n else None, '.3f')} | "
-            f"{f'{s / total:.1%}' if n and total else 'n/a'} | {_delta(p.get('sync_steps'))} | "
+            f"{f'{s / total:.1%}' if n and total else 'n/a'} | {ask} | "
+            f"{_delta(p.get('sync_steps'))} | "
             f"{_f(p.get('sync_ms'), '.3f')} | {_delta(d.get('lookahead'))} | "
             f"{_delta(d.get('branched'))} | {_delta(d.get('prefetched'))} | "
             f"{_delta(d.get('deferred'))} | {_delta(d.get('late'))} | {_delta(d.get('failed'))} | "

@@ -175,3 +175,21 @@ def test_serving_paired_mode_disables_speculation_per_request(tmp_path):
             assert p["summary"]["drafted"] == 0 and p["draft_steps"] == 0, p["name"]
     assert sum(p["summary"]["drafted"] for p in paired if p["speculate"]) > 0
     assert sum(p["draft_steps"] for p in paired if p["speculate"]) > 0
+
+
+def test_serving_reports_the_remote_drafters_ask_after_the_commit(tmp_path):
+    """With --metrics, a remote drafter's passes carry what its synchronous steps spent asking
+    after their commit (`specwire_drafter_ask_seconds`), and the drafting table shows it."""
+    import json
+
+    out = tmp_path / "remote.json"
+    text = _run(
+        "bench/serving.py", "--model", "tiny-random", "--configs", "remote-ngram",
+        "--concurrency", "1", "--prompts-per-pass", "4", "--warmup-prompts", "4",
+        "--max-new-tokens", "16", "--metrics", "--json", str(out),
+    )  # fmt: skip
+    (server,) = json.loads(out.read_text())["results"]
+    timed = [p for p in server["passes"] if p["timed"]]
+    assert sum(p["ask_steps"] for p in timed) > 0
+    assert all(p["ask_s"] >= 0 for p in timed)
+    assert "ask after the commit ms/sync step" in text

@@ -202,6 +202,29 @@ def test_remote_drafter_is_lossless_over_50_prompts(tiny, baseline, drafters, ki
     eng.shutdown()
 
 
+def test_a_synchronous_steps_ask_is_timed_for_a_remote_drafter_only(tiny, drafters):
+    """`specwire_drafter_ask_seconds`: what a synchronous step spent after its commit telling
+    the remote drafter what it committed and asking for the next drafts, the part of the
+    drafter's exposed time `specwire_draft_seconds` (drafts taken before the launch) leaves
+    out. An in-process drafter asks nothing after the commit: no samples."""
+    server = drafters()
+    remote, local = engine(tiny, f"grpc://{server.address}"), engine(tiny, "ngram")
+
+    def sample(eng, name: str) -> float:
+        eng.executor.metrics.batched.flush()
+        got = eng.executor.metrics.registry.get_sample_value(name, {"model": "tiny-random"})
+        return got or 0.0
+
+    for eng in (remote, local):
+        run_all(eng, PROMPTS[:8])
+        assert sample(eng, "specwire_draft_seconds_count") > 0  # both drafted
+    asks = sample(remote, "specwire_drafter_ask_seconds_count")
+    assert asks > 0 and 0 < sample(remote, "specwire_drafter_ask_seconds_sum") < asks * 0.05
+    assert sample(local, "specwire_drafter_ask_seconds_count") == 0
+    remote.shutdown()
+    local.shutdown()
+
+
 @pytest.mark.parametrize("patience_ms", [2000, -1, "held"], ids=["wait", "auto", "held"])
 @pytest.mark.parametrize("mode", ["stream", "unary"])
 def test_remote_drafter_with_the_two_batch_overlap_is_lossless(

@@ -216,6 +216,14 @@ class TargetMetrics:
             "exposed time: asking, waiting for a remote reply, checking)",
             buckets=(5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 0.01, 0.05),
         )
+        self.drafter_ask_seconds = family(
+            Histogram,
+            "specwire_drafter_ask_seconds",
+            "Time a synchronous step spent, after committing, telling a drafter that drafts off "
+            "the critical path (the remote one) what it committed and asking for the next "
+            "drafts: the rest of the drafter's exposed time",
+            buckets=(1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 5e-3),
+        )
         self.step_gpu_seconds = family(
             Histogram,
             "specwire_step_gpu_seconds",
