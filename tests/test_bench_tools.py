@@ -156,8 +156,6 @@ def test_serving_paired_mode_disables_speculation_per_request(tmp_path):
     """--paired on one server: the "off" halves (`speculation.disable` on every request)
     draft nothing, by the requests' own stats and the target's drafting-step counter, while
     the "on" halves of the same server draft."""
-    import json
-
     out = tmp_path / "paired.json"
     _run(
         "bench/serving.py", "--model", "tiny-random", "--configs", "ngram", "--paired",
@@ -180,8 +178,6 @@ def test_serving_paired_mode_disables_speculation_per_request(tmp_path):
 def test_serving_reports_the_remote_drafters_ask_after_the_commit(tmp_path):
     """With --metrics, a remote drafter's passes carry what its synchronous steps spent asking
     after their commit (`specwire_drafter_ask_seconds`), and the drafting table shows it."""
-    import json
-
     out = tmp_path / "remote.json"
     text = _run(
         "bench/serving.py", "--model", "tiny-random", "--configs", "remote-ngram",

@@ -391,9 +391,10 @@ class Executor(OverlappedSteps, TwoBatchSteps):
         rendered = self.emit(decode, new_tokens, logprobs)
         # The drafter hears first: its round trip then starts before the output thread wakes
         # to render this step (and competes for the GIL with the drafter's reply).
-        t0 = time.perf_counter()
+        exposed = self.drafts.hears_steps and not self._device_busy  # nothing in flight
+        t0 = time.perf_counter() if exposed else 0.0
         self.drafts.submit([r.request for r in decode], self.step_no, self._device_busy)
-        if self.drafts.hears_steps and not self._device_busy:  # nothing in flight: exposed
+        if exposed:
             self.metrics.batched.add(self.metrics.drafter_ask_seconds, time.perf_counter() - t0)
         self.output.render_many(rendered)
 
