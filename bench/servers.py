@@ -28,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+from policy_stats import labelled_samples  # noqa: E402
 from procs import free_port, output_tail, start_service, stop_service  # noqa: E402
 
 from specwire.drafter_service.config import DrafterServiceConfig  # noqa: E402
@@ -335,7 +336,8 @@ def running_config(config: str, args: argparse.Namespace) -> Iterator[Server]:
 
 
 def scrape_metrics(url: str | None) -> dict[str, float]:
-    """{sample name: value} at `url`, labelled samples summed (meant for counters); {} if off."""
+    """{sample name: value} at `url`, labelled samples summed (meant for counters), and the
+    draft-length policy's also under their labels (`policy_stats`); {} if off."""
     if not url:
         return {}
     with urllib.request.urlopen(url, timeout=10) as resp:
@@ -344,6 +346,7 @@ def scrape_metrics(url: str | None) -> dict[str, float]:
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             out[sample.name] = out.get(sample.name, 0.0) + sample.value
+            labelled_samples(sample.name, sample.labels, sample.value, out)
     return out
 
 

@@ -48,6 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from client_procs import run_pass_procs  # noqa: E402
+from policy_stats import policy_pass  # noqa: E402
 from prompt_pool import ALL_KINDS, KINDS, Prompt, build_pool  # noqa: E402
 from servers import CONFIGS, add_target_flags, running_config, scrape_metrics  # noqa: E402
 from serving_stats import (  # noqa: E402
@@ -347,6 +348,7 @@ async def run_server(server, plans: list[PassPlan], args) -> dict:
                 gpu_s=_graph_gpu_s(before, after),
                 wall_s=wall,
                 one_token_gpu_ms=after.get(ONE_TOKEN) and after[ONE_TOKEN] * 1e3,
+                policy=policy_pass(before, after),
                 requests=[r.to_json() for r in records],
             )
             passes.append(rec)

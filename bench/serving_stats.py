@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 
 import numpy as np
+from policy_stats import policy_table
 from prompt_pool import ALL_KINDS
 
 
@@ -309,6 +310,8 @@ def config_markdown(rec: dict) -> str:
         )
     if m["drafter"] != "none" and any(p.get("draft_steps") for p in timed):
         out.append("\n" + drafting_table(timed) + "\n")
+    if any(p.get("policy") for p in timed):
+        out.append("\nThe draft-length policy per pass:\n\n" + policy_table(timed) + "\n")
     out.append("\nPer prompt kind, pooled over the first-sight passes:\n\n")
     out.append(kind_table(rec["per_kind_first_sight"]))
     return "".join(out)

@@ -157,7 +157,7 @@ def test_serving_paired_mode_disables_speculation_per_request(tmp_path):
     draft nothing, by the requests' own stats and the target's drafting-step counter, while
     the "on" halves of the same server draft."""
     out = tmp_path / "paired.json"
-    _run(
+    text = _run(
         "bench/serving.py", "--model", "tiny-random", "--configs", "ngram", "--paired",
         "--pairs", "2", "--concurrency", "2", "--prompts-per-pass", "4", "--warmup-prompts", "4",
         "--max-new-tokens", "16", "--metrics", "--json", str(out),
@@ -171,8 +171,13 @@ def test_serving_paired_mode_disables_speculation_per_request(tmp_path):
         assert p["summary"]["errors"] == 0 and p["summary"]["completed"] == 4
         if not p["speculate"]:
             assert p["summary"]["drafted"] == 0 and p["draft_steps"] == 0, p["name"]
+    assert "The draft-length policy per pass" in text
     assert sum(p["summary"]["drafted"] for p in paired if p["speculate"]) > 0
     assert sum(p["draft_steps"] for p in paired if p["speculate"]) > 0
+    # The draft-length policy's record: the "off" halves ran no step with drafts.
+    for p in paired:
+        drafting = sum(v for k, v in p["policy"]["k_steps"].items() if int(k) > 0)
+        assert drafting > 0 if p["speculate"] else drafting == 0, (p["name"], p["policy"])
 
 
 def test_serving_reports_the_remote_drafters_ask_after_the_commit(tmp_path):

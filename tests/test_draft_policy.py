@@ -570,3 +570,21 @@ def test_the_price_of_a_wait_leaves_out_the_waits_it_allowed():
     (bare, cost), (after_waits, dearer) = prices
     assert after_waits == pytest.approx(bare)
     assert dearer == pytest.approx(cost + 0.4e-3)
+
+
+def test_the_snapshot_says_what_the_policy_ran_and_learnt():
+    """What the metrics export: steps per mode as windows close, steps per draft length run,
+    each mode's rate per load and the current mode."""
+    p = _policy({1: 1e-3, 8: 1e-3, 64: 1e-3})
+    spec = _window(p, 4000.0)  # speculating first
+    plain = _window(p, 6000.0)  # then plain decoding is measured, and wins
+    for k in (4, 4, 0):
+        p.ran(k)
+    snap = p.snapshot()
+    assert snap["mode"] == p.mode == "plain"
+    assert snap["mode_steps"] == {"spec": spec, "plain": plain}
+    assert snap["rates"][("spec", 8)] == pytest.approx(4000.0 / 8)
+    assert snap["rates"][("plain", 8)] == pytest.approx(6000.0 / 8)
+    assert snap["windows"] == {("spec", 8): 1, ("plain", 8): 1}
+    assert snap["k_steps"] == [1, 0, 0, 0, 2]
+    assert snap["device"] == {1: 1e-3, 8: 1e-3, 64: 1e-3}

@@ -161,6 +161,19 @@ def test_gauges_go_idle_and_histograms_count_every_request_after_cancels(target,
     assert sum(accepted) == s.value("specwire_accepted_tokens_total")
     # Speculative steps are synchronous: each is one of the steps, timed on its own too.
     assert 0 < s.value("specwire_sync_step_seconds_count") <= s.value("specwire_steps_total")
+    # The draft-length policy says what steps ran with: static on the CPU, so K, or 0 for a
+    # step no request drafts in (a prefill: overlapped); a drafting step is synchronous.
+    chosen = {
+        int(x.labels["k"]): x.value
+        for x in s.samples("specwire_draft_policy_draft_len_steps_total")
+    }
+    assert sorted(chosen) == list(range(5)) and chosen[4] > 0
+    assert chosen[1] == chosen[2] == chosen[3] == 0
+    assert chosen[0] + chosen[4] <= s.value("specwire_steps_total")
+    assert chosen[4] <= s.value("specwire_sync_step_seconds_count")
+    assert s.value("specwire_draft_policy_mode", mode="spec") == 1.0
+    assert s.value("specwire_draft_policy_mode", mode="plain") == 0.0
+    assert s.value("specwire_draft_policy_steps_total", mode="plain") == 0.0
     # Every sample of every family carries the model label.
     assert all(
         sample.labels.get("model") == MODEL

@@ -178,8 +178,13 @@ class DraftLengthPolicy:
     # the last step did not draft or nothing prices it (static policy).
     wait_worth_s: float | None = None
     _probing: bool = False  # the current window measures a mode chosen to be measured
+    # What the policy did, for its metrics (read when scraped): steps per mode (counted as
+    # each window closes), and steps run per draft length (k = 0..K; 0: a plain step; `ran`).
+    mode_steps: dict[str, int] = field(default_factory=lambda: {"spec": 0, "plain": 0})
+    k_steps: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        self.k_steps = [0] * (self.max_draft_len + 1)
         if not 1 <= self.first_window <= self.mode_window:
             raise ValueError(
                 f"need 1 <= first_window <= mode_window, got {self.first_window}, "
@@ -305,6 +310,7 @@ class DraftLengthPolicy:
         rate = w[0] / w[1] / max(rows, 1.0)
         if w[2] < self.mode_window and not (w[2] == self.first_window and self._short(key, rate)):
             return False
+        self.mode_steps[self.mode if self.adaptive else "spec"] += w[2]
         looks = self._looks[key] = self._looks.get(key, 0) + 1
         weight = max(1.0 / looks, 0.5 * min(1.0, rows / self.full_weight_rows))
         self.rates[key] = _ema(self.rates.get(key), rate, weight * w[2] / self.mode_window)
@@ -402,6 +408,31 @@ class DraftLengthPolicy:
             return self.probe_every
         gap = 1.0 - min(spec, plain) / max(spec, plain)
         return max(self.probe_every, min(self.max_probe_every, round(gap / self.probe_budget)))
+
+    def ran(self, k: int) -> None:
+        """A step was scheduled with draft length `k` (the executor, once per step run)."""
+        self.k_steps[min(k, self.max_draft_len)] += 1
+
+    def snapshot(self) -> dict:
+        """What the policy has learnt and done, for its metrics (another thread reads it while
+        the executor's writes it: the copies retry when a dict grows under them)."""
+        for _ in range(3):
+            try:
+                return dict(
+                    mode=self.mode,
+                    mode_steps=dict(self.mode_steps),
+                    k_steps=list(self.k_steps),
+                    rates=dict(self.rates),
+                    windows=dict(self._looks),
+                    host=dict(self.host),
+                    exposed=dict(self.exposed),
+                    device=dict(zip(self.buckets, self.gpu, strict=True)),
+                    accept=self._population.accept,
+                    has_draft=self._population.has_draft,
+                )
+            except RuntimeError:  # "dictionary changed size during iteration"
+                continue
+        return {}
 
     # -- per-request acceptance --------------------------------------------------------------------
     def _new_estimate(self) -> _Estimate:

@@ -293,6 +293,7 @@ class Executor(OverlappedSteps, TwoBatchSteps):
                 time.sleep(0.001)  # waiting for KV blocks held by finishing requests
             return None
         self.metrics.on_scheduled(batch.requests)
+        self.scheduler.policy.ran(step_k)
         self.step_no += 1
         return batch
 

@@ -324,6 +324,7 @@ class TargetMetrics:
         self.kv_usage.set_function(lambda: 1.0 - kv.num_free_blocks / usable)
         self._scrape.drafter_counters = getattr(drafter, "counters", None)
         self._scrape.drafter_timings = getattr(drafter, "timings", None)
+        self._scrape.policy = scheduler.policy
         self._scrape.grow(scheduler.config.max_draft_len)
 
     # -- lifecycle hooks ---------------------------------------------------------------------
@@ -416,6 +417,7 @@ class _ScrapeTimeCollector(Collector):
         self.model = model
         self.drafter_counters = None  # () -> dict[str, int], or None
         self.drafter_timings = None  # () -> dict[str, float | None], or None
+        self.policy = None  # the draft-length policy (its `snapshot()`), or None
         self._lock = threading.Lock()
         self._drafted: list[int] = []  # [i]: steps that drafted a token at position i
         self._accepted: list[int] = []  # [i]: ... and accepted it
@@ -465,6 +467,82 @@ class _ScrapeTimeCollector(Collector):
                 family = GaugeMetricFamily(f"specwire_drafter_{key}_seconds", doc, labels=["model"])
                 family.add_metric([self.model], value)
                 yield family
+
+        if self.policy is not None:
+            yield from self._policy_families(self.policy.snapshot())
+
+    def _policy_families(self, snap: dict):
+        """The draft-length policy's choices and what it has learnt (draft_policy.py): why a
+        server does or does not speculate at a load."""
+        if not snap:
+            return
+        m = [self.model]
+
+        def family(kind, name: str, doc: str, labels: Sequence[str], items):
+            fam = kind(name, doc, labels=["model", *labels])
+            for key, value in items:
+                key = key if isinstance(key, tuple) else (key,)
+                fam.add_metric(m + [str(k) for k in key], value)
+            return fam
+
+        yield family(
+            CounterMetricFamily,
+            "specwire_draft_policy_steps",
+            "Steps the draft-length policy ran in each mode (spec: may draft; plain: overlapped, "
+            "no drafts), counted as each measured window closes",
+            ["mode"],
+            snap["mode_steps"].items(),
+        )
+        yield family(
+            CounterMetricFamily,
+            "specwire_draft_policy_draft_len_steps",
+            "Steps run by the draft length k they were scheduled with (0: a plain step; "
+            "request caps apply after)",
+            ["k"],
+            enumerate(snap["k_steps"]),
+        )
+        yield family(
+            GaugeMetricFamily,
+            "specwire_draft_policy_mode",
+            "The policy's current mode (1 for the mode it runs)",
+            ["mode"],
+            [(mode, 1.0 if snap["mode"] == mode else 0.0) for mode in ("spec", "plain")],
+        )
+        yield family(
+            GaugeMetricFamily,
+            "specwire_draft_policy_rate",
+            "Measured generated tokens per second per row of each mode at each load (rows "
+            "bucket): the mode with the better rate runs there",
+            ["mode", "rows"],
+            snap["rates"].items(),
+        )
+        yield family(
+            CounterMetricFamily,
+            "specwire_draft_policy_windows",
+            "Measured windows behind each mode's rate at each load",
+            ["mode", "rows"],
+            snap["windows"].items(),
+        )
+        for name, label, doc in (
+            ("host", "rows", "Host seconds of a synchronous decode step (least of the last few)"),
+            ("exposed", "rows", "Host seconds an overlapped plain step left exposed (EMA)"),
+            ("device", "tokens", "Device seconds of a step per token bucket (seeded at warm-up)"),
+        ):
+            yield family(
+                GaugeMetricFamily,
+                f"specwire_draft_policy_{name}_seconds",
+                f"Draft-length policy cost table: {doc}",
+                [label],
+                snap[name].items(),
+            )
+        yield family(
+            GaugeMetricFamily,
+            "specwire_draft_policy_acceptance",
+            "The population's per-draft acceptance estimate (a) and how often the drafter has a "
+            "draft at all (p), which new requests start from",
+            ["estimate"],
+            [("a", snap["accept"]), ("p", snap["has_draft"])],
+        )
 
     def _by_position(self, name: str, doc: str, counts: Sequence[int]) -> CounterMetricFamily:
         family = CounterMetricFamily(name, doc, labels=["model", "position"])

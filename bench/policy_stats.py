@@ -1,0 +1,105 @@
+"""The draft-length policy's side of a serving pass (`specwire_draft_policy_*` metrics,
+docs/architecture.md "Metrics"): how many steps it ran in each mode, which draft lengths it
+chose, and what it had learnt by the pass's end (each mode's rate per load, the host and
+exposed times of its cost table, the population's acceptance). It says why a server did or
+did not speculate at a load."""
+
+from __future__ import annotations
+
+import re
+
+PREFIX = "specwire_draft_policy_"
+_LABELLED = re.compile(r"^specwire_draft_policy_(\w+)\{(.*)\}$")
+
+
+def labelled_samples(name: str, labels: dict[str, str], value: float, out: dict) -> None:
+    """Keep a policy sample under its labels too (`servers.scrape_metrics` sums the others)."""
+    if name.startswith(PREFIX):
+        key = ",".join(f"{k}={v}" for k, v in sorted(labels.items()) if k != "model")
+        out[f"{name}{{{key}}}"] = value
+
+
+def _parse(samples: dict[str, float]) -> dict[str, dict[str, float]]:
+    """{family tail: {labels: value}} of the labelled policy samples."""
+    out: dict[str, dict[str, float]] = {}
+    for key, value in samples.items():
+        m = _LABELLED.match(key)
+        if m:
+            out.setdefault(m.group(1), {})[m.group(2)] = value
+    return out
+
+
+def policy_pass(before: dict[str, float], after: dict[str, float]) -> dict | None:
+    """The pass's policy record: counters as deltas, learnt values at the pass's end; None
+    when the target exported none (an older target, or metrics off)."""
+    b, a = _parse(before), _parse(after)
+    if "steps_total" not in a:
+        return None
+
+    def delta(tail: str) -> dict[str, float]:
+        return {k: v - b.get(tail, {}).get(k, 0.0) for k, v in a.get(tail, {}).items()}
+
+    def by(tail: str, label: str, scale: float = 1.0) -> dict[str, float]:
+        out = {}
+        for k, v in a.get(tail, {}).items():
+            labels = dict(p.split("=", 1) for p in k.split(","))
+            out[labels[label] if label in labels else k] = v * scale
+        return out
+
+    rates = {}
+    for k, v in a.get("rate", {}).items():
+        labels = dict(p.split("=", 1) for p in k.split(","))
+        rates[f"{labels['mode']}@{labels['rows']}"] = v
+    acc = by("acceptance", "estimate")
+    return dict(
+        steps={k.split("=", 1)[1]: v for k, v in delta("steps_total").items()},
+        k_steps={int(k.split("=", 1)[1]): v for k, v in delta("draft_len_steps_total").items()},
+        rates=rates,
+        host_ms=by("host_seconds", "rows", 1e3),
+        exposed_ms=by("exposed_seconds", "rows", 1e3),
+        accept=acc.get("a"),
+        has_draft=acc.get("p"),
+    )
+
+
+def _buckets(d: dict[str, float], fmt: str = ".2f") -> str:
+    items = sorted(d.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0)
+    return ", ".join(f"{k}: {v:{fmt}}" for k, v in items) or "n/a"
+
+
+def policy_table(passes: list[dict]) -> str:
+    """Per pass: steps in each mode, the share of steps that chose k > 0 and their mean k,
+    each mode's measured rate (tokens/s per row) per rows bucket, and the cost table's host
+    time of a synchronous step and exposed host time of an overlapped one per rows bucket."""
+    lines = [
+        "| pass | steps spec / plain | steps with k > 0 | mean k (k > 0) | rate spec / plain "
+        "tok/s/row by rows | host ms of a sync step by rows | exposed ms of a plain step "
+        "by rows | acceptance a / p |",
+        "|---" * 8 + "|",
+    ]
+    for p in passes:
+        pol = p.get("policy")
+        if not pol:
+            continue
+        ks = {int(k): v for k, v in pol["k_steps"].items()}
+        total = sum(ks.values())
+        drafted = sum(v for k, v in ks.items() if k > 0)
+        mean_k = sum(k * v for k, v in ks.items() if k > 0) / drafted if drafted else None
+        loads = sorted({int(k.split("@")[1]) for k in pol["rates"]})
+        rates = ", ".join(
+            f"{n}: {_r(pol['rates'].get(f'spec@{n}'))} / {_r(pol['rates'].get(f'plain@{n}'))}"
+            for n in loads
+        )
+        lines.append(
+            f"| {p['name']} | {pol['steps'].get('spec', 0):.0f} / "
+            f"{pol['steps'].get('plain', 0):.0f} | "
+            f"{f'{drafted / total:.0%}' if total else 'n/a'} | "
+            f"{f'{mean_k:.1f}' if mean_k is not None else 'n/a'} | {rates or 'n/a'} | "
+            f"{_buckets(pol['host_ms'], '.3f')} | {_buckets(pol['exposed_ms'], '.3f')} | "
+            f"{_r(pol['accept'], '.2f')} / {_r(pol['has_draft'], '.2f')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _r(x: float | None, fmt: str = ".0f") -> str:
+    return "n/a" if x is None else f"{x:{fmt}}"
