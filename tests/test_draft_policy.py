@@ -588,3 +588,24 @@ def test_the_snapshot_says_what_the_policy_ran_and_learnt():
     assert snap["windows"] == {("spec", 8): 1, ("plain", 8): 1}
     assert snap["k_steps"] == [1, 0, 0, 0, 2]
     assert snap["device"] == {1: 1e-3, 8: 1e-3, 64: 1e-3}
+
+
+def test_a_probe_of_speculation_drafts_whatever_the_host_estimate_says():
+    """A stale high host time vetoes drafting in the speculative mode; a window that probes
+    speculation must still draft, or it measures plain decoding under speculation's name and
+    speculation never wins back (round 40, 8 streams on the H100: 8 drafting steps in 192
+    probing steps)."""
+    p = _policy({8: 1.0e-3, 64: 1.05e-3})
+    reqs = [_req(f"r{i}") for i in range(8)]
+    _learnt(p, reqs)
+    for _ in range(10):
+        p.observe_sync(rows=8, tokens=40, seconds=5e-3, device_wait=1e-3)  # a stale high reading
+    _window(p, 4000.0)  # speculating first: the mode's window
+    _window(p, 6000.0)  # plain measured, and it wins
+    assert p.mode == "plain"
+    while p.mode == "plain":  # ... until speculation is probed again
+        _window(p, 6000.0)
+    assert p._probing
+    assert [p.step_draft_len(reqs) for _ in range(p.first_window)] == [4] * p.first_window
+    _window(p, 4000.0)  # the probe still loses (by a third): back to plain, no drafting there
+    assert p.mode == "plain" and p.step_draft_len(reqs) == 0

@@ -47,7 +47,8 @@ maximises expected committed tokens per second:
 - host(rows): per row bucket, the least of the last 4 host times (a step's time not spent
   waiting for the device) of real synchronous decode steps; an unmeasured bucket scales from the
   nearest measured one (0 before any: optimistic, so drafting gets tried). Where plain decoding
-  wins only by this host time, one drafting step in 64 re-measures it;
+  wins only by this host time, one drafting step in 64 re-measures it, and a window that
+  probes speculation drafts regardless (it measures speculation, not the model's guess);
 - gpu(tokens): an EMA per token bucket of those steps' device wait, seeded at warm-up from graph
   replays;
 - exposed(rows): an EMA per row bucket of what an overlapped plain step's period (launch to
@@ -532,8 +533,15 @@ class DraftLengthPolicy:
             # is refreshed only by such steps, so one stale high reading would keep drafting off
             # for good: every `host_refresh_every` such decisions, draft once to re-measure it
             # (a decision where no row may draft cannot re-measure it and does not count).
+            # A window that probes speculation drafts whatever the host estimate says: it is
+            # there to measure speculation, and its drafting steps re-measure the host time. (A
+            # rare drafting step's host time holds the drafter's catch-up on what was committed
+            # since it last drafted; on the H100 at 8 streams one such reading, 1.08 ms against
+            # 0.41 in steady drafting, vetoed drafting in 184 of 192 probing steps, so the
+            # probes measured plain decoding under speculation's name and it lost to plain:
+            # 0.99x of no drafter where static K=8 ran 1.15x; bench/RESULTS.md, round 40.)
             self._host_vetoes += 1
-            if self._host_vetoes >= self.host_refresh_every:
+            if self._probing or self._host_vetoes >= self.host_refresh_every:
                 self._host_vetoes = 0
                 best_k = free_k
         if best_k:
