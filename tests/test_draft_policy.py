@@ -94,9 +94,10 @@ def test_the_mode_follows_measured_rates():
     for _ in range(4 * p.max_probe_every):
         modes.append(p.mode)
         _window(p, 6000.0 if p.mode == "plain" else 4000.0)
-    # A third behind: one probe per `max_probe_every` windows (~1 % of the throughput).
+    # A third behind: one probe per `max_probe_every` windows (~1 % of the throughput; 3 or 4
+    # in these windows, by where the first one falls).
     assert p.probe_interval(8) == p.max_probe_every
-    assert modes.count("spec") == 4
+    assert 3 <= modes.count("spec") <= 4
     modes = []
     for _ in range(4 * p.max_probe_every):
         modes.append(p.mode)
@@ -509,7 +510,7 @@ def test_decisions_where_no_request_may_draft_leave_the_host_refresh_due_as_befo
     reqs = [_req(f"r{i}") for i in range(8)]
     _learnt(p, reqs)
     for _ in range(10):
-        p.observe_sync(rows=8, tokens=40, seconds=5e-3, device_wait=1e-3)  # a stale high reading
+        p.observe_sync(rows=8, tokens=40, seconds=8e-3, device_wait=1e-3)  # a stale high reading
     for _ in range(40):  # plain steps leave 0.5 ms of host work exposed
         p.observe_plain(rows=8, tokens=8, seconds=1.5e-3)
     off = [_no_speculation(f"off{i}") for i in range(8)]
@@ -609,3 +610,60 @@ def test_a_probe_of_speculation_drafts_whatever_the_host_estimate_says():
     assert [p.step_draft_len(reqs) for _ in range(p.first_window)] == [4] * p.first_window
     _window(p, 4000.0)  # the probe still loses (by a third): back to plain, no drafting there
     assert p.mode == "plain" and p.step_draft_len(reqs) == 0
+
+
+def test_bursty_drafts_are_priced_by_the_populations_deeper_acceptance():
+    """A drafter whose drafts are all wrong or all right (n-gram lookups: a match goes on or
+    does not start) accepts a long draft far more often than a geometric prefix with the same
+    per-draft rate says; the population's acceptance past the first draft learns that."""
+    p = _policy({8: 1e-3, 64: 1.05e-3})
+    reqs = [_req(f"r{i}") for i in range(8)]
+    for i in range(200):
+        for r in reqs:
+            r.step_draft_cap = 4
+            p.observe(r, 4, 4 if i % 2 else 0)
+    deeper = p.snapshot()["deeper"]
+    assert len(deeper) == 3 and min(deeper) > 0.95  # once the first is right, so is the rest
+    committed, fed = p.expected_tokens(reqs[0], 4)
+    a = p._est["r0"].accept  # the per-draft rate: about half
+    assert 0.3 < a < 0.7
+    geometric = 1 + a + a**2 + a**3 + a**4
+    assert committed > geometric + 0.5 and committed == pytest.approx(1 + 4 * a, abs=0.2)
+    assert fed == 5.0
+
+
+def test_in_the_speculative_mode_only_steps_that_could_draft_count():
+    """An overlapped step in the speculative mode is one the cost model gave k = 0: the step
+    the plain mode runs. It does not count for speculation's rate (counted, a stretch of
+    requests whose drafts miss pulled that rate to plain decoding's)."""
+    p = _policy({8: 1e-3, 64: 1e-3})
+    assert p.mode == "spec"
+    for _ in range(5 * p.mode_window):
+        assert not p.observe_rate(8, 8 / 6000.0, 8, overlapped=True)
+    assert p.rates == {}
+    assert _window(p, 9000.0) == p.mode_window  # drafting steps: they close the window
+    assert p.rates[("spec", 8)] == pytest.approx(9000.0 / 8)
+
+
+def test_when_the_winner_changes_the_mode_it_beat_is_probed_on_the_new_gap():
+    """Speculation far ahead sets the next probe of plain decoding up to `max_probe_every`
+    windows away; when speculation then loses by a little, it is probed again within the
+    interval that small gap sets, not at that far probe time."""
+    p = _policy({8: 1e-3, 64: 1e-3})
+    _window(p, 9000.0)  # speculating first
+    _window(p, 4000.0)  # plain: far behind
+    assert p.mode == "spec" and p.probe_interval(8) == p.max_probe_every
+    while p.mode == "spec":  # until plain's next probe: then the one after is far away
+        _window(p, 9000.0)
+    _window(p, 4000.0)
+    assert p.mode == "spec" and p._probe_at[8] >= p._windows[8] + p.max_probe_every
+    while p.rates[("spec", 8)] > p.rates[("plain", 8)] * (1 + p.spec_margin):
+        _window(p, 3900.0 if p.mode == "spec" else 4000.0)  # speculation's requests turn poor
+    assert p.mode == "plain"
+    gap = p.probe_interval(8)
+    assert gap < p.max_probe_every
+    windows = 0
+    while p.mode == "plain":
+        _window(p, 4000.0)
+        windows += 1
+    assert windows <= gap + 1

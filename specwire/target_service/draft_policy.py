@@ -12,12 +12,14 @@ after `first_window` steps ends there), measures the tokens generated per second
 over it (the executor reports every step, a switch's drain and the loop between steps included;
 a step in which no request may speculate at all, each having turned it off, runs plainly in
 either mode, so it counts in the plain mode's window only, and teaches neither the host time
-nor any acceptance below), keeps an average per mode and batch-size bucket (a rate means
-nothing at another load: the mean of the windows measured there, then an EMA whose weight
-shrinks below `full_weight_rows` rows, where a window samples few requests and measures their
-drafts as much as the mode), and then
-runs the mode with the better rate at the load just seen (speculation only when it is
-`spec_margin` faster: a near tie goes to the mode that cannot lose to no drafter); a window that
+nor any acceptance below; so does a step the speculative mode overlaps, to which the model
+below gave k = 0: speculation's rate is that of the steps it drafts), keeps an average per
+mode and batch-size bucket (a rate means nothing at another load: the mean of the windows
+measured there, then an EMA whose weight shrinks below `full_weight_rows` rows, where a
+window samples few requests and measures their drafts as much as the mode), and then runs the
+mode with the better rate at the load just seen (speculation only when it is
+`spec_margin` faster: a near tie goes to the mode that cannot lose to no drafter; when the
+winner changes, the mode it beat is next probed on the interval the new gap sets); a window that
 starts at another load starts in the mode best there. At a load where the other mode has no rate
 yet it goes by what other loads imply (speculation pays less as the batch grows: plain winning
 at a smaller load wins here, speculation winning at a larger one wins here), and measures the
@@ -38,10 +40,16 @@ maximises expected committed tokens per second:
     cost(k > 0) = host(rows) + gpu(tokens(k))        (synchronous: drafting needs every token)
     cost(0) = gpu(tokens(0)) + exposed(rows)         (overlapped: the host hides behind the GPU)
 
-- E_i(k) = 1 + p_i * (a_i + a_i^2 + ... + a_i^k): the bonus/next token plus the expected
-  accepted prefix, with a_i the request's per-draft acceptance (an EMA over its verified steps)
-  and p_i how often its drafter has a draft at all (n-gram lookup often has none). A new request
-  starts from the population's estimate (an EMA over every request's steps);
+- E_i(k) = 1 + p_i * (q_1 + q_1 q_2 + ... + q_1 ... q_k): the bonus/next token plus the
+  expected accepted prefix, with p_i how often its drafter has a draft at all (n-gram lookup
+  often has none), q_1 = a_i the request's per-draft acceptance (an EMA over its verified
+  steps) and q_m = max(a_i, d_m) past the first draft, d_m the population's acceptance of
+  draft m given the drafts before it were accepted (an EMA over every request's rows, updated
+  every `deeper_every` drafted rows). A geometric prefix (q_m = a_i) priced lookup drafters'
+  long drafts far too low: their drafts are all right or all wrong (a match goes on or does
+  not start), and at 8 streams the policy chose k = 0 where drafting the maximum paid (round
+  40). A new request starts from the population's estimate (an EMA over every request's
+  steps);
 - tokens(k) = the step's prefill tokens + sum_i (1 + p_i * min(k, cap_i)) (varlen steps are
   not padded per row);
 - host(rows): per row bucket, the least of the last 4 host times (a step's time not spent
@@ -59,7 +67,8 @@ step (host + gpu) made drafting look better than it is wherever the host is a la
 step. On the H200 in fp32 at 32-64 rows that chose verify steps of 12.6-18.2 ms against
 overlapped plain steps of 7.9 ms, and the n-gram drafter ran at 0.95x of no drafter
 (bench/RESULTS.md, round 13, run C). A request whose drafts are almost never accepted
-(a < `min_accept`) stops drafting and is re-tried now and then (`explore_every`). With a static
+(expected to accept fewer than `min_gain` of K) stops drafting and is re-tried now and then
+(`explore_every`). With a static
 policy (`adaptive=False`, e.g. on the CPU where no cost table exists) k is always the maximum.
 """
 
@@ -80,19 +89,24 @@ class _Estimate:
     steps: int = 0
     drafted_steps: int = 0  # steps in which drafts were verified (what `accept` learnt from)
     # per k = 0..K: (expected committed tokens, expected tokens fed); rebuilt when the estimate
-    # moves. Tokens fed stay fractional: rounding each row's 1 + p*k (p = 0.6, k = 2: 2.2 -> 2)
-    # would misprice a step by up to half a token per row.
+    # or the population's deeper acceptance (`shape`: its version) moves. Tokens fed stay
+    # fractional: rounding each row's 1 + p*k (p = 0.6, k = 2: 2.2 -> 2) would misprice a step
+    # by up to half a token per row.
     table: list[tuple[float, float]] | None = None
+    shape: int = -1
 
-    def per_k(self, max_k: int) -> list[tuple[float, float]]:
-        if self.table is None:
+    def per_k(self, max_k: int, deeper: list[float], version: int) -> list[tuple[float, float]]:
+        """`deeper[m]` (m >= 1): the population's acceptance of draft m given drafts 0..m-1
+        were accepted. Draft 0 is accepted with the request's own a; each later one with the
+        larger of a and the population's `deeper` there (module docstring)."""
+        if self.table is None or self.shape != version:
             a, p = self.accept, self.has_draft
             gain, term, out = 0.0, 1.0, [(1.0, 1.0)]
             for k in range(1, max_k + 1):
-                term *= a
+                term *= a if k == 1 else max(a, deeper[k - 1])
                 gain += term
                 out.append((1.0 + p * gain, 1.0 + p * k))
-            self.table = out
+            self.table, self.shape = out, version
         return self.table
 
 
@@ -110,7 +124,12 @@ class DraftLengthPolicy:
     adaptive: bool = False
     ema: float = 0.2  # weight of the newest observation
     explore_every: int = 16  # steps between forced tries for a request that stopped drafting
-    min_accept: float = 0.1  # below this per-draft acceptance a request stops drafting
+    # Below this many expected accepted drafts in a step that drafts K, a request stops
+    # drafting (re-tried every `explore_every` steps).
+    min_gain: float = 0.1
+    # Drafted rows between two updates of the population's deeper acceptance (`_deeper`): its
+    # version invalidates every request's table, so it moves in batches.
+    deeper_every: int = 64
     population_ema: float = 0.02  # weight of one request's step in the population estimate
     mode_window: int = 32  # steps per measured window of one mode
     # A probe of the losing mode that, after `first_window` steps, trails the winner's rate at
@@ -127,7 +146,10 @@ class DraftLengthPolicy:
     # explains: on the H200 a synchronous speculative step at 32-64 rows took 3.5x an
     # overlapped plain one, and whole first looks cost 5-8 % of a pass).
     first_look_exit: float = 0.4
-    probe_every: int = 8  # least windows between tries of the mode not in use
+    # Least windows between tries of the mode not in use (when the two are within 4 %: a
+    # probe then costs under 1 % of a window). At 8 streams, where speculation's windows swing
+    # with the requests in flight, 4 gave +2 % over 8 in the host-only proxy (round 40).
+    probe_every: int = 4
     max_probe_every: int = 32  # most windows between them
     probe_budget: float = 0.01  # throughput share probing may cost (sets the interval)
     spec_margin: float = 0.05  # speculation runs only when measured this much faster
@@ -145,6 +167,7 @@ class DraftLengthPolicy:
     # averages enough requests (the n-gram drafter kept speculating on 77-89 % of the steps
     # at c=8 there); the weight, and so the policy under load, is as it was.
     full_weight_rows: int = 8
+    window_weight: float = 0.5  # a whole window's EMA weight from `full_weight_rows` rows
     # Steps on which plain decoding won only by a synchronous step's host time (drafting would
     # pay without it) between two drafting steps that re-measure that host time.
     host_refresh_every: int = 64
@@ -170,10 +193,18 @@ class DraftLengthPolicy:
     exposed: dict[int, float] = field(default_factory=dict)
     _est: dict[str, _Estimate] = field(default_factory=dict)
     _population: _Estimate = field(default_factory=_Estimate)
+    # [m] (1 <= m < K): the population's acceptance of draft m given drafts 0..m-1 were
+    # accepted (EMA, starting at the prior a); its version; and the rows reaching / passing
+    # each position since the last update, and how many drafted rows that was.
+    _deeper: list[float] = field(default_factory=list)
+    _deeper_version: int = 0
+    _deeper_counts: list[list[int]] = field(default_factory=list)
+    _deeper_rows: int = 0
     _window: list[float] = field(default_factory=lambda: [0.0, 0.0, 0, 0])  # tok, s, steps, rows
     _windows: dict[int, int] = field(default_factory=dict)  # windows seen per load bucket
     _looks: dict[tuple[str, int], int] = field(default_factory=dict)  # windows per rate
     _probe_at: dict[int, int] = field(default_factory=dict)  # load -> window of its next probe
+    _best: dict[int, str] = field(default_factory=dict)  # load -> the winner there
     _planned: int = 0  # the load the current mode was chosen for
     # The last drafting step's worth of waiting for its drafts (`wait_worth`), None when
     # the last step did not draft or nothing prices it (static policy).
@@ -186,6 +217,8 @@ class DraftLengthPolicy:
 
     def __post_init__(self) -> None:
         self.k_steps = [0] * (self.max_draft_len + 1)
+        self._deeper = [self._population.accept] * max(1, self.max_draft_len)
+        self._deeper_counts = [[0, 0] for _ in self._deeper]
         if not 1 <= self.first_window <= self.mode_window:
             raise ValueError(
                 f"need 1 <= first_window <= mode_window, got {self.first_window}, "
@@ -284,7 +317,12 @@ class DraftLengthPolicy:
 
     # -- the mode ---------------------------------------------------------------------------------
     def observe_rate(
-        self, generated: int, seconds: float, rows: int, may_draft: bool = True
+        self,
+        generated: int,
+        seconds: float,
+        rows: int,
+        may_draft: bool = True,
+        overlapped: bool = False,
     ) -> bool:
         """A step of the current mode with `rows` rows generated `generated` tokens in
         `seconds` (a speculative step's time includes draining the step in flight). True when
@@ -292,8 +330,15 @@ class DraftLengthPolicy:
         `may_draft`: whether any of its requests may speculate at all. A step where none may
         (each turned speculation off) decodes plainly in either mode: in the speculative mode
         it is no evidence about speculation and does not count (counted, a stretch of such
-        requests pulled speculation's rate to plain decoding's)."""
-        if not may_draft and self.mode == "spec":
+        requests pulled speculation's rate to plain decoding's). `overlapped`: a plain step
+        launched before the previous one was read. In the speculative mode that is a step the
+        cost model gave k = 0 (no request's drafts were worth it), the very step the plain mode
+        runs, so it does not count either: speculation's rate is its drafting steps' (with
+        the plain steps they drain). Counted, a stretch of requests whose drafts miss (chat,
+        where code drafts well) pulled speculation's rate to plain decoding's, the 5 % margin
+        then chose plain decoding, and that ran until the next probe, after the requests that
+        draft well had come back (bench/RESULTS.md, round 40)."""
+        if self.mode == "spec" and (overlapped or not may_draft):
             return False
         w = self._window
         w[0] += generated
@@ -313,7 +358,7 @@ class DraftLengthPolicy:
             return False
         self.mode_steps[self.mode if self.adaptive else "spec"] += w[2]
         looks = self._looks[key] = self._looks.get(key, 0) + 1
-        weight = max(1.0 / looks, 0.5 * min(1.0, rows / self.full_weight_rows))
+        weight = max(1.0 / looks, self.window_weight * min(1.0, rows / self.full_weight_rows))
         self.rates[key] = _ema(self.rates.get(key), rate, weight * w[2] / self.mode_window)
         self._window = [0.0, 0.0, 0, 0]
         seen = self._windows[load] = self._windows.get(load, 0) + 1
@@ -358,6 +403,13 @@ class DraftLengthPolicy:
         other = "plain" if cur == "spec" else "spec"
         if (other, load) in self.rates:  # both measured here: the better one, or a probe
             best = self._winner(load)
+            if self._best.get(load) != best:
+                # The winner changed: the mode it beat is next measured on the interval the
+                # gap now sets. (A probe time set while the other mode was far behind, up to
+                # `max_probe_every` windows away, kept a mode that had just lost by a few
+                # per cent out for 20 windows in the 8-stream proxy; round 40.)
+                self._best[load] = best
+                self._probe_at[load] = seen + self.probe_interval(load)
             probe_at = self._probe_at.setdefault(load, seen + self.probe_interval(load))
             if best == cur and seen >= probe_at:
                 self._probe_at[load] = seen + 1 + self.probe_interval(load)
@@ -430,6 +482,7 @@ class DraftLengthPolicy:
                     device=dict(zip(self.buckets, self.gpu, strict=True)),
                     accept=self._population.accept,
                     has_draft=self._population.has_draft,
+                    deeper=list(self._deeper[1:]),
                 )
             except RuntimeError:  # "dictionary changed size during iteration"
                 continue
@@ -460,12 +513,37 @@ class DraftLengthPolicy:
             a = min(max(a, 0.02), 0.98)
             est.accept += w * (a - est.accept)
             pop.accept += pw * (a - pop.accept)
+            self._observe_deeper(drafted, accepted)
+
+    def _observe_deeper(self, drafted: int, accepted: int) -> None:
+        """Draft m (m >= 1) was reached when drafts 0..m-1 were accepted and it was drafted;
+        it passed when it was accepted too. Every `deeper_every` drafted rows the population's
+        `_deeper` moves toward what they saw (the weight `population_ema` per row reaching it)."""
+        counts = self._deeper_counts
+        for m in range(1, min(drafted - 1, accepted) + 1):
+            c = counts[m]
+            c[0] += 1
+            c[1] += accepted > m
+        self._deeper_rows += 1
+        if self._deeper_rows < self.deeper_every:
+            return
+        self._deeper_rows = 0
+        for m in range(1, len(counts)):
+            reached, passed = counts[m]
+            if reached:
+                weight = 1.0 - (1.0 - self.population_ema) ** reached
+                self._deeper[m] += weight * (passed / reached - self._deeper[m])
+                counts[m] = [0, 0]
+        self._deeper_version += 1
 
     def expected_tokens(self, req: Request, k: int) -> tuple[float, float]:
         """(tokens `req` is expected to commit, tokens it feeds) in a step that lets it draft
         `k`, from its estimate (a new request: the population's)."""
         est = self._est.get(req.request_id) or self._new_estimate()
-        return est.per_k(self.max_draft_len)[k]
+        return self._per_k(est)[k]
+
+    def _per_k(self, est: _Estimate) -> list[tuple[float, float]]:
+        return est.per_k(self.max_draft_len, self._deeper, self._deeper_version)
 
     def forget(self, req: Request) -> None:
         self._est.pop(req.request_id, None)
@@ -497,7 +575,7 @@ class DraftLengthPolicy:
         if self.mode == "plain":
             return 0
         K = self.max_draft_len
-        prior = self._new_estimate().per_k(K)
+        prior = self._per_k(self._new_estimate())
         est = self._est
         rows = len(decode) + (1 if prefill_tokens else 0)
         # Per request, (expected committed, tokens fed) at each k its cap allows (hot path:
@@ -505,7 +583,7 @@ class DraftLengthPolicy:
         tables = []
         for r in decode:
             e = est.get(r.request_id)
-            tables.append((e.per_k(K) if e is not None else prior, min(r.useful_drafts, K)))
+            tables.append((self._per_k(e) if e is not None else prior, min(r.useful_drafts, K)))
         host = self._host(rows)
         best_k, best, free_k, free = 0, -1.0, 0, -1.0
         per_k: list[tuple[float, int]] = []  # (expected committed, tokens fed) per k
@@ -564,7 +642,8 @@ class DraftLengthPolicy:
 
     def request_cap(self, req: Request, step_k: int) -> int:
         """The drafts `req` may propose this step: the step's k and its own limits, and none
-        for a request whose drafts are almost never accepted (re-tried every
+        for a request whose drafts are almost never accepted (expected to accept fewer than
+        `min_gain` of K; re-tried every
         `explore_every` steps). A budget the drafter leaves unused costs nothing (rows are not
         padded), so how often a drafter has no draft at all never withdraws the budget."""
         cap = min(step_k, req.useful_drafts)
@@ -574,7 +653,13 @@ class DraftLengthPolicy:
             and est is not None
             and est.drafted_steps >= 4
             and est.steps % self.explore_every
-            and est.accept < self.min_accept
+            and self._expected_accepted(est) < self.min_gain
         ):
             return 0
         return cap
+
+    def _expected_accepted(self, est: _Estimate) -> float:
+        """Drafts a step that drafts K is expected to accept for `est`'s request when its
+        drafter proposes any."""
+        committed, _fed = self._per_k(est)[self.max_draft_len]
+        return (committed - 1.0) / max(est.has_draft, 1e-3)

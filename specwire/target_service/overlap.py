@@ -129,7 +129,7 @@ class OverlappedSteps:
         plain step costs while plain steps follow each other), so the policy may price plain
         steps by it; a drain (launch to read) is not such a period."""
         policy = self.scheduler.policy
-        policy.observe_rate(done.generated, period, done.rows, done.may_draft)
+        policy.observe_rate(done.generated, period, done.rows, done.may_draft, overlapped=True)
         if steady:
             policy.observe_plain(done.rows, done.tokens, period)
         self._count_step(period)
