@@ -74,9 +74,9 @@ class RateLog:
         self.generated = 0
         observe = policy.observe_rate
 
-        def logged(generated, seconds, rows, *args):
+        def logged(generated, seconds, rows, *args, **kwargs):
             self.generated += generated
-            return observe(generated, seconds, rows, *args)
+            return observe(generated, seconds, rows, *args, **kwargs)
 
         policy.observe_rate = logged
 
