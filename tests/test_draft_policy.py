@@ -667,3 +667,13 @@ def test_when_the_winner_changes_the_mode_it_beat_is_probed_on_the_new_gap():
         _window(p, 4000.0)
         windows += 1
     assert windows <= gap + 1
+
+
+def test_drafts_longer_than_the_policys_k_are_learnt_from_without_failing():
+    """A row may verify more drafts than the policy's K (a request's own longer limit does not
+    exist, but a drafter may return more than asked): the deeper acceptance keeps to K."""
+    p = _policy({8: 1e-3})
+    r = _req("long")
+    for _ in range(2 * p.deeper_every):
+        p.observe(r, 9, 9)
+    assert len(p.snapshot()["deeper"]) == p.max_draft_len - 1

@@ -520,7 +520,7 @@ class DraftLengthPolicy:
         it passed when it was accepted too. Every `deeper_every` drafted rows the population's
         `_deeper` moves toward what they saw (the weight `population_ema` per row reaching it)."""
         counts = self._deeper_counts
-        for m in range(1, min(drafted - 1, accepted) + 1):
+        for m in range(1, min(drafted - 1, accepted, len(counts) - 1) + 1):
             c = counts[m]
             c[0] += 1
             c[1] += accepted > m

@@ -539,9 +539,11 @@ class _ScrapeTimeCollector(Collector):
             GaugeMetricFamily,
             "specwire_draft_policy_acceptance",
             "The population's per-draft acceptance estimate (a) and how often the drafter has a "
-            "draft at all (p), which new requests start from",
+            "draft at all (p), which new requests start from, and its acceptance of draft m once "
+            "the drafts before it were accepted (dm, m >= 1)",
             ["estimate"],
-            [("a", snap["accept"]), ("p", snap["has_draft"])],
+            [("a", snap["accept"]), ("p", snap["has_draft"])]
+            + [(f"d{m}", v) for m, v in enumerate(snap["deeper"], start=1)],
         )
 
     def _by_position(self, name: str, doc: str, counts: Sequence[int]) -> CounterMetricFamily:
