@@ -59,6 +59,8 @@ def policy_pass(before: dict[str, float], after: dict[str, float]) -> dict | Non
         exposed_ms=by("exposed_seconds", "rows", 1e3),
         accept=acc.get("a"),
         has_draft=acc.get("p"),
+        # past the first draft: acceptance of draft m once the drafts before it were accepted
+        deeper=[v for k, v in sorted(acc.items(), key=lambda kv: kv[0]) if k[:1] == "d"],
     )
 
 

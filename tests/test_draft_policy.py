@@ -52,11 +52,17 @@ def test_stops_drafting_when_tokens_are_dear_and_drafts_are_poor():
 def test_a_request_whose_drafts_fail_stops_drafting_and_is_retried():
     p = _policy({1: 1e-3, 8: 1e-3})
     bad, good = _req("bad"), _req("good")
-    _teach(p, bad, drafted=4, accepted=0, times=15)
+    _teach(p, bad, drafted=4, accepted=0, times=p.max_misses - 1)
+    assert p.request_cap(bad, 4) == 4  # not yet: lookup drafts miss for a while, then match
+    _teach(p, bad, drafted=4, accepted=0, times=2)  # 17 steps, 17 misses in a row
     _teach(p, good, drafted=4, accepted=4, times=15)
     assert p.request_cap(good, 4) == 4
     assert p.request_cap(bad, 4) == 0
-    _teach(p, bad, drafted=0, accepted=0, times=1)  # its 16th step: explored again
+    _teach(p, bad, drafted=0, accepted=0, times=14)
+    assert p.request_cap(bad, 4) == 0
+    _teach(p, bad, drafted=0, accepted=0, times=1)  # its 32nd step: explored again
+    assert p.request_cap(bad, 4) == 4
+    _teach(p, bad, drafted=4, accepted=1, times=1)  # a draft accepted: it drafts again
     assert p.request_cap(bad, 4) == 4
 
 
@@ -95,7 +101,8 @@ def test_the_mode_follows_measured_rates():
         modes.append(p.mode)
         _window(p, 6000.0 if p.mode == "plain" else 4000.0)
     # A third behind: one probe per `max_probe_every` windows (~1 % of the throughput; 3 or 4
-    # in these windows, by where the first one falls).
+    # in these windows, by where the first one falls: its time is set when both modes were
+    # first measured, or when the winner last changed).
     assert p.probe_interval(8) == p.max_probe_every
     assert 3 <= modes.count("spec") <= 4
     modes = []
@@ -638,11 +645,59 @@ def test_in_the_speculative_mode_only_steps_that_could_draft_count():
     requests whose drafts miss pulled that rate to plain decoding's)."""
     p = _policy({8: 1e-3, 64: 1e-3})
     assert p.mode == "spec"
-    for _ in range(5 * p.mode_window):
-        assert not p.observe_rate(8, 8 / 6000.0, 8, overlapped=True)
-    assert p.rates == {}
-    assert _window(p, 9000.0) == p.mode_window  # drafting steps: they close the window
-    assert p.rates[("spec", 8)] == pytest.approx(9000.0 / 8)
+    closed = 0
+    for _ in range(p.mode_window):  # each drafting step follows a few overlapped ones
+        for _ in range(3):
+            assert not p.observe_rate(8, 8 / 6000.0, 8, overlapped=True)
+        closed += p.observe_rate(10, 10 / 9000.0, 8)
+    assert closed == 1 and p.rates == {("spec", 8): pytest.approx(9000.0 / 8)}
+
+
+def test_a_speculative_window_in_which_nothing_drafts_ends_without_a_rate():
+    """When the cost model gives k = 0 to a window's worth of steps in a row, the window ends
+    without a rate (else it would never end: a probe of speculation would never give up), and
+    the next one starts in the mode best at its load."""
+    p = _policy({8: 1e-3, 64: 1e-3})
+    _window(p, 9000.0)  # speculating first
+    _window(p, 6000.0)  # plain measured: speculation wins
+    while p.mode == "spec":  # until the next probe of plain decoding
+        _window(p, 9000.0)
+    _window(p, 5000.0)  # plain loses again: back to speculation
+    p.rates[("spec", 8)] = 5500.0 / 8  # ... which then falls behind (by less than the margin)
+    p.mode, p._probing = "spec", True  # a probe of speculation
+    ends = [p.observe_rate(8, 8 / 6000.0, 8, overlapped=True) for _ in range(p.idle_handoff)]
+    assert ends == [False] * (p.idle_handoff - 1) + [True]
+    assert not p._probing and p._window == [0.0, 0.0, 0, 0]
+    assert p.rates[("spec", 8)] == 5500.0 / 8  # no rate learnt from those steps
+    p.step_draft_len([_req(f"r{i}") for i in range(8)])  # the next window starts: plain wins
+    assert p.mode == "plain"
+
+
+def test_a_static_policy_stays_in_the_speculative_mode():
+    """A static policy drafts K whatever it measures: its mode (and what its metrics say)
+    stays speculative after any number of windows."""
+    p = DraftLengthPolicy(4, adaptive=False)
+    for _ in range(4 * p.mode_window):
+        assert not p.observe_rate(8, 8 / 6000.0, 8)
+        p.observe_rate(8, 8 / 6000.0, 8, overlapped=True)
+    assert p.mode == "spec" and p.rates == {} and p.snapshot()["mode"] == "spec"
+
+
+def test_a_request_none_of_whose_drafts_is_accepted_stops_drafting():
+    """Even where the population's drafts past the first are nearly always accepted once the
+    first is (a lookup drafter), a request whose drafts all miss stops drafting."""
+    p = _policy({8: 1e-3, 64: 1.05e-3})
+    good = [_req(f"g{i}") for i in range(8)]
+    for _ in range(40):
+        for r in good:
+            r.step_draft_cap = 4
+            p.observe(r, 4, 4)
+    assert min(p.snapshot()["deeper"]) > 0.9
+    bad = _req("bad")
+    bad.step_draft_cap = 4
+    for _ in range(30):
+        p.observe(bad, 4, 0)
+    assert p.request_cap(bad, 4) == 0 and p.request_cap(good[0], 4) == 4
 
 
 def test_when_the_winner_changes_the_mode_it_beat_is_probed_on_the_new_gap():
@@ -676,4 +731,5 @@ def test_drafts_longer_than_the_policys_k_are_learnt_from_without_failing():
     r = _req("long")
     for _ in range(2 * p.deeper_every):
         p.observe(r, 9, 9)
-    assert len(p.snapshot()["deeper"]) == p.max_draft_len - 1
+    deeper = p.snapshot()["deeper"]
+    assert len(deeper) == p.max_draft_len - 1 and min(deeper) > 0.9  # all passed

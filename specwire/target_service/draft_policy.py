@@ -9,7 +9,8 @@ batch, the drafts' real acceptance (bursty on code), the host's speed, a remote 
 trip, the cost of draining the pipeline to switch. So the policy runs one mode for a window of
 `mode_window` steps (a probe that trails the other mode's rate there by more than `early_exit`
 after `first_window` steps ends there), measures the tokens generated per second and per row
-over it (the executor reports every step, a switch's drain and the loop between steps included;
+over it (the executor reports every step, a switch's drain and the loop between steps included,
+and the policy counts those that say something about the mode;
 a step in which no request may speculate at all, each having turned it off, runs plainly in
 either mode, so it counts in the plain mode's window only, and teaches neither the host time
 nor any acceptance below; so does a step the speculative mode overlaps, to which the model
@@ -67,8 +68,8 @@ step (host + gpu) made drafting look better than it is wherever the host is a la
 step. On the H200 in fp32 at 32-64 rows that chose verify steps of 12.6-18.2 ms against
 overlapped plain steps of 7.9 ms, and the n-gram drafter ran at 0.95x of no drafter
 (bench/RESULTS.md, round 13, run C). A request whose drafts are almost never accepted
-(expected to accept fewer than `min_gain` of K) stops drafting and is re-tried now and then
-(`explore_every`). With a static
+(`max_misses` drafting steps in a row with none accepted) stops drafting and is re-tried now
+and then (`explore_every`). With a static
 policy (`adaptive=False`, e.g. on the CPU where no cost table exists) k is always the maximum.
 """
 
@@ -88,6 +89,7 @@ class _Estimate:
     has_draft: float = 1.0  # probability the drafter proposes anything, p
     steps: int = 0
     drafted_steps: int = 0  # steps in which drafts were verified (what `accept` learnt from)
+    misses: int = 0  # drafting steps in a row with no draft accepted
     # per k = 0..K: (expected committed tokens, expected tokens fed); rebuilt when the estimate
     # or the population's deeper acceptance (`shape`: its version) moves. Tokens fed stay
     # fractional: rounding each row's 1 + p*k (p = 0.6, k = 2: 2.2 -> 2) would misprice a step
@@ -103,7 +105,8 @@ class _Estimate:
             a, p = self.accept, self.has_draft
             gain, term, out = 0.0, 1.0, [(1.0, 1.0)]
             for k in range(1, max_k + 1):
-                term *= a if k == 1 else max(a, deeper[k - 1])
+                d = deeper[k - 1]
+                term *= a if k == 1 or d < a else d
                 gain += term
                 out.append((1.0 + p * gain, 1.0 + p * k))
             self.table, self.shape = out, version
@@ -124,9 +127,12 @@ class DraftLengthPolicy:
     adaptive: bool = False
     ema: float = 0.2  # weight of the newest observation
     explore_every: int = 16  # steps between forced tries for a request that stopped drafting
-    # Below this many expected accepted drafts in a step that drafts K, a request stops
-    # drafting (re-tried every `explore_every` steps).
-    min_gain: float = 0.1
+    # After this many drafting steps in a row with no draft accepted, a request stops drafting
+    # (re-tried every `explore_every` steps, until one of its drafts is accepted). Not a
+    # threshold on its acceptance estimate: a lookup drafter's requests miss for a while and then
+    # match for long runs, and withdrawing those under a per-draft acceptance of 0.1 cost 2-5 %
+    # at 1 and 8 streams in the host-only proxy (round 40).
+    max_misses: int = 16
     # Drafted rows between two updates of the population's deeper acceptance (`_deeper`): its
     # version invalidates every request's table, so it moves in batches.
     deeper_every: int = 64
@@ -205,6 +211,9 @@ class DraftLengthPolicy:
     _looks: dict[tuple[str, int], int] = field(default_factory=dict)  # windows per rate
     _probe_at: dict[int, int] = field(default_factory=dict)  # load -> window of its next probe
     _best: dict[int, str] = field(default_factory=dict)  # load -> the winner there
+    _spec_idle: int = 0  # overlapped steps in a row in the speculative mode (k = 0)
+    # ... after which the speculative mode's window ends without a rate
+    idle_handoff: int = 32
     _planned: int = 0  # the load the current mode was chosen for
     # The last drafting step's worth of waiting for its drafts (`wait_worth`), None when
     # the last step did not draft or nothing prices it (static policy).
@@ -338,8 +347,25 @@ class DraftLengthPolicy:
         where code drafts well) pulled speculation's rate to plain decoding's, the 5 % margin
         then chose plain decoding, and that ran until the next probe, after the requests that
         draft well had come back (bench/RESULTS.md, round 40)."""
-        if self.mode == "spec" and (overlapped or not may_draft):
+        if not self.adaptive:  # a static policy drafts K whatever it measures
             return False
+        if self.mode == "spec" and (overlapped or not may_draft):
+            if overlapped and may_draft:
+                # The cost model drafted nothing for a window's worth of steps in a row: such a
+                # window would never end (a probe never give up, a new load never be planned).
+                # End it without a rate; the next window starts in the mode best at its load
+                # (`_start_window`). Handing the load to plain decoding instead cost ~3 % at
+                # one stream in the host-only proxy: one request's stretch of poor drafts
+                # turned speculation off for the next (round 40).
+                self._spec_idle += 1
+                if self._spec_idle >= self.idle_handoff:
+                    self._spec_idle = 0
+                    self._window = [0.0, 0.0, 0, 0]
+                    self._probing = False
+                    self._planned = 0
+                    return True
+            return False
+        self._spec_idle = 0
         w = self._window
         w[0] += generated
         w[1] += seconds
@@ -484,7 +510,7 @@ class DraftLengthPolicy:
                     has_draft=self._population.has_draft,
                     deeper=list(self._deeper[1:]),
                 )
-            except RuntimeError:  # "dictionary changed size during iteration"
+            except (RuntimeError, ValueError):  # a dict or the cost table grew under the copy
                 continue
         return {}
 
@@ -507,6 +533,7 @@ class DraftLengthPolicy:
         est.table = None
         if drafted:
             est.drafted_steps += 1
+            est.misses = 0 if accepted else est.misses + 1
             # Per-draft acceptance from an accepted prefix of length `accepted` out of `drafted`:
             # the maximum-likelihood a of a geometric prefix, clipped away from 0 and 1.
             a = accepted / (accepted + (1 if accepted < drafted else 0))
@@ -519,21 +546,24 @@ class DraftLengthPolicy:
         """Draft m (m >= 1) was reached when drafts 0..m-1 were accepted and it was drafted;
         it passed when it was accepted too. Every `deeper_every` drafted rows the population's
         `_deeper` moves toward what they saw (the weight `population_ema` per row reaching it)."""
+        # [depth]: rows that reached drafts 1..depth, as [stopped there, passed it too]
         counts = self._deeper_counts
-        for m in range(1, min(drafted - 1, accepted, len(counts) - 1) + 1):
-            c = counts[m]
-            c[0] += 1
-            c[1] += accepted > m
+        depth = min(drafted - 1, accepted, len(counts) - 1)
+        if depth >= 1:
+            counts[depth][accepted > depth] += 1
         self._deeper_rows += 1
         if self._deeper_rows < self.deeper_every:
             return
         self._deeper_rows = 0
-        for m in range(1, len(counts)):
-            reached, passed = counts[m]
+        beyond = 0  # rows that reached past m (and so passed draft m)
+        for m in range(len(counts) - 1, 0, -1):
+            stopped, passed = counts[m]
+            reached = stopped + passed + beyond
             if reached:
                 weight = 1.0 - (1.0 - self.population_ema) ** reached
-                self._deeper[m] += weight * (passed / reached - self._deeper[m])
-                counts[m] = [0, 0]
+                self._deeper[m] += weight * ((passed + beyond) / reached - self._deeper[m])
+            beyond = reached
+            counts[m] = [0, 0]
         self._deeper_version += 1
 
     def expected_tokens(self, req: Request, k: int) -> tuple[float, float]:
@@ -642,8 +672,8 @@ class DraftLengthPolicy:
 
     def request_cap(self, req: Request, step_k: int) -> int:
         """The drafts `req` may propose this step: the step's k and its own limits, and none
-        for a request whose drafts are almost never accepted (expected to accept fewer than
-        `min_gain` of K; re-tried every
+        for a request whose drafts keep missing (`max_misses` drafting steps in a row with
+        none accepted; re-tried every
         `explore_every` steps). A budget the drafter leaves unused costs nothing (rows are not
         padded), so how often a drafter has no draft at all never withdraws the budget."""
         cap = min(step_k, req.useful_drafts)
@@ -653,13 +683,7 @@ class DraftLengthPolicy:
             and est is not None
             and est.drafted_steps >= 4
             and est.steps % self.explore_every
-            and self._expected_accepted(est) < self.min_gain
+            and est.misses >= self.max_misses
         ):
             return 0
         return cap
-
-    def _expected_accepted(self, est: _Estimate) -> float:
-        """Drafts a step that drafts K is expected to accept for `est`'s request when its
-        drafter proposes any."""
-        committed, _fed = self._per_k(est)[self.max_draft_len]
-        return (committed - 1.0) / max(est.has_draft, 1e-3)

@@ -489,7 +489,8 @@ class _ScrapeTimeCollector(Collector):
             CounterMetricFamily,
             "specwire_draft_policy_steps",
             "Steps the draft-length policy ran in each mode (spec: may draft; plain: overlapped, "
-            "no drafts), counted as each measured window closes",
+            "no drafts), counted as each measured window closes (a speculative window counts only "
+            "its steps that could draft; a static policy counts all under spec)",
             ["mode"],
             snap["mode_steps"].items(),
         )
