@@ -382,7 +382,7 @@ class DraftLengthPolicy:
         rate = w[0] / w[1] / max(rows, 1.0)
         if w[2] < self.mode_window and not (w[2] == self.first_window and self._short(key, rate)):
             return False
-        self.mode_steps[self.mode if self.adaptive else "spec"] += w[2]
+        self.mode_steps[self.mode] += w[2]
         looks = self._looks[key] = self._looks.get(key, 0) + 1
         weight = max(1.0 / looks, self.window_weight * min(1.0, rows / self.full_weight_rows))
         self.rates[key] = _ema(self.rates.get(key), rate, weight * w[2] / self.mode_window)

@@ -490,7 +490,7 @@ class _ScrapeTimeCollector(Collector):
             "specwire_draft_policy_steps",
             "Steps the draft-length policy ran in each mode (spec: may draft; plain: overlapped, "
             "no drafts), counted as each measured window closes (a speculative window counts only "
-            "its steps that could draft; a static policy counts all under spec)",
+            "its steps that could draft; a static policy measures no windows)",
             ["mode"],
             snap["mode_steps"].items(),
         )
