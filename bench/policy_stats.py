@@ -20,12 +20,17 @@ def labelled_samples(name: str, labels: dict[str, str], value: float, out: dict)
 
 
 def _parse(samples: dict[str, float]) -> dict[str, dict[str, float]]:
-    """{family tail: {labels: value}} of the labelled policy samples."""
+    """{family tail: {label value: sample value}} of the labelled policy samples (each policy
+    family but the rate has one label besides the model; the rate's key is "mode@rows")."""
     out: dict[str, dict[str, float]] = {}
     for key, value in samples.items():
         m = _LABELLED.match(key)
         if m:
-            out.setdefault(m.group(1), {})[m.group(2)] = value
+            labels = dict(p.split("=", 1) for p in m.group(2).split(",") if p)
+            label = "@".join(labels[k] for k in ("mode", "rows") if k in labels)
+            if m.group(1) != "rate" or not label:
+                label = ",".join(labels.values())
+            out.setdefault(m.group(1), {})[label] = value
     return out
 
 
@@ -39,28 +44,20 @@ def policy_pass(before: dict[str, float], after: dict[str, float]) -> dict | Non
     def delta(tail: str) -> dict[str, float]:
         return {k: v - b.get(tail, {}).get(k, 0.0) for k, v in a.get(tail, {}).items()}
 
-    def by(tail: str, label: str, scale: float = 1.0) -> dict[str, float]:
-        out = {}
-        for k, v in a.get(tail, {}).items():
-            labels = dict(p.split("=", 1) for p in k.split(","))
-            out[labels[label] if label in labels else k] = v * scale
-        return out
+    def ms(tail: str) -> dict[str, float]:
+        return {k: v * 1e3 for k, v in a.get(tail, {}).items()}
 
-    rates = {}
-    for k, v in a.get("rate", {}).items():
-        labels = dict(p.split("=", 1) for p in k.split(","))
-        rates[f"{labels['mode']}@{labels['rows']}"] = v
-    acc = by("acceptance", "estimate")
+    acc = a.get("acceptance", {})
     return dict(
-        steps={k.split("=", 1)[1]: v for k, v in delta("steps_total").items()},
-        k_steps={int(k.split("=", 1)[1]): v for k, v in delta("draft_len_steps_total").items()},
-        rates=rates,
-        host_ms=by("host_seconds", "rows", 1e3),
-        exposed_ms=by("exposed_seconds", "rows", 1e3),
+        steps=delta("steps_total"),
+        k_steps={int(k): v for k, v in delta("draft_len_steps_total").items()},
+        rates=dict(a.get("rate", {})),
+        host_ms=ms("host_seconds"),
+        exposed_ms=ms("exposed_seconds"),
         accept=acc.get("a"),
         has_draft=acc.get("p"),
         # past the first draft: acceptance of draft m once the drafts before it were accepted
-        deeper=[v for k, v in sorted(acc.items(), key=lambda kv: kv[0]) if k[:1] == "d"],
+        deeper=[acc[f"d{m}"] for m in range(1, len(acc) + 1) if f"d{m}" in acc],
     )
 
 

@@ -138,6 +138,8 @@ class DraftLengthPolicy:
     deeper_every: int = 64
     population_ema: float = 0.02  # weight of one request's step in the population estimate
     mode_window: int = 32  # steps per measured window of one mode
+    # Overlapped steps (k = 0) in a row after which a speculative window ends without a rate
+    idle_handoff: int = 32
     # A probe of the losing mode that, after `first_window` steps, trails the winner's rate at
     # this load by more than `early_exit` ends there: finding out that a mode still loses
     # costs a few steps, not a whole window (a remote drafter's losing windows cost up to 12 %
@@ -212,8 +214,6 @@ class DraftLengthPolicy:
     _probe_at: dict[int, int] = field(default_factory=dict)  # load -> window of its next probe
     _best: dict[int, str] = field(default_factory=dict)  # load -> the winner there
     _spec_idle: int = 0  # overlapped steps in a row in the speculative mode (k = 0)
-    # ... after which the speculative mode's window ends without a rate
-    idle_handoff: int = 32
     _planned: int = 0  # the load the current mode was chosen for
     # The last drafting step's worth of waiting for its drafts (`wait_worth`), None when
     # the last step did not draft or nothing prices it (static policy).
@@ -493,26 +493,26 @@ class DraftLengthPolicy:
         self.k_steps[min(k, self.max_draft_len)] += 1
 
     def snapshot(self) -> dict:
-        """What the policy has learnt and done, for its metrics (another thread reads it while
-        the executor's writes it: the copies retry when a dict grows under them)."""
-        for _ in range(3):
-            try:
-                return dict(
-                    mode=self.mode,
-                    mode_steps=dict(self.mode_steps),
-                    k_steps=list(self.k_steps),
-                    rates=dict(self.rates),
-                    windows=dict(self._looks),
-                    host=dict(self.host),
-                    exposed=dict(self.exposed),
-                    device=dict(zip(self.buckets, self.gpu, strict=True)),
-                    accept=self._population.accept,
-                    has_draft=self._population.has_draft,
-                    deeper=list(self._deeper[1:]),
-                )
-            except (RuntimeError, ValueError):  # a dict or the cost table grew under the copy
-                continue
-        return {}
+        """What the policy has learnt and done, for its metrics, read by another thread while
+        the executor's writes it (each copy is one step under the GIL; {} if the cost table
+        was being replaced, `seed_costs`, between the reads of its two lists)."""
+        try:
+            device = dict(zip(self.buckets, self.gpu, strict=True))
+        except ValueError:
+            return {}
+        return dict(
+            mode=self.mode,
+            mode_steps=dict(self.mode_steps),
+            k_steps=list(self.k_steps),
+            rates=dict(self.rates),
+            windows=dict(self._looks),
+            host=dict(self.host),
+            exposed=dict(self.exposed),
+            device=device,
+            accept=self._population.accept,
+            has_draft=self._population.has_draft,
+            deeper=list(self._deeper[1:]),
+        )
 
     # -- per-request acceptance --------------------------------------------------------------------
     def _new_estimate(self) -> _Estimate:
