@@ -727,7 +727,7 @@ def test_drafts_longer_than_the_policys_k_are_learnt_from_without_failing():
     exist, but a drafter may return more than asked): the deeper acceptance keeps to K."""
     p = _policy({8: 1e-3})
     r = _req("long")
-    for _ in range(2 * p.deeper_every):
+    for _ in range(2 * p.acceptance.deeper_every):
         p.observe(r, 9, 9)
     deeper = p.snapshot()["deeper"]
     assert len(deeper) == p.max_draft_len - 1 and min(deeper) > 0.9  # all passed

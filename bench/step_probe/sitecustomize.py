@@ -103,7 +103,7 @@ def _install(out_dir: str) -> None:
             # One stream, speculating, a request that may draft (an off arm's requests never
             # do, and keep the population's estimate: they would blur the means).
             if decode and policy.mode == "spec" and len(decode) == 1 and decode[0].useful_drafts:
-                est = policy._est.get(decode[0].request_id)
+                est = policy.acceptance.estimate(decode[0])
                 if est is not None:
                     policy_rows.append((policy._host(1), est.has_draft, est.accept, k))
             return k

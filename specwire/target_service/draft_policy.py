@@ -41,16 +41,10 @@ maximises expected committed tokens per second:
     cost(k > 0) = host(rows) + gpu(tokens(k))        (synchronous: drafting needs every token)
     cost(0) = gpu(tokens(0)) + exposed(rows)         (overlapped: the host hides behind the GPU)
 
-- E_i(k) = 1 + p_i * (q_1 + q_1 q_2 + ... + q_1 ... q_k): the bonus/next token plus the
-  expected accepted prefix, with p_i how often its drafter has a draft at all (n-gram lookup
-  often has none), q_1 = a_i the request's per-draft acceptance (an EMA over its verified
-  steps) and q_m = max(a_i, d_m) past the first draft, d_m the population's acceptance of
-  draft m given the drafts before it were accepted (an EMA over every request's rows, updated
-  every `deeper_every` drafted rows). A geometric prefix (q_m = a_i) priced lookup drafters'
-  long drafts far too low: their drafts are all right or all wrong (a match goes on or does
-  not start), and at 8 streams the policy chose k = 0 where drafting the maximum paid (round
-  40). A new request starts from the population's estimate (an EMA over every request's
-  steps);
+- E_i(k): what request i is expected to commit when it may draft k, from its acceptance as
+  learnt so far (acceptance.py: its own per-draft acceptance for the first draft, the
+  population's acceptance of each deeper draft past it; how often its drafter has a draft at
+  all, p_i);
 - tokens(k) = the step's prefill tokens + sum_i (1 + p_i * min(k, cap_i)) (varlen steps are
   not padded per row);
 - host(rows): per row bucket, the least of the last 4 host times (a step's time not spent
@@ -80,37 +74,8 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
+from specwire.target_service.acceptance import AcceptanceModel
 from specwire.target_service.request import Request
-
-
-@dataclass
-class _Estimate:
-    accept: float = 0.5  # per-draft acceptance a
-    has_draft: float = 1.0  # probability the drafter proposes anything, p
-    steps: int = 0
-    drafted_steps: int = 0  # steps in which drafts were verified (what `accept` learnt from)
-    misses: int = 0  # drafting steps in a row with no draft accepted
-    # per k = 0..K: (expected committed tokens, expected tokens fed); rebuilt when the estimate
-    # or the population's deeper acceptance (`shape`: its version) moves. Tokens fed stay
-    # fractional: rounding each row's 1 + p*k (p = 0.6, k = 2: 2.2 -> 2) would misprice a step
-    # by up to half a token per row.
-    table: list[tuple[float, float]] | None = None
-    shape: int = -1
-
-    def per_k(self, max_k: int, deeper: list[float], version: int) -> list[tuple[float, float]]:
-        """`deeper[m]` (m >= 1): the population's acceptance of draft m given drafts 0..m-1
-        were accepted. Draft 0 is accepted with the request's own a; each later one with the
-        larger of a and the population's `deeper` there (module docstring)."""
-        if self.table is None or self.shape != version:
-            a, p = self.accept, self.has_draft
-            gain, term, out = 0.0, 1.0, [(1.0, 1.0)]
-            for k in range(1, max_k + 1):
-                d = deeper[k - 1]
-                term *= a if k == 1 or d < a else d
-                gain += term
-                out.append((1.0 + p * gain, 1.0 + p * k))
-            self.table, self.shape = out, version
-        return self.table
 
 
 def _ema(old: float | None, new: float, w: float) -> float:
@@ -133,10 +98,6 @@ class DraftLengthPolicy:
     # match for long runs, and withdrawing those under a per-draft acceptance of 0.1 cost 2-5 %
     # at 1 and 8 streams in the host-only proxy (round 40).
     max_misses: int = 16
-    # Drafted rows between two updates of the population's deeper acceptance (`_deeper`): its
-    # version invalidates every request's table, so it moves in batches.
-    deeper_every: int = 64
-    population_ema: float = 0.02  # weight of one request's step in the population estimate
     mode_window: int = 32  # steps per measured window of one mode
     # Overlapped steps (k = 0) in a row after which a speculative window ends without a rate
     idle_handoff: int = 32
@@ -199,15 +160,7 @@ class DraftLengthPolicy:
     _bare_recent: dict[int, deque] = field(default_factory=dict)
     # row bucket -> seconds an overlapped plain step took beyond its device time
     exposed: dict[int, float] = field(default_factory=dict)
-    _est: dict[str, _Estimate] = field(default_factory=dict)
-    _population: _Estimate = field(default_factory=_Estimate)
-    # [m] (1 <= m < K): the population's acceptance of draft m given drafts 0..m-1 were
-    # accepted (EMA, starting at the prior a); its version; and the rows reaching / passing
-    # each position since the last update, and how many drafted rows that was.
-    _deeper: list[float] = field(default_factory=list)
-    _deeper_version: int = 0
-    _deeper_counts: list[list[int]] = field(default_factory=list)
-    _deeper_rows: int = 0
+    acceptance: AcceptanceModel | None = None  # per-request acceptance (built from K)
     _window: list[float] = field(default_factory=lambda: [0.0, 0.0, 0, 0])  # tok, s, steps, rows
     _windows: dict[int, int] = field(default_factory=dict)  # windows seen per load bucket
     _looks: dict[tuple[str, int], int] = field(default_factory=dict)  # windows per rate
@@ -226,8 +179,8 @@ class DraftLengthPolicy:
 
     def __post_init__(self) -> None:
         self.k_steps = [0] * (self.max_draft_len + 1)
-        self._deeper = [self._population.accept] * max(1, self.max_draft_len)
-        self._deeper_counts = [[0, 0] for _ in self._deeper]
+        if self.acceptance is None:
+            self.acceptance = AcceptanceModel(self.max_draft_len, ema=self.ema)
         if not 1 <= self.first_window <= self.mode_window:
             raise ValueError(
                 f"need 1 <= first_window <= mode_window, got {self.first_window}, "
@@ -509,74 +462,23 @@ class DraftLengthPolicy:
             host=dict(self.host),
             exposed=dict(self.exposed),
             device=device,
-            accept=self._population.accept,
-            has_draft=self._population.has_draft,
-            deeper=list(self._deeper[1:]),
+            accept=self.acceptance.accept,
+            has_draft=self.acceptance.has_draft,
+            deeper=self.acceptance.deeper,
         )
 
-    # -- per-request acceptance --------------------------------------------------------------------
-    def _new_estimate(self) -> _Estimate:
-        pop = self._population
-        return _Estimate(accept=pop.accept, has_draft=pop.has_draft)
-
+    # -- per-request acceptance (acceptance.py) ---------------------------------------------------
     def observe(self, req: Request, drafted: int, accepted: int) -> None:
-        est = self._est.get(req.request_id)
-        if est is None:
-            est = self._est[req.request_id] = self._new_estimate()
-        est.steps += 1
-        if req.draft_budget <= 0 and drafted == 0:
-            return  # no budget this step: nothing learned
-        w, pw, pop = self.ema, self.population_ema, self._population
-        seen = 1.0 if drafted else 0.0
-        est.has_draft += w * (seen - est.has_draft)
-        pop.has_draft += pw * (seen - pop.has_draft)
-        est.table = None
-        if drafted:
-            est.drafted_steps += 1
-            est.misses = 0 if accepted else est.misses + 1
-            # Per-draft acceptance from an accepted prefix of length `accepted` out of `drafted`:
-            # the maximum-likelihood a of a geometric prefix, clipped away from 0 and 1.
-            a = accepted / (accepted + (1 if accepted < drafted else 0))
-            a = min(max(a, 0.02), 0.98)
-            est.accept += w * (a - est.accept)
-            pop.accept += pw * (a - pop.accept)
-            self._observe_deeper(drafted, accepted)
-
-    def _observe_deeper(self, drafted: int, accepted: int) -> None:
-        """Draft m (m >= 1) was reached when drafts 0..m-1 were accepted and it was drafted;
-        it passed when it was accepted too. Every `deeper_every` drafted rows the population's
-        `_deeper` moves toward what they saw (the weight `population_ema` per row reaching it)."""
-        # [depth]: rows that reached drafts 1..depth, as [stopped there, passed it too]
-        counts = self._deeper_counts
-        depth = min(drafted - 1, accepted, len(counts) - 1)
-        if depth >= 1:
-            counts[depth][accepted > depth] += 1
-        self._deeper_rows += 1
-        if self._deeper_rows < self.deeper_every:
-            return
-        self._deeper_rows = 0
-        beyond = 0  # rows that reached past m (and so passed draft m)
-        for m in range(len(counts) - 1, 0, -1):
-            stopped, passed = counts[m]
-            reached = stopped + passed + beyond
-            if reached:
-                weight = 1.0 - (1.0 - self.population_ema) ** reached
-                self._deeper[m] += weight * ((passed + beyond) / reached - self._deeper[m])
-            beyond = reached
-            counts[m] = [0, 0]
-        self._deeper_version += 1
+        """`req` verified `drafted` drafts this step and accepted the first `accepted`."""
+        self.acceptance.observe(req, drafted, accepted)
 
     def expected_tokens(self, req: Request, k: int) -> tuple[float, float]:
         """(tokens `req` is expected to commit, tokens it feeds) in a step that lets it draft
         `k`, from its estimate (a new request: the population's)."""
-        est = self._est.get(req.request_id) or self._new_estimate()
-        return self._per_k(est)[k]
-
-    def _per_k(self, est: _Estimate) -> list[tuple[float, float]]:
-        return est.per_k(self.max_draft_len, self._deeper, self._deeper_version)
+        return self.acceptance.table(req)[k]
 
     def forget(self, req: Request) -> None:
-        self._est.pop(req.request_id, None)
+        self.acceptance.forget(req)
 
     # -- the decision ----------------------------------------------------------------------------
     @property
@@ -605,15 +507,13 @@ class DraftLengthPolicy:
         if self.mode == "plain":
             return 0
         K = self.max_draft_len
-        prior = self._per_k(self._new_estimate())
-        est = self._est
         rows = len(decode) + (1 if prefill_tokens else 0)
         # Per request, (expected committed, tokens fed) at each k its cap allows (hot path:
         # tables cached on the estimates, rebuilt only when an estimate moves).
-        tables = []
-        for r in decode:
-            e = est.get(r.request_id)
-            tables.append((self._per_k(e) if e is not None else prior, min(r.useful_drafts, K)))
+        tables = [
+            (table, min(r.useful_drafts, K))
+            for r, table in zip(decode, self.acceptance.tables(decode), strict=True)
+        ]
         host = self._host(rows)
         best_k, best, free_k, free = 0, -1.0, 0, -1.0
         per_k: list[tuple[float, int]] = []  # (expected committed, tokens fed) per k
@@ -677,7 +577,7 @@ class DraftLengthPolicy:
         `explore_every` steps). A budget the drafter leaves unused costs nothing (rows are not
         padded), so how often a drafter has no draft at all never withdraws the budget."""
         cap = min(step_k, req.useful_drafts)
-        est = self._est.get(req.request_id)
+        est = self.acceptance.estimate(req)
         if (
             self.adaptive
             and est is not None
