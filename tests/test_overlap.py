@@ -1,6 +1,7 @@
 """Overlapped steps are lossless: a step launched before the previous one's tokens are read
 gives, token for token, what synchronous steps give — with late EOS, preemption, cancellation,
-sampled neighbours and the switch to and from speculative (synchronous) steps.
+sampled neighbours and the switch to and from speculative (synchronous) steps. And a
+synchronous step's output is rendered while the next step runs, not in its host work.
 
 Real engines (tiny-random on the CPU, fp32). The CPU computes a step synchronously, but the
 executor's bookkeeping is the GPU's: optimistic commits, placeholders fed from the previous
@@ -9,12 +10,14 @@ step's argmax, results read one step late.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from engine_driver import counter as _counter
 from engine_driver import run_to_completion, tiny_engine
 from lossless_prompts import lossless_prompts
 
-from specwire.target_service.output import Complete
+from specwire.target_service.output import Chunk, Complete
 from specwire.target_service.request import SamplingConfig
 
 PROMPTS = lossless_prompts(24)
@@ -200,3 +203,43 @@ def test_steps_of_requests_without_speculation_are_no_evidence_about_it(overlap)
     ex.run_until_idle()
     assert policy.mode == "spec" and policy.rates == {} and policy.host == {}
     assert ex.stats.draft_tokens == 0
+
+
+def test_a_synchronous_steps_output_is_rendered_while_the_next_step_runs():
+    """A synchronous step's tokens go to the output thread when the next step is launched, not
+    at its commit: rendered at once, the output thread took the GIL at the executor's first
+    syscall and its rendering ran inside the next step's host work (bench/RESULTS.md, round
+    41). So at every launch the step just committed is not rendered yet, even after a wait
+    that lets go of the GIL; and nothing held is lost: every token reaches the stream. Run on
+    the executor's own thread (run_until_idle releases the output at every step)."""
+    eng = _engine(drafter="ngram", overlap=True)
+    ex = eng.executor
+    tok = eng.loaded.tokenizer
+    req = eng.new_request(tok.encode(PROMPTS[0]), max_new_tokens=24)
+    seen: list[tuple[int, int]] = []  # per launch: (tokens committed, tokens rendered)
+    forward = ex.runner.forward
+
+    def launch(rows, tables):
+        # A call that lets go of the GIL on the way to the launch, as a remote drafter's
+        # syscalls or a torch call do: an output thread holding work renders it meanwhile.
+        time.sleep(0.02)
+        stream = ex.streams.get(req.request_id)
+        if stream is not None and req.output_ids:
+            seen.append((len(req.output_ids), stream.num_rendered))
+        return forward(rows, tables)
+
+    ex.runner.forward = launch
+    ex.start()
+    try:
+        stream = ex.submit(req)
+        events = []
+        while not events or not isinstance(events[-1], Complete):
+            events.append(stream.events.get(timeout=30))
+    finally:
+        ex.shutdown()
+    assert ex.stats.draft_tokens > 0  # synchronous, drafting steps
+    assert len(seen) >= 3
+    assert all(rendered < committed for committed, rendered in seen), seen
+    done = events[-1]
+    streamed = [t for e in events if isinstance(e, Chunk) for t in e.token_ids]
+    assert streamed == done.token_ids and len(streamed) == done.completion_tokens > 0

@@ -187,6 +187,7 @@ class Executor(OverlappedSteps, TwoBatchSteps):
                     and self._inflight_spec is None
                 ):
                     self._mark = None  # idle time is nobody's step
+                    self.output.release()
                     self._wake.wait(timeout=1.0)
                 if self._stop:
                     return
@@ -291,6 +292,7 @@ class Executor(OverlappedSteps, TwoBatchSteps):
                 self._finish_inflight()
             else:
                 time.sleep(0.001)  # waiting for KV blocks held by finishing requests
+            self.output.release()  # nothing launched: what this step held goes now
             return None
         self.metrics.on_scheduled(batch.requests)
         self.scheduler.policy.ran(step_k)
@@ -363,7 +365,7 @@ class Executor(OverlappedSteps, TwoBatchSteps):
             self._draft_wait += took
             self.metrics.batched.add(self.metrics.draft_seconds, took)
         logits = self.runner.forward(batch.rows, [self.kv.block_table(r) for r in batch.requests])
-        self.drafts.launched(self.step_no)  # a question held back goes out while it runs
+        self._launched()
         if logits.graph is None:
             self.metrics.batched.add(self.metrics.eager_steps, 1)
         # Waiting for the GPU is the step's only sync (verify would sync here anyway); timing
@@ -374,6 +376,19 @@ class Executor(OverlappedSteps, TwoBatchSteps):
         self._gpu_wait += time.perf_counter() - t0
         self._observe_gpu(logits)
         return self.verifier.verify(decode, logits)
+
+    def _launched(self) -> None:
+        """A step is on the device: a question the drafter held back goes out, and the output
+        thread gets what was held for it (`OutputWorker`: it renders while the device runs)."""
+        self.drafts.launched(self.step_no)
+        self.output.release()
+
+    def _render(self, rendered: list[tuple]) -> None:
+        """Hand a step's rendering to the output thread: at once when a step is on the device
+        (the host work until the next launch is hidden behind it), else at the next launch."""
+        self.output.render_many(rendered)
+        if self._device_busy:
+            self.output.release()
 
     def _commit(self, batch: ScheduledBatch, verified) -> None:
         decode = batch.decode_rows
@@ -397,7 +412,7 @@ class Executor(OverlappedSteps, TwoBatchSteps):
         self.drafts.submit([r.request for r in decode], self.step_no, self._device_busy)
         if exposed:
             self.metrics.batched.add(self.metrics.drafter_ask_seconds, time.perf_counter() - t0)
-        self.output.render_many(rendered)
+        self._render(rendered)
 
     # -- phases ----------------------------------------------------------------------------------
     def _advance(self, rows: list[Row], accepted: dict[str, int]) -> None:

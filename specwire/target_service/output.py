@@ -294,10 +294,21 @@ class OutputStream:
 class OutputWorker:
     """The output thread: renders committed tokens (detokenising, stop strings, events) off
     the executor's critical path, in the order they were committed. A request that a stop
-    string finishes is reported back through `on_stopped` so the executor releases it."""
+    string finishes is reported back through `on_stopped` so the executor releases it.
+
+    Work is *held* until the executor `release`s it: a synchronous step's rendering waits until
+    the next step is on the device. Handed over at once, it ran in the executor's host work
+    instead of beside the device: the output thread, woken, takes the GIL at the executor's
+    first syscall or torch call (a remote drafter's question and reply are syscalls) and keeps
+    it until its batch is rendered, and every such wait is on the critical path of a
+    synchronous step (in a replay of the remote drafter's step with an output thread that
+    renders 0.15 ms a step, the executor's wait for its drafts grew from 0.04 to 0.25 ms;
+    bench/RESULTS.md, round 41). Only the executor's thread calls `submit`, `render_many` and
+    `release` (and, once it has stopped, the thread that shuts it down)."""
 
     def __init__(self, on_stopped) -> None:
         self._queue: queue.Queue = queue.Queue()
+        self._held: list[tuple] = []  # submitted, not released yet (in order)
         self._on_stopped = on_stopped
         # Called after every rendered batch (the engine process sends the batch's events).
         self.after_batch = None
@@ -305,10 +316,22 @@ class OutputWorker:
         self._thread.start()
 
     def submit(self, fn, *args) -> None:
-        self._queue.put((fn, args))
+        """Hold `fn(*args)` for the output thread until the next `release`."""
+        self._held.append((fn, args))
+
+    def release(self) -> None:
+        """Hand everything held to the output thread (the device is busy, or the executor is
+        about to wait): it runs while the executor does not need the GIL."""
+        if self._held:
+            held, self._held = self._held, []
+            self._queue.put((self._run_held, (held,)))
+
+    def _run_held(self, held: list[tuple]) -> None:
+        for fn, args in held:
+            self._call(fn, args)
 
     def render_many(self, items: list[tuple]) -> None:
-        """Render a step's rows, in order, queued as one item; each item is the arguments of
+        """Render a step's rows, in order, held as one item; each item is the arguments of
         `OutputStream.render` after the stream: (stream, kept, reason, drafted, accepted,
         step, logprobs)."""
         if items:
@@ -323,10 +346,12 @@ class OutputWorker:
             self._call(self._render, item)
 
     def flush(self) -> None:
-        """Wait until everything submitted so far has been rendered."""
+        """Release what is held and wait until everything submitted so far has been rendered."""
+        self.release()
         self._queue.join()
 
     def close(self) -> None:
+        self.release()
         self._queue.put(None)
         self._thread.join(timeout=5)
 

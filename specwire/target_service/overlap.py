@@ -73,7 +73,7 @@ class OverlappedSteps:
             logits = self.runner.forward(
                 batch.rows, [self.kv.block_table(r) for r in batch.requests]
             )
-            self.drafts.launched(self.step_no)
+            self._launched()
         except Exception:
             # Run it the careful way: finish the step in flight, then retry in isolation.
             log.warning("overlapped step %d failed to launch; retrying it", self.step_no)
@@ -181,7 +181,7 @@ class OverlappedSteps:
             self.drafts.submit(
                 [req for req, _i, _o in done.pending], done.step_no, self._device_busy
             )
-        self.output.render_many(rendered)
+        self._render(rendered)
 
 
 class TwoBatchSteps:
@@ -228,7 +228,7 @@ class TwoBatchSteps:
             logits = self.runner.forward(
                 batch.rows, [self.kv.block_table(r) for r in batch.requests]
             )
-            self.drafts.launched(self.step_no)
+            self._launched()
         except Exception:
             # Run it the careful way: finish the step in flight, then retry in isolation.
             # (Without drafts, as any retry: the drafter was asked once for this step.)
