@@ -731,3 +731,41 @@ def test_drafts_longer_than_the_policys_k_are_learnt_from_without_failing():
         p.observe(r, 9, 9)
     deeper = p.snapshot()["deeper"]
     assert len(deeper) == p.max_draft_len - 1 and min(deeper) > 0.9  # all passed
+
+
+def test_a_window_whose_load_moves_to_where_its_mode_loses_ends_there():
+    """A pass ramping up: a speculative window chosen at 16 rows (speculation wins there) goes
+    on while the load climbs to 32 rows, where speculation is known to trail plain decoding by
+    30 %. After `load_shift_steps` steps there it ends (its rate still counts, at its own
+    load) and plain decoding runs; a step or two across the edge, or a gap under
+    `early_exit`, changes nothing."""
+    p = _policy({16: 1e-3, 32: 1e-3})
+    _window(p, 16 * 2000.0, rows=16)  # spec at 16
+    _window(p, 16 * 1500.0, rows=16)  # plain at 16: spec wins there
+    _window(p, 32 * 700.0, rows=32)  # spec at 32 (implied loser: measured as a probe)
+    _window(p, 32 * 1000.0, rows=32)  # plain at 32: wins by 30 %
+    sixteen = [_req(f"r{i}") for i in range(16)]
+    for r in sixteen:
+        _teach(p, r, drafted=4, accepted=3, times=5)
+    assert p.step_draft_len(sixteen) > 0 and p.mode == "spec"  # a window planned at 16
+    assert not p.observe_rate(16, 16 / (16 * 2000.0), 16)
+    # Two steps across the edge and back: a wobble, not a move.
+    assert not p.observe_rate(32, 32 / (32 * 700.0), 32)
+    assert not p.observe_rate(32, 32 / (32 * 700.0), 32)
+    assert not p.observe_rate(16, 16 / (16 * 2000.0), 16)
+    ended = [p.observe_rate(32, 32 / (32 * 700.0), 32) for _ in range(p.load_shift_steps)]
+    assert ended == [False] * (p.load_shift_steps - 1) + [True]
+    assert p.mode == "plain"
+    assert p.step_draft_len([_req(f"s{i}") for i in range(32)]) == 0
+
+
+def test_a_window_whose_load_moves_stays_where_its_mode_trails_by_little():
+    p = _policy({16: 1e-3, 32: 1e-3})
+    _window(p, 16 * 2000.0, rows=16)
+    _window(p, 16 * 1500.0, rows=16)
+    _window(p, 32 * 950.0, rows=32)  # spec at 32 trails plain by 5 %: under `early_exit`
+    _window(p, 32 * 1000.0, rows=32)
+    sixteen = [_req(f"r{i}") for i in range(16)]
+    assert p.step_draft_len(sixteen) > 0 and p.mode == "spec"
+    steps = 1 + sum(1 for _ in iter(lambda: p.observe_rate(32, 32 / (32 * 950.0), 32), True))
+    assert steps == p.mode_window  # a whole window

@@ -110,6 +110,13 @@ class DraftLengthPolicy:
     # yet) would misjudge speculation for a long while.
     first_window: int = 8
     early_exit: float = 0.25
+    # A window whose load has moved to another bucket for this many steps in a row, where both
+    # modes are measured and its mode trails the other by more than `early_exit`, ends there
+    # (`_moved_away`): its mode was chosen for the load it started at, and a pass that ramps up
+    # from a few rows to many ran a whole window of speculation at 32 rows, where it lost by
+    # 28 %, in the host-only proxy (bench/RESULTS.md, round 41).
+    load_shift_steps: int = 4
+    _shifted: int = 0  # steps in a row at a load bucket other than the planned one
     # A mode's first look at a load ends after `first_window` steps only when it trails the
     # other mode's rate there by more than this (a wide gap no start-of-response effect
     # explains: on the H200 a synchronous speculative step at 32-64 rows took 3.5x an
@@ -324,6 +331,12 @@ class DraftLengthPolicy:
         w[1] += seconds
         w[2] += 1
         w[3] += rows
+        if self._moved_away(rows) and w[1] > 0:
+            avg = w[3] / w[2]
+            self._record(_row_bucket(max(1, round(avg))), w[0] / w[1] / max(avg, 1.0), avg)
+            self._planned = _row_bucket(rows)  # the next window: the mode best where it is now
+            self.mode = self._winner(self._planned)
+            return True
         if w[1] <= 0 or w[2] < self.first_window:
             return False
         # Rates depend on the load as much as on the mode: keep them per batch-size bucket,
@@ -335,16 +348,42 @@ class DraftLengthPolicy:
         rate = w[0] / w[1] / max(rows, 1.0)
         if w[2] < self.mode_window and not (w[2] == self.first_window and self._short(key, rate)):
             return False
+        seen = self._record(load, rate, rows)
+        self.mode = self._next_mode(load, seen)
+        self._planned = load
+        return True
+
+    def _record(self, load: int, rate: float, rows: float) -> int:
+        """Close the current window: its `rate` (per row, `rows` its mean) counts toward its
+        mode's rate at `load` by its share of a whole window. Returns the windows seen at
+        `load`, this one included."""
+        w = self._window
+        key = (self.mode, load)
         self.mode_steps[self.mode] += w[2]
         looks = self._looks[key] = self._looks.get(key, 0) + 1
         weight = max(1.0 / looks, self.window_weight * min(1.0, rows / self.full_weight_rows))
         self.rates[key] = _ema(self.rates.get(key), rate, weight * w[2] / self.mode_window)
         self._window = [0.0, 0.0, 0, 0]
-        seen = self._windows[load] = self._windows.get(load, 0) + 1
         self._probing = False
-        self.mode = self._next_mode(load, seen)
-        self._planned = load
-        return True
+        self._shifted = 0
+        seen = self._windows[load] = self._windows.get(load, 0) + 1
+        return seen
+
+    def _moved_away(self, rows: int) -> bool:
+        """Whether this step's load has been in another bucket than the one the window (not a
+        probe) was planned for for `load_shift_steps` steps in a row, where both modes are
+        measured and the window's mode trails the other by more than `early_exit` (stored
+        rates only: no noisy reading of the window itself decides)."""
+        load = _row_bucket(max(1, rows))
+        if load == self._planned or not self._planned or self._probing:
+            self._shifted = 0  # (a probe measures its load; `_short` ends a hopeless one)
+            return False
+        self._shifted += 1
+        if self._shifted < self.load_shift_steps:
+            return False
+        other = "plain" if self.mode == "spec" else "spec"
+        mine, theirs = self.rates.get((self.mode, load)), self.rates.get((other, load))
+        return mine is not None and theirs is not None and mine < theirs * (1 - self.early_exit)
 
     def _short(self, key: tuple[str, int], rate: float) -> bool:
         """Whether a window that has run `first_window` steps ends now: a probe trailing the
