@@ -21,7 +21,9 @@ window samples few requests and measures their drafts as much as the mode), and 
 mode with the better rate at the load just seen (speculation only when it is
 `spec_margin` faster: a near tie goes to the mode that cannot lose to no drafter; when the
 winner changes, the mode it beat is next probed on the interval the new gap sets); a window that
-starts at another load starts in the mode best there. At a load where the other mode has no rate
+starts at another load starts in the mode best there, and one whose load moves on (a pass
+ramping up or draining) ends once it has run `load_shift_steps` steps in a row at a load where
+its mode is known to trail the other by more than `early_exit`. At a load where the other mode has no rate
 yet it goes by what other loads imply (speculation pays less as the batch grows: plain winning
 at a smaller load wins here, speculation winning at a larger one wins here), and measures the
 other mode only when nothing is implied or a probe is due. Where nothing is known or implied it
