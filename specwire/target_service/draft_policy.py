@@ -26,8 +26,8 @@ ramping up or draining) ends once it has run `load_shift_steps` steps in a row a
 its mode is known to trail the other by more than `early_exit`. At a load where the other
 mode has no rate yet it goes by what other loads imply (speculation pays less as the batch
 grows: plain winning at a smaller load wins here, speculation winning at a larger one wins
-here), and measures the other mode only when nothing is implied or a probe is due. Where nothing is known or implied it
-decodes plainly first and then probes speculation; a first look that trails by more than
+here), and measures the other mode only when nothing is implied or a probe is due. Where
+nothing is known or implied it decodes plainly first and then probes speculation; a first look that trails by more than
 `first_look_exit` after `first_window` steps ends there too (on the H200 a synchronous
 speculative step at 32-64 rows took 3.5x an overlapped plain one, and whole first looks at
 speculation cost 5-8 % of a serving pass). Now and then it runs the losing mode
