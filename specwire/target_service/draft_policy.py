@@ -10,29 +10,28 @@ trip, the cost of draining the pipeline to switch. So the policy runs one mode f
 `mode_window` steps (a probe that trails the other mode's rate there by more than `early_exit`
 after `first_window` steps ends there), measures the tokens generated per second and per row
 over it (the executor reports every step, a switch's drain and the loop between steps included,
-and the policy counts those that say something about the mode;
-a step in which no request may speculate at all, each having turned it off, runs plainly in
-either mode, so it counts in the plain mode's window only, and teaches neither the host time
-nor any acceptance below; so does a step the speculative mode overlaps, to which the model
-below gave k = 0: speculation's rate is that of the steps it drafts), keeps an average per
-mode and batch-size bucket (a rate means nothing at another load: the mean of the windows
-measured there, then an EMA whose weight shrinks below `full_weight_rows` rows, where a
-window samples few requests and measures their drafts as much as the mode), and then runs the
-mode with the better rate at the load just seen (speculation only when it is
-`spec_margin` faster: a near tie goes to the mode that cannot lose to no drafter; when the
-winner changes, the mode it beat is next probed on the interval the new gap sets); a window that
-starts at another load starts in the mode best there, and one whose load moves on (a pass
-ramping up or draining) ends once it has run `load_shift_steps` steps in a row at a load where
-its mode is known to trail the other by more than `early_exit`. At a load where the other
-mode has no rate yet it goes by what other loads imply (speculation pays less as the batch
-grows: plain winning at a smaller load wins here, speculation winning at a larger one wins
-here), and measures the other mode only when nothing is implied or a probe is due. Where
-nothing is known or implied it decodes plainly first and then probes speculation; a first look that trails by more than
-`first_look_exit` after `first_window` steps ends there too (on the H200 a synchronous
-speculative step at 32-64 rows took 3.5x an overlapped plain one, and whole first looks at
-speculation cost 5-8 % of a serving pass). Now and then it runs the losing mode
-for one window to re-measure it. How often: a probe costs one window at the losing rate, so the
-gap sets the interval — every `probe_every` windows when the modes are close, up to
+and the policy counts those that say something about the mode; a step in which no request may
+speculate at all, each having turned it off, runs plainly in either mode, so it counts in the
+plain mode's window only, and teaches neither the host time nor any acceptance below; so does a
+step the speculative mode overlaps, to which the model below gave k = 0: speculation's rate is
+that of the steps it drafts), keeps an average per mode and batch-size bucket (a rate means
+nothing at another load: the mean of the windows measured there, then an EMA whose weight
+shrinks below `full_weight_rows` rows, where a window samples few requests and measures their
+drafts as much as the mode), and then runs the mode with the better rate at the load just seen
+(speculation only when it is `spec_margin` faster: a near tie goes to the mode that cannot lose
+to no drafter; when the winner changes, the mode it beat is next probed on the interval the new
+gap sets); a window that starts at another load starts in the mode best there, and one whose
+load moves on (a pass ramping up or draining) ends once it has run `load_shift_steps` steps in
+a row at a load where its mode is known to trail the other by more than `early_exit`. At a load
+where the other mode has no rate yet it goes by what other loads imply (speculation pays less
+as the batch grows: plain winning at a smaller load wins here, speculation winning at a larger
+one wins here), and measures the other mode only when nothing is implied or a probe is due.
+Where nothing is known or implied it decodes plainly first and then probes speculation; a first
+look that trails by more than `first_look_exit` after `first_window` steps ends there too (on
+the H200 a synchronous speculative step at 32-64 rows took 3.5x an overlapped plain one, and
+whole first looks at speculation cost 5-8 % of a serving pass). Now and then it runs the losing
+mode for one window to re-measure it. How often: a probe costs one window at the losing rate,
+so the gap sets the interval — every `probe_every` windows when the modes are close, up to
 `max_probe_every` when the loser is far behind, keeping what probing costs near `probe_budget`
 of the throughput. It starts speculating.
 
