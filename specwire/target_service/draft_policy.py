@@ -332,24 +332,24 @@ class DraftLengthPolicy:
         w[1] += seconds
         w[2] += 1
         w[3] += rows
-        if self._moved_away(rows) and w[1] > 0:
-            avg = w[3] / w[2]
-            self._record(_row_bucket(max(1, round(avg))), w[0] / w[1] / max(avg, 1.0), avg)
-            self._planned = _row_bucket(rows)  # the next window: the mode best where it is now
-            self.mode = self._winner(self._planned)
-            return True
-        if w[1] <= 0 or w[2] < self.first_window:
+        moved = self._moved_away(rows)  # (every step: it counts the steps off the plan)
+        if w[1] <= 0 or (w[2] < self.first_window and not moved):
             return False
         # Rates depend on the load as much as on the mode: keep them per batch-size bucket,
         # and per row (tokens/s/row), so a window of 5 rows and one of 8 in the same bucket
         # measure the mode, not how many requests happened to be running.
-        rows = w[3] / w[2]
-        load = _row_bucket(max(1, round(rows)))
+        mean = w[3] / w[2]
+        load = _row_bucket(max(1, round(mean)))
         key = (self.mode, load)
-        rate = w[0] / w[1] / max(rows, 1.0)
+        rate = w[0] / w[1] / max(mean, 1.0)
+        if moved:  # the next window: the mode best where the load is now
+            self._record(load, rate, mean)
+            self._planned = _row_bucket(rows)
+            self.mode = self._winner(self._planned)
+            return True
         if w[2] < self.mode_window and not (w[2] == self.first_window and self._short(key, rate)):
             return False
-        seen = self._record(load, rate, rows)
+        seen = self._record(load, rate, mean)
         self.mode = self._next_mode(load, seen)
         self._planned = load
         return True

@@ -408,8 +408,9 @@ class Executor(OverlappedSteps, TwoBatchSteps):
                 self._fail(req, f"resource update failed: {exc}")
             return
         rendered = self.emit(decode, new_tokens, logprobs)
-        # The drafter hears first: its round trip then starts before the output thread wakes
-        # to render this step (and competes for the GIL with the drafter's reply).
+        # The drafter hears first, then the step's rendering is handed over: at once when a step
+        # is on the device, else held until the next launch (`_render`), so the drafter's round
+        # trip and the next step's preparation do not share the GIL with the output thread.
         exposed = self.drafts.hears_steps and not self._device_busy  # nothing in flight
         t0 = time.perf_counter() if exposed else 0.0
         self.drafts.submit([r.request for r in decode], self.step_no, self._device_busy)
