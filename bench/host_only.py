@@ -198,6 +198,13 @@ def main() -> int:
         "--drafter-wait-rule", default="share", help="remote: remote_channel.WAIT_RULES"
     )
     ap.add_argument("--drafter-max-inflight", type=int, default=2, help="remote: 1-4")
+    ap.add_argument(
+        "--drafter-spin-ms",
+        type=float,
+        default=-1.0,
+        help="socket mode: both ends poll this long after each event; -1 auto, which is 0 on"
+        " this CPU target and 20 on a GPU's (pass 20, with --pin, to poll as a GPU host does)",
+    )
     ap.add_argument("--max-draft-len", type=int, default=4)
     ap.add_argument("--two-batch-rows", type=int, default=0)
     ap.add_argument(
@@ -262,6 +269,7 @@ def main() -> int:
         drafter_ask_at=args.drafter_ask_at,
         drafter_wait_rule=args.drafter_wait_rule,
         drafter_max_inflight=args.drafter_max_inflight,
+        drafter_spin_ms=args.drafter_spin_ms,
         max_draft_len=args.max_draft_len,
         two_batch_rows=args.two_batch_rows,
         max_batch_size=args.max_batch_size,
@@ -334,6 +342,7 @@ def main() -> int:
         label += f" patience={args.drafter_patience_ms:g}"
         label += f" lookahead={args.drafter_lookahead} mode={args.drafter_mode}"
         label += f" ask-at={args.drafter_ask_at} inflight={args.drafter_max_inflight}"
+        label += f" spin={args.drafter_spin_ms:g}"
         label += f" wait={args.drafter_wait_rule}"
     label += f" two-batch>={args.two_batch_rows}" if args.two_batch_rows else ""
 
