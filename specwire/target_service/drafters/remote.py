@@ -186,7 +186,7 @@ class RemoteDrafter(PrefetchReplies, FinishedNotices, Drafter):
         or the connection is down (the next step then asks the usual way)."""
         self.patience.committed(time.monotonic())
         self._held = None
-        self._take_answered()
+        self._take_answered(branches=False)
         if len(self._pending) >= self.max_inflight:  # nothing more goes out meanwhile
             return
         if not self._pending and self.patience.at_launch(

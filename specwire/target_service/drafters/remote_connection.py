@@ -158,11 +158,12 @@ class RemoteConnection:
         taken (read without `cv`: the executor's hint; `take_branches` decides)."""
         return bool(self._branches_due or self._branches)
 
-    def take_branches(self) -> list[Reply]:
+    def take_branches(self, pump: bool = True) -> list[Reply]:
         """The branches-only replies that have come (`cv` held), oldest first, but for those
         whose drafts' reply is still to be taken (`reply`): branches attach to the proposal
-        that reply holds, so they wait for it."""
-        if self.framed and self._stream is not None and self._branches_due:
+        that reply holds, so they wait for it. `pump`: framed, read the descriptor first
+        (else the caller just did: `collect`)."""
+        if pump and self.framed and self._stream is not None and self._branches_due:
             self._pump(self._stream)
         out = [b for b in self._branches if b.step not in self._replies]
         self._branches = [b for b in self._branches if b.step in self._replies]
@@ -184,16 +185,23 @@ class RemoteConnection:
         if self._inflight.pop(step, None) is not None:  # else junk: ignore
             self._hand(reply, arrived)
 
-    def reply(self, step: int) -> Reply | None:
+    def reply(self, step: int, pump: bool = True) -> Reply | None:
         """The stream's reply for `step`, once the reader has handed it over (relay: once it
-        is on the pipe); taken (a second call returns None). Sets `reply_at`."""
-        if self.framed and self._stream is not None:
+        is on the pipe); taken (a second call returns None). Sets `reply_at`. `pump`: framed,
+        read the descriptor first (else the caller just did: `collect`)."""
+        if pump and self.framed and self._stream is not None:
             self._pump(self._stream)
         got = self._replies.pop(step, None)
         if got is None:
             return None
         reply, self._reply_at = got
         return reply
+
+    def collect(self) -> None:
+        """Framed: read every reply and branches the descriptor holds, once, for the `reply`
+        and `take_branches` calls that follow with `pump=False` (`cv` held)."""
+        if self.framed and self._stream is not None:
+            self._pump(self._stream)
 
     def wait(self, timeout_s: float) -> None:
         """Wait at most `timeout_s` for a reply to arrive (`cv` held, and released meanwhile)."""

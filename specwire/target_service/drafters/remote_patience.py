@@ -77,6 +77,10 @@ class Patience:
         worth: Callable[[], float | None] = lambda: None,
     ) -> None:
         self.config = config
+        # The config's derived values, read every step (its properties compute them each time).
+        self._stall_s = config.stall_s
+        self._patience_s = config.patience_s
+        self._deadline_s = config.deadline_ms / 1000
         self.lookahead = lookahead
         self.worth = worth  # the step's `Drafter.wait_worth_s` (the "gain" rule's budget)
         self.step_s: float | None = None  # EMA of a drafting step: drafts taken -> submit
@@ -103,12 +107,12 @@ class Patience:
         self._committed_at = now
         if self._launched_at is not None:
             span, self._launched_at = now - self._launched_at, None
-            if span < self.config.stall_s:
+            if span < self._stall_s:
                 self.span_s = _ema(self.span_s, span)
         if self._drafted_at is None:
             return
         took, self._drafted_at = now - self._drafted_at, None
-        if took < self.config.stall_s:
+        if took < self._stall_s:
             self.step_s = _ema(self.step_s, took)
 
     def launched(self, now: float) -> None:
@@ -116,7 +120,7 @@ class Patience:
         self._launched_at = now
         if self._committed_at is not None:
             gap, self._committed_at = now - self._committed_at, None
-            if gap < self.config.stall_s:
+            if gap < self._stall_s:
                 self.gap_s = _ema(self.gap_s, gap)
 
     def at_launch(self, device_busy: bool, covered: Callable[[], bool]) -> bool:
@@ -128,7 +132,7 @@ class Patience:
         reply: it would not wait for it (its remainder at the launch is longer than its
         share), or (auto) `covered()`, every request's drafts come from a kept proposal.
         `--drafter-ask-at launch` skips the timings (always), `commit` says never."""
-        if self.config.patience_s is not None or device_busy or self.lookahead == 0:
+        if self._patience_s is not None or device_busy or self.lookahead == 0:
             return False
         if self.config.ask_at in ("commit", "launch"):  # the A/B switches: never, always
             return self.config.ask_at == "launch"
@@ -175,14 +179,14 @@ class Patience:
     ) -> float | None:
         """How long a step at `now` waits for the reply to a question sent at `sent_at` (at a
         launch: due after the launch's round trip, once measured)."""
-        patience = self.config.patience_s
+        patience = self._patience_s
         if patience is None:
             rtt = self.launch_rtt_s if at_launch and self.launch_rtt_s is not None else self.rtt_s
             if self.step_s is None or rtt is None or device_busy or self.lookahead == 0:
                 return None
             budget = self._budget(self.step_s)
             patience = budget if sent_at + rtt - now <= budget else 0.0
-        return None if patience >= self.config.deadline_ms / 1000 else patience
+        return None if patience >= self._deadline_s else patience
 
     def _budget(self, step_s: float) -> float:
         """How long a step may wait for a reply on its way (see the module docstring): the
@@ -191,7 +195,7 @@ class Patience:
         if self.config.wait_rule == "gain":
             worth = self.worth()
             if worth is not None:
-                return min(max(worth, 0.0), self.config.deadline_ms / 1000)
+                return min(max(worth, 0.0), self._deadline_s)
         return PATIENCE_SHARE * step_s
 
 

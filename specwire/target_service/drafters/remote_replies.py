@@ -51,20 +51,33 @@ class PrefetchReplies:
         self._take_answered()
         return len(self._pending)
 
-    def _take_answered(self) -> None:
+    def _take_answered(self, branches: bool = True) -> None:
         """Keep the proposals of every `submit` the drafter has already answered, oldest
         first, then the branches that followed them (never waits): a branches-only reply
-        attaches to the proposal its drafts' reply left, so that one is kept first (reading
-        one reply off the socket may read the other too). One still unanswered a deadline
-        after it was sent is given up on (counted late)."""
-        self._take_replies()
-        if self.connection.branches_due:
+        attaches to the proposal its drafts' reply left, so that one is kept first. One still
+        unanswered a deadline after it was sent is given up on (counted late).
+
+        Framed modes read the descriptor once for all of it (`RemoteConnection.collect`):
+        each read is a system call, and a system call lets go of the GIL, which another thread
+        (the output's, gRPC's) may then keep for up to a switch interval while the step waits.
+        It is read only when a reply is awaited, or branches are and `branches` says to look
+        for them; a commit (`submit`) does not read for branches alone: the next step's
+        collection reads them, and until then they serve nothing."""
+        conn = self.connection
+        pumped = False
+        if conn.framed and (self._pending or (branches and conn.branches_due)):
             with self._cv:
-                came = self.connection.take_branches()
+                conn.collect()
+            pumped = True
+        self._take_replies(pump=not pumped)
+        if conn.branches_due and (branches or pumped):
+            with self._cv:
+                came = conn.take_branches(pump=not pumped)
             for reply in came:
                 self.sessions.add_branches(reply)
 
-    def _take_replies(self) -> None:
+    def _take_replies(self, pump: bool = True) -> None:
+        """Keep the replies that came (`pump`: framed, read the descriptor for them first)."""
         for pre in list(self._pending):
             if pre.future is not None:
                 if pre.future.done():
@@ -72,7 +85,7 @@ class PrefetchReplies:
                     continue
             else:
                 with self._cv:  # its reply, or None: the stream broke (no reply will come)
-                    reply = self._stream_reply(pre.step, pre.stream, 0.0, patient=True)
+                    reply = self._stream_reply(pre.step, pre.stream, 0.0, True, pump)
                 if reply is not _PENDING:
                     self._keep_prefetched(pre, reply)
                     continue
@@ -168,11 +181,15 @@ class PrefetchReplies:
         self.connection.disconnect(f"Draft failed ({exc.code().name}: {exc.details()})")
         return self._count("failed")
 
-    def _stream_reply(self, step: int, stream, end: float, patient: bool = False):
+    def _stream_reply(
+        self, step: int, stream, end: float, patient: bool = False, pump: bool = True
+    ):
         """The stream's reply for `step`, waiting until `end` (monotonic); None if late or the
-        stream broke (`_PENDING` if late and `patient`). Called with `_cv` held."""
+        stream broke (`_PENDING` if late and `patient`). `pump`: framed, read the descriptor
+        first (else the caller just did). Called with `_cv` held."""
         while True:
-            reply = self.connection.reply(step)
+            reply = self.connection.reply(step, pump)
+            pump = True
             if reply is not None:
                 return reply
             if not self.connection.is_open(stream):

@@ -55,6 +55,12 @@ def read_reply(reply: Any) -> Reply:
     fields (each read builds a Python object: most of what keeping a proposal cost)."""
     if isinstance(reply, Reply):
         return reply
+    if reply.branches_only:  # only the ids, lengths and branches are read (`add_branches`)
+        return Reply(
+            reply.step,
+            [Proposed(d.request_id, d.base_len, False, [], None, d.branches) for d in reply.drafts],
+            True,
+        )
     drafts = []
     for d in reply.drafts:
         tokens = list(d.tokens)
@@ -62,7 +68,7 @@ def read_reply(reply: Any) -> Reply:
         if d.probs and len(d.probs) == len(tokens):
             probs = [(list(p.ids), list(p.probs)) for p in d.probs]
         drafts.append(Proposed(d.request_id, d.base_len, d.resync, tokens, probs, d.branches or ()))
-    return Reply(reply.step, drafts, reply.branches_only)
+    return Reply(reply.step, drafts)
 
 
 def branches_per_position(setting: int, rows: int) -> int:
