@@ -5,7 +5,7 @@ the wire deltas that keep it so (`write_updates`: what each message says about a
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from specwire.target_service.request import Request
@@ -96,6 +96,10 @@ class Run:
     probs: list[tuple[list[int], list[float]]] | None
     asked: int  # tokens asked for from `anchor` (a branch at p holds at most asked - p - 1)
     branches: Sequence[Any] = ()
+    # (position, token) -> its branch, built at the first lookup: a step peeks at a run it
+    # left (`RemoteDrafter._covered`) and then takes it, and each read of a protobuf field
+    # builds a Python object.
+    _by_way: dict[tuple[int, int], Any] | None = field(default=None, repr=False)
 
     @property
     def complete(self) -> bool:
@@ -107,11 +111,14 @@ class Run:
         room = self.asked - position - 1  # what the drafter may propose past the branch token
         if room <= 0:
             return None
-        for b in self.branches:
-            if b.position == position and b.token == token:
-                tokens = list(b.tokens[:room])
-                return Run(self.anchor + position + 1, tokens, None, room)
-        return None
+        if self._by_way is None:
+            self._by_way = {}
+            for b in self.branches:  # the first of a (position, token) named twice
+                self._by_way.setdefault((b.position, b.token), b)
+        b = self._by_way.get((position, token))
+        if b is None:
+            return None
+        return Run(self.anchor + position + 1, list(b.tokens[:room]), None, room)
 
 
 class RemoteSessions(ResourceManager):
@@ -179,7 +186,7 @@ class RemoteSessions(ResourceManager):
         for d in reply.drafts:
             run = self.runs.get(d.request_id)
             if run is not None and run.anchor == d.base_len and not run.branches:
-                run.branches = d.branches
+                run.branches, run._by_way = d.branches, None
 
     def drafts_from_run(
         self, request: Request, peek: bool = False
