@@ -30,6 +30,7 @@ from specwire.drafter_service.engine import DraftEngine
 from specwire.drafter_service.server import response_to_proto, serve, updates_from_proto
 from specwire.drafter_service.sessions import SessionStore
 from specwire.target_service.config import TargetConfig
+from specwire.target_service.drafters.remote import RemoteDrafter
 from specwire.target_service.engine import build_engine
 from specwire.target_service.output import Complete
 from specwire.target_service.server import TargetServer
@@ -223,6 +224,36 @@ def test_a_synchronous_steps_ask_is_timed_for_a_remote_drafter_only(tiny, drafte
     assert sample(local, "specwire_drafter_ask_seconds_count") == 0
     remote.shutdown()
     local.shutdown()
+
+
+def test_the_drafter_hears_a_step_before_its_bookkeeping(tiny, baseline, drafters, monkeypatch):
+    """A synchronous step tells the remote drafter what it committed as soon as the tokens are
+    on their streams, before the step's acceptance is recorded (`emit`), so the round trip
+    overlaps that bookkeeping (bench/RESULTS.md, round 42); and it never asks about a request
+    the step's finish rules ended (that one gets its `finished` notice). Output unchanged.
+    Every step synchronous (no overlap): each of a request's steps asks once."""
+    asked: dict[str, list[int]] = {}  # request -> its stats.steps at each question
+    ended: list[str] = []  # requests asked about after their last token
+    submit = RemoteDrafter.submit
+
+    def heard(self, requests):
+        for r in requests:
+            asked.setdefault(r.request_id, []).append(r.stats.steps)
+            if len(r.output_ids) >= r.max_new_tokens:
+                ended.append(r.request_id)
+        return submit(self, requests)
+
+    monkeypatch.setattr(RemoteDrafter, "submit", heard)
+    server = drafters()
+    eng = engine(tiny, f"grpc://{server.address}", overlap=False, **via(server, "socket"))
+    got = [c.token_ids for c in run_all(eng, PROMPTS[:8])]
+    eng.shutdown()
+    assert got == baseline["short"][:8]
+    assert len(asked) == 8 and not ended
+    # At its k-th question a request has recorded k steps: the step being asked about is
+    # recorded after the question (recorded first, the counts would be 1, 2, ...).
+    for steps in asked.values():
+        assert steps == list(range(len(steps))), steps
 
 
 @pytest.mark.parametrize("patience_ms", [2000, -1, "held"], ids=["wait", "auto", "held"])
