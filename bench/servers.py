@@ -62,7 +62,8 @@ from specwire.target_service.drafters.remote_relay import SPIN_ENV  # noqa: E402
 # (--spin-ms 20, --drafter-spin-ms 20), "-socket-brreply" for the socket with the branches in
 # the drafts' reply (--drafter-branches-at reply; before round 37 the only way) and
 # "-socket-atlaunch" for the socket with every question held for the launch (round 38's
-# proxy: +5 % at one stream, +10 % at 8; round 39's H100: level), to measure them side by side.
+# proxy: +5 % at one stream, +10 % at 8; round 39's H100: level) and "-socket-nobranch" for the
+# socket asking for no branches (round 42), to measure them side by side.
 CONFIGS = {
     "none": "none",
     "none-sync": "none",
@@ -94,6 +95,7 @@ CONFIGS = {
     "remote-ngram-socket-nospin": "remote",
     "remote-ngram-socket-brreply": "remote",
     "remote-ngram-socket-atlaunch": "remote",
+    "remote-ngram-socket-nobranch": "remote",
     "none-proc": "none",
     "ngram-proc": "ngram",
     "remote-ngram-proc": "remote",
@@ -132,6 +134,7 @@ REMOTE_DRAFTERS = {  # service --drafter
     "remote-ngram-socket-nospin": "ngram",
     "remote-ngram-socket-brreply": "ngram",
     "remote-ngram-socket-atlaunch": "ngram",
+    "remote-ngram-socket-nobranch": "ngram",
     "remote-ngram-proc": "ngram",
     "remote-ngram-inproc": "ngram",
     "remote-ngram-exact": "ngram",
