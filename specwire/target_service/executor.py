@@ -419,7 +419,11 @@ class Executor(OverlappedSteps, TwoBatchSteps):
         exposed = self.drafts.hears_steps and not self._device_busy  # nothing in flight
         t0 = time.perf_counter() if exposed else 0.0
         if self.drafts.hears_steps:
-            going_on = [r.request for r, a in zip(decode, appended, strict=True) if a[2] is None]
+            going_on = [
+                row.request
+                for row, (_, _, reason) in zip(decode, appended, strict=True)
+                if reason is None
+            ]
             self.drafts.submit(going_on, self.step_no, self._device_busy)
         if exposed:
             self.metrics.batched.add(self.metrics.drafter_ask_seconds, time.perf_counter() - t0)
@@ -442,11 +446,11 @@ class Executor(OverlappedSteps, TwoBatchSteps):
         latencies. `emit` records the step."""
         now = time.monotonic()
         itls: list[float] = []
-        streams = self.streams
-        appended = [
-            (stream := streams[row.request.request_id], *stream.append(toks, itls, now))
-            for row, toks in zip(rows, new_tokens, strict=True)
-        ]
+        appended = []
+        for row, toks in zip(rows, new_tokens, strict=True):
+            stream = self.streams[row.request.request_id]
+            kept, reason = stream.append(toks, itls, now)
+            appended.append((stream, kept, reason))
         return appended, itls
 
     def emit(

@@ -120,6 +120,10 @@ class Run:
             return None
         return Run(self.anchor + position + 1, list(b.tokens[:room]), None, room)
 
+    def add_branches(self, branches: Sequence[Any]) -> None:
+        """The branches that came after the proposal (a branches-only reply)."""
+        self.branches, self._by_way = branches, None
+
 
 class RemoteSessions(ResourceManager):
     """Per request, how many committed tokens the drafter holds (as far as we know), and the
@@ -186,7 +190,7 @@ class RemoteSessions(ResourceManager):
         for d in reply.drafts:
             run = self.runs.get(d.request_id)
             if run is not None and run.anchor == d.base_len and not run.branches:
-                run.branches, run._by_way = d.branches, None
+                run.add_branches(d.branches)
 
     def drafts_from_run(
         self, request: Request, peek: bool = False
