@@ -158,13 +158,10 @@ class RemoteConnection:
         taken (read without `cv`: the executor's hint; `take_branches` decides)."""
         return bool(self._branches_due or self._branches)
 
-    def take_branches(self, pump: bool = True) -> list[Reply]:
+    def take_branches(self) -> list[Reply]:
         """The branches-only replies that have come (`cv` held), oldest first, but for those
         whose drafts' reply is still to be taken (`reply`): branches attach to the proposal
-        that reply holds, so they wait for it. `pump`: framed, read the descriptor first
-        (else the caller just did: `collect`)."""
-        if pump and self.framed and self._stream is not None and self._branches_due:
-            self._pump(self._stream)
+        that reply holds, so they wait for it. Framed: those the caller's `collect` read."""
         out = [b for b in self._branches if b.step not in self._replies]
         self._branches = [b for b in self._branches if b.step in self._replies]
         return out
@@ -199,7 +196,7 @@ class RemoteConnection:
 
     def collect(self) -> None:
         """Framed: read every reply and branches the descriptor holds, once, for the `reply`
-        and `take_branches` calls that follow with `pump=False` (`cv` held)."""
+        (with `pump=False`) and `take_branches` calls that follow (`cv` held)."""
         if self.framed and self._stream is not None:
             self._pump(self._stream)
 

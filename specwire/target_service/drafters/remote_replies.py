@@ -64,20 +64,20 @@ class PrefetchReplies:
         for them; a commit (`submit`) does not read for branches alone: the next step's
         collection reads them, and until then they serve nothing."""
         conn = self.connection
-        pumped = False
-        if conn.framed and (self._pending or (branches and conn.branches_due)):
+        if conn.framed:
+            if not (self._pending or (branches and conn.branches_due)):
+                return
             with self._cv:
                 conn.collect()
-            pumped = True
-        self._take_replies(pump=not pumped)
-        if conn.branches_due and (branches or pumped):
+        self._take_replies()
+        if conn.branches_due:
             with self._cv:
-                came = conn.take_branches(pump=not pumped)
+                came = conn.take_branches()
             for reply in came:
                 self.sessions.add_branches(reply)
 
-    def _take_replies(self, pump: bool = True) -> None:
-        """Keep the replies that came (`pump`: framed, read the descriptor for them first)."""
+    def _take_replies(self) -> None:
+        """Keep the replies that came (framed: those `collect` just read)."""
         for pre in list(self._pending):
             if pre.future is not None:
                 if pre.future.done():
@@ -85,7 +85,7 @@ class PrefetchReplies:
                     continue
             else:
                 with self._cv:  # its reply, or None: the stream broke (no reply will come)
-                    reply = self._stream_reply(pre.step, pre.stream, 0.0, True, pump)
+                    reply = self._stream_reply(pre.step, pre.stream, 0.0, True, pump=False)
                 if reply is not _PENDING:
                     self._keep_prefetched(pre, reply)
                     continue
