@@ -11,6 +11,7 @@ from specwire.common.errors import UserError
 from specwire.target_service.config import TargetConfig
 from specwire.target_service.drafters.remote_channel import RemoteDrafterConfig
 from specwire.target_service.drafters.remote_patience import (
+    COVER_EVERY,
     PATIENCE_SHARE,
     PROBE_EVERY,
     PROBE_MOST,
@@ -115,6 +116,38 @@ def test_the_rule_holds_a_question_back_only_when_no_step_would_use_it_and_it_co
     p.launched(0.020)  # 1 ms after the commit at 19 ms: a gap sample
     p.launched(0.6)  # no commit since the last launch: not a gap
     assert p.gap_s == pytest.approx(0.001)
+
+
+def test_where_every_request_is_rarely_covered_the_rule_peeks_only_now_and_then():
+    """The peek at every request's kept proposal is taken per row count: at 8 rows, never
+    true, it stops after a few dozen questions but for one in COVER_EVERY, and a true one
+    there brings it back; at 1 row, true half the time, every question peeks."""
+    p = timed_rule(rtt=0.0035)  # the next step would wait: only `covered` holds a question
+    peeks = {1: 0, 8: 0}
+
+    def counted(rows: int, answer: bool):
+        def covered() -> bool:
+            peeks[rows] += 1
+            return answer
+
+        return covered
+
+    for i in range(200):
+        assert not p.at_launch(device_busy=False, covered=counted(8, False), rows=8)
+        assert p.at_launch(device_busy=False, covered=counted(1, i % 2 == 0), rows=1) == (
+            i % 2 == 0
+        )
+    assert peeks[1] == 200  # one row: every question peeks
+    # 23 peeks until the share falls below COVER_RARE (0.875 ** 23 < 0.05), then one in
+    # COVER_EVERY
+    assert peeks[8] == 23 + (200 - 23) // COVER_EVERY
+    before = peeks[8]
+    while peeks[8] == before:  # the next peek there says yes: the question is held
+        held = p.at_launch(device_busy=False, covered=counted(8, True), rows=8)
+    assert held
+    for _ in range(5):  # and the questions right after peek again
+        assert not p.at_launch(device_busy=False, covered=counted(8, False), rows=8)
+    assert peeks[8] == before + 1 + 5
 
 
 def test_a_gate_the_commits_round_trip_shuts_is_probed_and_opens_on_the_launchs():

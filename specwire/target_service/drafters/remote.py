@@ -190,7 +190,7 @@ class RemoteDrafter(PrefetchReplies, FinishedNotices, Drafter):
         if len(self._pending) >= self.max_inflight:  # nothing more goes out meanwhile
             return
         if not self._pending and self.patience.at_launch(
-            self.device_busy, lambda: self._covered(requests)
+            self.device_busy, lambda: self._covered(requests), len(requests)
         ):
             # The next step will not use this reply: ask once it is on the device.
             self._held = list(requests)

@@ -65,6 +65,9 @@ _EMA = 0.2  # weight of a new sample
 # 0.2-0.5 ms from a launch to its commit: 27-28 probes a pass at a fixed 32 (round 30).
 PROBE_EVERY = 32
 PROBE_MOST = 1024
+COVER_WEIGHT = 0.125
+COVER_RARE = 0.05
+COVER_EVERY = 16
 
 
 class Patience:
@@ -91,6 +94,8 @@ class Patience:
         self.probes = 0  # questions sent at a launch only to measure its round trip
         self._shut = 0  # questions kept at the commit by the timing alone since the last probe
         self._probe_every = PROBE_EVERY  # doubles with each probe while the gate stays shut
+        # rows -> (share of the `covered` peeks there that were true, questions since a peek)
+        self._cover: dict[int, tuple[float, int]] = {}
         self._drafted_at: float | None = None
         self._committed_at: float | None = None
         self._launched_at: float | None = None
@@ -123,15 +128,16 @@ class Patience:
             if gap < self._stall_s:
                 self.gap_s = _ema(self.gap_s, gap)
 
-    def at_launch(self, device_busy: bool, covered: Callable[[], bool]) -> bool:
+    def at_launch(self, device_busy: bool, covered: Callable[[], bool], rows: int = 1) -> bool:
         """Whether a question asked as a step commits should wait for the next launch (see
         the module docstring): auto patience, nothing on the device, a look-ahead (the reply
         serves the step after next), a round trip that, sent at the launch, still ends before
         that step commits (the launch's own round trip once measured, else the commit's; a
         probe now and then while that shuts the gate), and a next step that will not use the
         reply: it would not wait for it (its remainder at the launch is longer than its
-        share), or (auto) `covered()`, every request's drafts come from a kept proposal.
-        `--drafter-ask-at launch` skips the timings (always), `commit` says never."""
+        share), or (auto) `covered()`, every request's drafts come from a kept proposal (at
+        `rows` requests: see `_covered`). `--drafter-ask-at launch` skips the timings
+        (always), `commit` says never."""
         if self._patience_s is not None or device_busy or self.lookahead == 0:
             return False
         if self.config.ask_at in ("commit", "launch"):  # the A/B switches: never, always
@@ -148,13 +154,24 @@ class Patience:
             return False
         gap = self.gap_s or 0.0
         unused = self._budget(step) < rtt - gap
-        if not (unused or (self.config.ask_at == "auto" and covered())):
+        if not (unused or (self.config.ask_at == "auto" and self._covered(covered, rows))):
             return False
         if not fits:
             self._shut = 0
             self._probe_every = min(2 * self._probe_every, PROBE_MOST)
             self.probes += 1
         return True
+
+    def _covered(self, covered: Callable[[], bool], rows: int) -> bool:
+        """`covered()`, but not at a row count where it has become rare (COVER_RARE), except
+        for every COVER_EVERY-th question there (see the module docstring)."""
+        share, since = self._cover.get(rows, (1.0, 0))
+        if share < COVER_RARE and since + 1 < COVER_EVERY:
+            self._cover[rows] = (share, since + 1)
+            return False
+        hit = covered()
+        self._cover[rows] = (share + COVER_WEIGHT * (hit - share), 0)
+        return hit
 
     def timings(self) -> dict[str, float | None]:
         """The five EMAs in seconds (None before a first sample): what the auto rules weigh

@@ -33,7 +33,7 @@ class Proposed(NamedTuple):
     request_id: str
     base_len: int
     resync: bool
-    tokens: list[int]
+    tokens: Sequence[int]  # as it came (see `read_reply`); a slice of it is a list
     probs: list[tuple[list[int], list[float]]] | None  # None unless one per token
     branches: Sequence[Any]  # drafter.proto `Branch`es, as they came (read only when used)
 
@@ -52,7 +52,12 @@ def read_reply(reply: Any) -> Reply:
     """Read a reply out of its protobuf once, where it arrives: the stream's reader thread
     does it while the executor waits for the device, so the step that keeps the proposals
     (`RemoteSessions.apply`, on the critical path of a drafting step) touches no protobuf
-    fields (each read builds a Python object: most of what keeping a proposal cost)."""
+    fields (each read builds a Python object: most of what keeping a proposal cost).
+
+    A proposal's tokens stay the message's repeated field: a step slices the few it drafts
+    (a list), while `list()` of all of them built one int at a time what the look-ahead asked
+    (K + 4(K + 1) a sequence): 11.8 of this function's 19.6 us for a reply of 8 sequences of
+    44 tokens on the dev VM, 4 us to slice 9 of each (round 43)."""
     if isinstance(reply, Reply):
         return reply
     if reply.branches_only:  # only the ids, lengths and branches are read (`add_branches`)
@@ -63,7 +68,7 @@ def read_reply(reply: Any) -> Reply:
         )
     drafts = []
     for d in reply.drafts:
-        tokens = list(d.tokens)
+        tokens = d.tokens
         probs = None
         if d.probs and len(d.probs) == len(tokens):
             probs = [(list(p.ids), list(p.probs)) for p in d.probs]
@@ -92,7 +97,7 @@ class Run:
     when the target leaves the proposal."""
 
     anchor: int
-    tokens: list[int]
+    tokens: Sequence[int]  # a list, or the reply's repeated field (`read_reply`)
     probs: list[tuple[list[int], list[float]]] | None
     asked: int  # tokens asked for from `anchor` (a branch at p holds at most asked - p - 1)
     branches: Sequence[Any] = ()
