@@ -256,6 +256,35 @@ def test_the_drafter_hears_a_step_before_its_bookkeeping(tiny, baseline, drafter
         assert steps == list(range(len(steps))), steps
 
 
+def test_a_request_that_arrives_during_a_step_is_asked_about_before_it_drafts(
+    tiny, baseline, drafters
+):
+    """A request submitted while a speculative step runs is admitted by that step and the
+    remote drafter is told its prompt then, so the step that ends its prefill drafts from a
+    proposal already asked for, not from a round trip inside it. Output unchanged, no KV
+    block leaked."""
+    server = drafters()
+    eng = engine(tiny, f"grpc://{server.address}", overlap=False, **via(server, "socket"))
+    ex = eng.executor
+    first = submit_all(eng, PROMPTS[:1], 24)
+    ex.run_until_idle(max_steps=2)  # the prefill, then a speculative step
+    assert not ex.idle and ex.scheduler.policy.mode == "spec"
+    second = submit_all(eng, PROMPTS[1:2], 24)
+    late = second[0].request
+    ex.step()  # no inbox drained first: the step itself admits it, once launched
+    assert late.num_computed == 0  # not scheduled yet...
+    store = server.engine.store
+    wait_until(lambda: store.get(late.request_id) is not None, timeout=10, what="the question")
+    assert store.get(late.request_id).tokens == late.prompt_ids  # ...but the drafter knows it
+    ex.run_until_idle()
+    eng.kv.check_integrity()
+    assert eng.kv.num_free_blocks == eng.kv.num_blocks - 1, "KV blocks leaked"
+    got = [c.token_ids for c in completions(first + second)]
+    eng.shutdown()
+    assert got == baseline["short"][:2]
+    assert eng.drafter.counters()["failed"] == 0
+
+
 @pytest.mark.parametrize("patience_ms", [2000, -1, "held"], ids=["wait", "auto", "held"])
 @pytest.mark.parametrize("mode", ["stream", "unary"])
 def test_remote_drafter_with_the_two_batch_overlap_is_lossless(
@@ -277,7 +306,7 @@ def test_remote_drafter_with_the_two_batch_overlap_is_lossless(
     busy = []
     if patience_ms == "held":
 
-        def at_launch(device_busy: bool, covered) -> bool:
+        def at_launch(device_busy: bool, covered, rows: int = 1) -> bool:
             busy.append(device_busy)
             return not device_busy
 

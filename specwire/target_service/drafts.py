@@ -44,6 +44,9 @@ class DraftIntake:
         self.errors = 0  # drafter calls that raised (each cost its step's drafts)
         # A drafter that drafts off the critical path (`submit`: the remote one).
         self._submit = getattr(drafter, "submit", None)
+        # One that hears requests as they arrive (`Drafter.arrived` overridden: the remote one).
+        hears = getattr(type(drafter), "arrived", Drafter.arrived)
+        self._arrived = None if hears is Drafter.arrived else drafter.arrived
         # A drafter that takes replies while the device runs (`Drafter.device_running`
         # overridden: the remote one); else the device waits skip the hook altogether.
         hook = getattr(type(drafter), "device_running", Drafter.device_running)
@@ -53,6 +56,22 @@ class DraftIntake:
     def hears_steps(self) -> bool:
         """Whether `submit` tells the drafter anything (else the caller may skip it)."""
         return self._submit is not None
+
+    @property
+    def hears_arrivals(self) -> bool:
+        """Whether `arrived` tells the drafter anything (else the caller may skip it)."""
+        return self._arrived is not None
+
+    def arrived(self, requests: Sequence[Request], step_no: int) -> None:
+        """Requests the executor just admitted, while a step runs on the device
+        (`Drafter.arrived`). Fails open."""
+        if self._arrived is None:
+            return
+        try:
+            self._arrived(requests)
+        except Exception:
+            log.exception("drafter arrival hook failed at step %d", step_no)
+            self.errors += 1
 
     def prepare(
         self,

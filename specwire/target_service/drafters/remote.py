@@ -208,6 +208,16 @@ class RemoteDrafter(PrefetchReplies, FinishedNotices, Drafter):
                     return False
         return True
 
+    def arrived(self, requests: Sequence[Request]) -> None:
+        """Ask now for the first drafts of requests just admitted (the drafter is told their
+        prompt), while the device runs: the step that ends their prefill then drafts from the
+        kept proposal, not from a round trip inside it (a whole prompt's, which the drafter
+        must also index). Skipped like any early question: with `max_inflight` in flight (a
+        question held for the launch has gone by now) or the connection down."""
+        self._take_answered(branches=False)
+        if len(self._pending) < self.max_inflight:
+            self._question(requests)
+
     def launched(self) -> None:
         """The step after a submit is on the device: send the question held back (see
         remote_patience.py, "Sending at launch")."""
