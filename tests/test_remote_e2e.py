@@ -429,7 +429,7 @@ def test_questions_held_back_for_the_next_launch_are_lossless(tiny, baseline, dr
     _adaptive(eng, {1: 1e-3, 4: 1e-3, 8: 1.1e-3, 12: 1.2e-3, 16: 4e-3, 64: 16e-3, 1024: 0.3})
     asked = []  # device_busy, per submit that found nothing in flight
 
-    def at_launch(device_busy: bool, covered) -> bool:
+    def at_launch(device_busy: bool, covered, rows: int = 1) -> bool:
         asked.append(device_busy)
         return not device_busy
 
