@@ -216,7 +216,7 @@ class RemoteDrafter(PrefetchReplies, FinishedNotices, Drafter):
         question held for the launch has gone by now) or the connection down."""
         self._take_answered(branches=False)
         if len(self._pending) < self.max_inflight:
-            self._question(requests)
+            self._question(requests, timed=False)
 
     def launched(self) -> None:
         """The step after a submit is on the device: send the question held back (see
@@ -227,9 +227,12 @@ class RemoteDrafter(PrefetchReplies, FinishedNotices, Drafter):
             self._count("at_launch")
             self._question(held, at_launch=True)
 
-    def _question(self, requests: Sequence[Request], at_launch: bool = False) -> None:
+    def _question(
+        self, requests: Sequence[Request], at_launch: bool = False, timed: bool = True
+    ) -> None:
         """Send the drafter what was committed and ask for the next drafts and the look-ahead
-        (as `submit`'s prefetch). Skipped while the connection is down or busy."""
+        (as `submit`'s prefetch). Skipped while the connection is down or busy. `timed`: its
+        round trip is a sample for `Patience` (`Prefetch.timed`)."""
         live = [(r, n) for r in requests if not r.finished and (n := r.useful_drafts) > 0]
         if not live:
             return
@@ -245,11 +248,11 @@ class RemoteDrafter(PrefetchReplies, FinishedNotices, Drafter):
             with self._cv:
                 stream = conn.send(msg)  # in flight as `step` (the message's)
             if stream is not None:
-                pre = Prefetch(step, sent, stream, None, since, at_launch=at_launch)
+                pre = Prefetch(step, sent, stream, None, since, at_launch=at_launch, timed=timed)
                 self._pending.append(pre)
         else:
             future = conn.stub.Draft.future(msg, timeout=self.config.deadline_ms / 1000 + 1.0)
-            pre = Prefetch(step, sent, None, future, since, at_launch=at_launch)
+            pre = Prefetch(step, sent, None, future, since, at_launch=at_launch, timed=timed)
             self._pending.append(pre)
             future.add_done_callback(pre.mark_answered)
 

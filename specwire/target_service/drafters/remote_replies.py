@@ -32,6 +32,9 @@ class Prefetch:
     since: float = 0.0  # time.monotonic() when it was sent
     answered_at: float = 0.0  # unary: when the call completed (gRPC's callback)
     at_launch: bool = False  # sent once the next step was launched (`RemoteDrafter.launched`)
+    # Its round trip is a sample of the commit's (or the launch's): not for a new request's
+    # first question (`RemoteDrafter.arrived`), which carries a whole prompt to index.
+    timed: bool = True
 
     def mark_answered(self, _future) -> None:
         self.answered_at = time.monotonic()
@@ -141,7 +144,7 @@ class PrefetchReplies:
         self._pending.remove(pre)
         if reply is not None:
             arrived = pre.answered_at if pre.future is not None else self.connection.reply_at
-            if arrived > pre.since:
+            if pre.timed and arrived > pre.since:
                 self.patience.replied(arrived - pre.since, pre.at_launch)
             self._apply(reply, pre.sent)
             self._count("prefetched")
