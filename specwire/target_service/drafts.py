@@ -63,8 +63,8 @@ class DraftIntake:
         return self._arrived is not None
 
     def arrived(self, requests: Sequence[Request], step_no: int) -> None:
-        """Requests the executor just admitted, while a step runs on the device
-        (`Drafter.arrived`). Fails open."""
+        """Requests the executor just admitted during a speculative step (`Drafter.arrived`).
+        Fails open."""
         if self._arrived is None:
             return
         try:

@@ -48,10 +48,11 @@ class Drafter(ABC):
         """Set `draft_tokens` (0..draft_budget tokens, unpadded) on each decoding request."""
 
     def arrived(self, requests: Sequence[Request]) -> None:
-        """Requests the executor has just admitted, while a speculative step runs on the
-        device; their prompt is all they hold, and their first drafts will be asked for at the
-        step that ends their prefill. A drafter that drafts off the critical path (the remote
-        one) may ask for those drafts now. Default: nothing."""
+        """Requests the executor has just admitted during a speculative step (once it is
+        launched, and again once the device has run it, before its commit); their prompt is all
+        they hold, and their first drafts will be asked for at the step that ends their
+        prefill. A drafter that drafts off the critical path (the remote one) may ask for
+        those drafts now. Default: nothing."""
 
     def launched(self) -> None:
         """The executor has just launched a step on the device (called after every launch,
