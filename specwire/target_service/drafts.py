@@ -45,12 +45,10 @@ class DraftIntake:
         # A drafter that drafts off the critical path (`submit`: the remote one).
         self._submit = getattr(drafter, "submit", None)
         # One that hears requests as they arrive (`Drafter.arrived` overridden: the remote one).
-        hears = getattr(type(drafter), "arrived", Drafter.arrived)
-        self._arrived = None if hears is Drafter.arrived else drafter.arrived
+        self._arrived = _overridden(drafter, "arrived")
         # A drafter that takes replies while the device runs (`Drafter.device_running`
         # overridden: the remote one); else the device waits skip the hook altogether.
-        hook = getattr(type(drafter), "device_running", Drafter.device_running)
-        self._device_running = None if hook is Drafter.device_running else drafter.device_running
+        self._device_running = _overridden(drafter, "device_running")
 
     @property
     def hears_steps(self) -> bool:
@@ -211,3 +209,11 @@ class DraftIntake:
         except (TypeError, ValueError):
             return False
         return True
+
+
+def _overridden(drafter: Drafter | None, hook: str):
+    """`drafter`'s bound `hook` when its class overrides `Drafter`'s no-op, else None (the
+    executor then skips the call altogether)."""
+    if getattr(type(drafter), hook, None) in (None, getattr(Drafter, hook)):
+        return None
+    return getattr(drafter, hook)

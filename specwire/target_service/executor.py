@@ -227,10 +227,10 @@ class Executor(OverlappedSteps, TwoBatchSteps):
         if not self.drafts.hears_arrivals or self.scheduler.policy.mode != "spec":
             return
         with self._wake:
-            if not any(kind == "add" for kind, _ in self._inbox):
-                return
             adds = [payload for kind, payload in self._inbox if kind == "add"]
-            rest = [(kind, payload) for kind, payload in self._inbox if kind != "add"]
+            if not adds:
+                return
+            rest = [item for item in self._inbox if item[0] != "add"]
             self._inbox.clear()
             self._inbox.extend(rest)
         for stream in adds:
