@@ -16,6 +16,13 @@ speculation on and the other with `speculation.disable` set on every request, ba
 the first of each pair alternating; no replay. Each pair gives a ratio on / off that the
 server-to-server spread does not touch (serving_stats.paired_ratios).
 
+With --interleave, a round's configurations are not run one after the other but side by side:
+every server is started first, then each pass runs on each server in turn (the servers' order
+reversed every other pass). Configurations run minutes apart compared the machine's drift as
+much as the code: on one H100 start the same remote-drafter configuration ran 8,725 tok/s and,
+four servers later, 9,737 (bench/RESULTS.md, round 44). Each pass records `seq`, its place
+among all the run's passes.
+
 Every configuration gets the same prompt sets (each is a fresh server, so each sees them first),
 so configurations compare side by side. A ledger of the prompts sent to each server refuses to
 run a pass that would time a repeated prompt. Concurrency c keeps c requests in flight (c
@@ -32,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import platform
 import shlex
@@ -274,122 +282,175 @@ def _mean_ms(before: dict, after: dict, histogram: str) -> float | None:
     return total / count * 1e3 if total is not None and count else None
 
 
+class ServerRun:
+    """One server's passes over one channel: `run` times a pass, `record` is the
+    configuration's JSON record. A ledger per server refuses a timed prompt it has seen."""
+
+    def __init__(self, server, args) -> None:
+        self.server, self.args = server, args
+        self.ledger = Ledger()
+        self.passes: list[dict] = []
+        self.first_sight: list[RequestRecord] = []  # the timed passes' requests, no replay
+        self.info = None
+
+    async def __aenter__(self) -> ServerRun:
+        self._channel = grpc.aio.insecure_channel(self.server.address)
+        self.stub = pb_grpc.GenerationServiceStub(self._channel)
+        self.info = await self.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=30)
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self._channel.close()
+
+    async def run(self, plan: PassPlan, seq: int) -> None:
+        """Run `plan` on this server; `seq`: its place among every pass of the run (with
+        --interleave, the servers' passes alternate)."""
+        args = self.args
+        self.ledger.admit(plan.prompts, plan.replay)  # before anything is sent
+        before = await asyncio.to_thread(scrape_metrics, self.server.metrics_url)
+        if args.client_procs > 1:
+            wall, records = await asyncio.to_thread(
+                run_pass_procs,
+                self.server.address,
+                plan,
+                self.server.config,
+                args,
+                args.client_procs,
+            )
+        else:
+            wall, records = await run_pass(self.stub, plan, self.server.config, args)
+        after = await asyncio.to_thread(scrape_metrics, self.server.metrics_url)
+        timed = plan.timed
+        rec = dict(
+            name=plan.name,
+            concurrency=plan.concurrency,
+            timed=timed,
+            seq=seq,
+            **({} if plan.pair is None else dict(pair=plan.pair, speculate=plan.speculate)),
+            summary=summarise(records, wall),
+            **steady_state(records, plan.concurrency),
+            per_kind={
+                k: summarise([r for r in records if r.kind == k], None)
+                for k in ALL_KINDS
+                if any(r.kind == k for r in records)
+            },
+            eager_steps=_counter_delta(before, after, EAGER),
+            overlapped_steps=_counter_delta(before, after, OVERLAPPED),
+            steps=_counter_delta(before, after, STEPS),
+            step_ms=_mean_ms(before, after, "specwire_step_seconds"),
+            host_ms=_mean_ms(before, after, "specwire_step_host_seconds"),
+            gpu_ms=_mean_ms(before, after, "specwire_step_gpu_seconds"),
+            # the drafter's exposed time, summed, against all steps' time
+            draft_s=_counter_delta(before, after, "specwire_draft_seconds_sum"),
+            draft_steps=_counter_delta(before, after, "specwire_draft_seconds_count"),
+            # and the rest of it: a synchronous step's ask after its commit (remote)
+            ask_s=_counter_delta(before, after, "specwire_drafter_ask_seconds_sum"),
+            ask_steps=_counter_delta(before, after, "specwire_drafter_ask_seconds_count"),
+            step_s=_counter_delta(before, after, "specwire_step_seconds_sum"),
+            # synchronous steps (speculative ones, where steps overlap), timed from the end
+            # of the step before: what a switch to speculation costs per step
+            sync_steps=_counter_delta(before, after, "specwire_sync_step_seconds_count"),
+            sync_ms=_mean_ms(before, after, "specwire_sync_step_seconds"),
+            drafter={
+                k: _counter_delta(before, after, f"specwire_drafter_{k}_total")
+                for k in (
+                    "lookahead",
+                    "branched",
+                    "prefetched",
+                    "late",
+                    "failed",
+                    "deferred",
+                    "at_launch",
+                    "probes",
+                )
+            },
+            # the remote drafter's auto-patience EMAs at the pass's end, ms (None: not
+            # sampled yet, or no remote drafter)
+            drafter_ema_ms={
+                k: after[name] * 1e3 if (name := f"specwire_drafter_{k}_seconds") in after else None
+                for k in DRAFTER_TIMINGS
+            },
+            # device time of the pass's graph steps (mean of the sampled ones x their
+            # number): / wall = how busy the GPU was
+            gpu_s=_graph_gpu_s(before, after),
+            wall_s=wall,
+            one_token_gpu_ms=after.get(ONE_TOKEN) and after[ONE_TOKEN] * 1e3,
+            policy=policy_pass(before, after),
+            requests=[r.to_json() for r in records],
+        )
+        self.passes.append(rec)
+        if timed and not plan.replay:
+            self.first_sight += records
+        s = rec["summary"]
+        steady = (
+            f"n/a, {rec['steady_na']}"
+            if rec["steady_na"]
+            else f"{rec['steady_tok_s']:.1f} tok/s over {rec['steady_s']:.2f}s"
+        )
+        log(
+            f"{self.server.config} {plan.name}: {s['completion_tokens']} tokens in {wall:.2f}s "
+            f"({s['tok_per_s'] or 0:.1f} tok/s; steady {steady}), errors {s['errors']}"
+            + ("" if timed else " [warm-up, not timed]")
+        )
+
+    def record(self) -> dict:
+        return dict(
+            config=self.server.config,
+            commands=[shlex.join(c) for c in self.server.commands],
+            startup_s=self.server.startup_s,
+            model=dict(
+                drafter=self.info.drafter,
+                max_draft_len=self.info.max_draft_len,
+                cuda_graphs=self.info.cuda_graphs,
+                device=self.info.device,
+                dtype=self.info.dtype,
+                kv_blocks_total=self.info.kv_blocks_total,
+            ),
+            passes=self.passes,
+            per_kind_first_sight={
+                k: summarise([r for r in self.first_sight if r.kind == k], None)
+                for k in ALL_KINDS
+                if any(r.kind == k for r in self.first_sight)
+            },
+        )
+
+
 async def run_server(server, plans: list[PassPlan], args) -> dict:
     """Run every pass on one server; the configuration's JSON record."""
-    ledger = Ledger()
-    passes: list[dict] = []
-    first_sight: list[RequestRecord] = []  # requests of the timed passes, replay excluded
-    async with grpc.aio.insecure_channel(server.address) as channel:
-        stub = pb_grpc.GenerationServiceStub(channel)
-        info = await stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=30)
-        for plan in plans:
-            ledger.admit(plan.prompts, plan.replay)  # before anything is sent
-            before = await asyncio.to_thread(scrape_metrics, server.metrics_url)
-            if args.client_procs > 1:
-                wall, records = await asyncio.to_thread(
-                    run_pass_procs, server.address, plan, server.config, args, args.client_procs
-                )
-            else:
-                wall, records = await run_pass(stub, plan, server.config, args)
-            after = await asyncio.to_thread(scrape_metrics, server.metrics_url)
-            timed = plan.timed
-            rec = dict(
-                name=plan.name,
-                concurrency=plan.concurrency,
-                timed=timed,
-                **({} if plan.pair is None else dict(pair=plan.pair, speculate=plan.speculate)),
-                summary=summarise(records, wall),
-                **steady_state(records, plan.concurrency),
-                per_kind={
-                    k: summarise([r for r in records if r.kind == k], None)
-                    for k in ALL_KINDS
-                    if any(r.kind == k for r in records)
-                },
-                eager_steps=_counter_delta(before, after, EAGER),
-                overlapped_steps=_counter_delta(before, after, OVERLAPPED),
-                steps=_counter_delta(before, after, STEPS),
-                step_ms=_mean_ms(before, after, "specwire_step_seconds"),
-                host_ms=_mean_ms(before, after, "specwire_step_host_seconds"),
-                gpu_ms=_mean_ms(before, after, "specwire_step_gpu_seconds"),
-                # the drafter's exposed time, summed, against all steps' time
-                draft_s=_counter_delta(before, after, "specwire_draft_seconds_sum"),
-                draft_steps=_counter_delta(before, after, "specwire_draft_seconds_count"),
-                # and the rest of it: a synchronous step's ask after its commit (remote)
-                ask_s=_counter_delta(before, after, "specwire_drafter_ask_seconds_sum"),
-                ask_steps=_counter_delta(before, after, "specwire_drafter_ask_seconds_count"),
-                step_s=_counter_delta(before, after, "specwire_step_seconds_sum"),
-                # synchronous steps (speculative ones, where steps overlap), timed from the end
-                # of the step before: what a switch to speculation costs per step
-                sync_steps=_counter_delta(before, after, "specwire_sync_step_seconds_count"),
-                sync_ms=_mean_ms(before, after, "specwire_sync_step_seconds"),
-                drafter={
-                    k: _counter_delta(before, after, f"specwire_drafter_{k}_total")
-                    for k in (
-                        "lookahead",
-                        "branched",
-                        "prefetched",
-                        "late",
-                        "failed",
-                        "deferred",
-                        "at_launch",
-                        "probes",
-                    )
-                },
-                # the remote drafter's auto-patience EMAs at the pass's end, ms (None: not
-                # sampled yet, or no remote drafter)
-                drafter_ema_ms={
-                    k: after[name] * 1e3
-                    if (name := f"specwire_drafter_{k}_seconds") in after
-                    else None
-                    for k in DRAFTER_TIMINGS
-                },
-                # device time of the pass's graph steps (mean of the sampled ones x their
-                # number): / wall = how busy the GPU was
-                gpu_s=_graph_gpu_s(before, after),
-                wall_s=wall,
-                one_token_gpu_ms=after.get(ONE_TOKEN) and after[ONE_TOKEN] * 1e3,
-                policy=policy_pass(before, after),
-                requests=[r.to_json() for r in records],
-            )
-            passes.append(rec)
-            if timed and not plan.replay:
-                first_sight += records
-            s = rec["summary"]
-            steady = (
-                f"n/a, {rec['steady_na']}"
-                if rec["steady_na"]
-                else f"{rec['steady_tok_s']:.1f} tok/s over {rec['steady_s']:.2f}s"
-            )
-            log(
-                f"{server.config} {plan.name}: {s['completion_tokens']} tokens in {wall:.2f}s "
-                f"({s['tok_per_s'] or 0:.1f} tok/s; steady {steady}), errors {s['errors']}"
-                + ("" if timed else " [warm-up, not timed]")
-            )
-    return dict(
-        config=server.config,
-        commands=[shlex.join(c) for c in server.commands],
-        startup_s=server.startup_s,
-        model=dict(
-            drafter=info.drafter,
-            max_draft_len=info.max_draft_len,
-            cuda_graphs=info.cuda_graphs,
-            device=info.device,
-            dtype=info.dtype,
-            kv_blocks_total=info.kv_blocks_total,
-        ),
-        passes=passes,
-        per_kind_first_sight={
-            k: summarise([r for r in first_sight if r.kind == k], None)
-            for k in ALL_KINDS
-            if any(r.kind == k for r in first_sight)
-        },
-    )
+    async with ServerRun(server, args) as run:
+        for seq, plan in enumerate(plans):
+            await run.run(plan, seq)
+        return run.record()
 
 
 def run_config(name: str, plans: list[PassPlan], args) -> dict:
     with running_config(name, args) as server:
         log(f"{name}: target {server.address} ready in {server.startup_s:.1f}s")
         return asyncio.run(run_server(server, plans, args))
+
+
+def run_interleaved(names: list[str], plans: list[PassPlan], args) -> list[dict]:
+    """--interleave: every configuration's server up at once, and each pass run on every
+    server in turn before the next pass (the servers' order reversed every other pass), so
+    that the machine's drift over a run hits every configuration alike."""
+    with contextlib.ExitStack() as stack:
+        servers = []
+        for name in names:
+            server = stack.enter_context(running_config(name, args))
+            log(f"{name}: target {server.address} ready in {server.startup_s:.1f}s")
+            servers.append(server)
+        return asyncio.run(_interleaved(servers, plans, args))
+
+
+async def _interleaved(servers, plans: list[PassPlan], args) -> list[dict]:
+    async with contextlib.AsyncExitStack() as stack:
+        runs = [await stack.enter_async_context(ServerRun(s, args)) for s in servers]
+        seq = 0
+        for i, plan in enumerate(plans):
+            for run in runs if i % 2 == 0 else runs[::-1]:
+                await run.run(plan, seq)
+                seq += 1
+        return [run.record() for run in runs]
 
 
 def environment(args: argparse.Namespace) -> dict:
@@ -485,6 +546,13 @@ def main() -> int:
         "(speculation.disable), back to back on halves of one fresh batch: ratio on / off",
     )
     ap.add_argument("--pairs", type=int, default=2, help="--paired: pairs per concurrency")
+    ap.add_argument(
+        "--interleave",
+        action="store_true",
+        help="start every configuration's server at once and run each pass on each in turn "
+        "(the order reversed every other pass), so drift over the run hits all alike; every "
+        "server holds its model and KV pool meanwhile",
+    )
     ap.add_argument("--json", default=None, metavar="PATH", help="write everything here")
     args = ap.parse_args()
     configs = [c for c in args.configs.split(",") if c]
@@ -525,16 +593,28 @@ def main() -> int:
     # of the machine hits every configuration alike; every other round in reverse order (on the
     # H200 in round 11 the same code gave ngram 1.09x none at c=64 run before none and 1.02x
     # run after it: bench/RESULTS.md, runs C and D)
-    order = [(r, n) for r in range(args.repeat) for n in round_order(configs, r, args.fixed_order)]
-    for rnd, name in order:
+    # --interleave: a round's configurations run side by side, pass by pass (run_interleaved).
+    if args.interleave:
+        order = [(r, round_order(configs, r, args.fixed_order)) for r in range(args.repeat)]
+    else:
+        order = [
+            (r, [n]) for r in range(args.repeat) for n in round_order(configs, r, args.fixed_order)
+        ]
+    for rnd, names in order:
         try:
-            rec = run_config(name, rounds[rnd], args)
-            rec["round"] = rnd
-            report["results"].append(rec)
-            print("\n" + config_markdown(rec), flush=True)
-        except Exception as exc:  # record it, go on with the next configuration
-            log(f"{name} FAILED: {exc}")
-            report["failures"].append(dict(config=name, round=rnd, error=traceback.format_exc()))
+            if args.interleave:
+                recs = run_interleaved(names, rounds[rnd], args)
+            else:
+                recs = [run_config(names[0], rounds[rnd], args)]
+            for rec in recs:
+                rec["round"] = rnd
+                report["results"].append(rec)
+                print("\n" + config_markdown(rec), flush=True)
+        except Exception as exc:  # record it, go on with the next configuration (or round)
+            log(f"{','.join(names)} FAILED: {exc}")
+            report["failures"].append(
+                dict(config=",".join(names), round=rnd, error=traceback.format_exc())
+            )
         if args.json:
             Path(args.json).write_text(json.dumps(report, indent=1))
     if report["results"]:

@@ -194,3 +194,51 @@ def test_serving_reports_the_remote_drafters_ask_after_the_commit(tmp_path):
     assert sum(p["ask_steps"] for p in timed) > 0
     assert all(p["ask_s"] >= 0 for p in timed)
     assert "ask after the commit ms/sync step" in text
+
+
+def test_serving_interleave_runs_each_pass_on_every_server_in_turn(tmp_path):
+    """--interleave: both configurations' servers are up at once and each pass runs on one,
+    then the other (the order reversed every other pass), so the two servers' passes
+    alternate in the run's sequence; every pass completes on both."""
+    out = tmp_path / "interleaved.json"
+    text = _run(
+        "bench/serving.py", "--model", "tiny-random", "--configs", "none,ngram", "--interleave",
+        "--paired", "--pairs", "1", "--concurrency", "2", "--prompts-per-pass", "4",
+        "--warmup-prompts", "4", "--max-new-tokens", "8", "--json", str(out),
+    )  # fmt: skip
+    report = json.loads(out.read_text())
+    assert report["failures"] == []
+    none, ngram = report["results"]
+    assert (none["config"], ngram["config"]) == ("none", "ngram")
+    names = [p["name"] for p in none["passes"]]
+    assert names == [p["name"] for p in ngram["passes"]] and len(names) >= 3, names
+    seqs = {p["seq"]: ("none", p["name"]) for p in none["passes"]}
+    seqs.update({p["seq"]: ("ngram", p["name"]) for p in ngram["passes"]})
+    ran = [seqs[i] for i in range(2 * len(names))]  # every place in the sequence taken once
+    for i, name in enumerate(names):  # pass i on both servers, then pass i + 1
+        first, second = ran[2 * i], ran[2 * i + 1]
+        assert first[1] == second[1] == name, ran
+        assert [first[0], second[0]] == (["none", "ngram"] if i % 2 == 0 else ["ngram", "none"])
+    for server in (none, ngram):
+        assert all(p["summary"]["errors"] == 0 for p in server["passes"]), server["config"]
+        assert all(p["summary"]["completed"] > 0 for p in server["passes"]), server["config"]
+    assert "## Side by side" in text
+
+
+def test_phase_timer_writes_the_engines_phase_table(tmp_path):
+    """bench/phase_timer first on PYTHONPATH with PHASES_DIR set: the process that runs the
+    executor writes its table of timed phases (calls and time per executor method)."""
+    _run(
+        "bench/host_only.py", "--concurrency", "2", "--pass-factor", "1", "--min-prompts", "2",
+        "--max-new-tokens", "8", "--drafter", "ngram",
+        env={"PHASES_DIR": str(tmp_path), "PYTHONPATH": f"{ROOT / 'bench' / 'phase_timer'}:{ROOT}"},
+    )  # fmt: skip
+    (table,) = tmp_path.glob("phases-*.txt")
+    rows = {
+        line.split()[0]: int(re.search(r"n=\s*(\d+)", line).group(1))
+        for line in table.read_text().splitlines()
+        if " n=" in line and line.startswith("specwire")
+    }
+    step = [n for label, n in rows.items() if label.endswith("Executor._schedule")]
+    assert step and step[0] > 0, rows
+    assert any("DraftIntake.prepare" in label for label in rows), rows
