@@ -769,3 +769,42 @@ def test_a_window_whose_load_moves_stays_where_its_mode_trails_by_little():
     assert p.step_draft_len(sixteen) > 0 and p.mode == "spec"
     steps = 1 + sum(1 for _ in iter(lambda: p.observe_rate(32, 32 / (32 * 950.0), 32), True))
     assert steps == p.mode_window  # a whole window
+
+
+def test_a_request_its_estimate_holds_at_k0_drafts_again_after_a_while():
+    """A step without a draft budget teaches nothing, so an estimate low enough to choose
+    k = 0 would hold its request there for good; a lookup drafter's requests miss for a while
+    and then match for long runs. In the speculative mode, every `recover_every` steps without
+    a budget move the request's estimate half way back to the population's; in the plain mode
+    (nobody drafts, whatever the estimates) it stays."""
+    p = _policy({1: 1e-3, 64: 1e-3})
+    assert p.mode == "spec"
+    for i in range(20):  # the population: drafts that are there and mostly accepted
+        _teach(p, _req(f"g{i}"), drafted=4, accepted=4, times=5)
+    cold, held = _req("cold"), _req("held")
+    for r in (cold, held):  # asked for drafts, its drafter had none for a long while
+        r.step_draft_cap = 4
+        for _ in range(40):
+            p.observe(r, 0, 0)
+    low = p.expected_tokens(cold, 4)[0]
+    population = p.expected_tokens(_req("new"), 4)[0]
+    assert low < 1.1 < population
+    every = p.acceptance.recover_every
+    _teach(p, cold, drafted=0, accepted=0, times=0)  # (sets the budget to 0)
+    for _ in range(every - 1):
+        p.observe(cold, 0, 0)
+    assert p.expected_tokens(cold, 4)[0] == low  # nothing learnt yet
+    p.observe(cold, 0, 0)
+    recovered = p.expected_tokens(cold, 4)[0]
+    assert low < recovered < population
+    for _ in range(3 * every):
+        p.observe(cold, 0, 0)
+    assert p.expected_tokens(cold, 4)[0] > recovered
+    # In the plain mode the same steps leave the estimate where it was.
+    p.mode = "plain"
+    held_low = p.expected_tokens(held, 4)[0]
+    assert held_low < 1.1
+    _teach(p, held, drafted=0, accepted=0, times=0)
+    for _ in range(4 * every):
+        p.observe(held, 0, 0)
+    assert p.expected_tokens(held, 4)[0] == held_low

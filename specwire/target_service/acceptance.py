@@ -13,6 +13,17 @@ drafters' long drafts far too low: their drafts are all right or all wrong (a ma
 does not start), and at 8 streams the policy chose k = 0 where drafting the maximum paid
 (bench/RESULTS.md, round 40). A new request starts from the population's estimate (an EMA over
 every request's steps). Tokens fed per row: 1 + p_i * k (varlen steps are not padded per row).
+
+A step without drafts teaches nothing, so an estimate low enough to make k = 0 a request's best
+would hold it there for good — and a lookup drafter's requests miss for a while and then match
+for long runs. So every `recover_every` steps a request runs without a draft budget in the
+speculative mode, its a_i and p_i move `recover` of the way back to the population's: after a
+stretch of plain steps it drafts again, and what its drafter proposes then decides. (In the
+plain mode nobody drafts whatever the estimates say; recovering there too handed every request
+the population's estimate when speculation came back, and the CPU proxy's 32-stream replay pass
+lost 16 %.) In the CPU proxy at one stream the policy had chosen k = 0 in ~40 % of its
+speculative steps, where a static K = 8 ran 2-6 % faster; with the recovery, +3 % at one stream
+for the in-process and the remote drafter (bench/RESULTS.md, round 44).
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ class Estimate:
     steps: int = 0
     drafted_steps: int = 0  # steps in which drafts were verified (what `accept` learnt from)
     misses: int = 0  # drafting steps in a row with no draft accepted
+    idle: int = 0  # steps since it last drafted or recovered (`AcceptanceModel.recover_every`)
     # per k = 0..K: (expected committed tokens, expected tokens fed); rebuilt when the estimate
     # or the population's deeper acceptance (`shape`: its version) moves. Tokens fed stay
     # fractional: rounding each row's 1 + p*k (p = 0.6, k = 2: 2.2 -> 2) would misprice a step
@@ -65,6 +77,11 @@ class AcceptanceModel:
     # Drafted rows between two updates of the population's deeper acceptance (`_deeper`): its
     # version invalidates every request's table, so it moves in batches.
     deeper_every: int = 64
+    # A request that runs without drafting learns nothing, so an estimate that made k = 0 its
+    # best would keep it there; every `recover_every` such steps (speculative mode) it moves
+    # `recover` of the way back to the population's (module docstring).
+    recover_every: int = 8
+    recover: float = 0.5
     _est: dict[str, Estimate] = field(default_factory=dict)
     _population: Estimate = field(default_factory=Estimate)
     # [m] (1 <= m < K): the population's acceptance of draft m given drafts 0..m-1 were
@@ -124,14 +141,23 @@ class AcceptanceModel:
         pop = self._population
         return Estimate(accept=pop.accept, has_draft=pop.has_draft)
 
-    def observe(self, req: Request, drafted: int, accepted: int) -> None:
-        """`req` verified `drafted` drafts this step and accepted the first `accepted`."""
+    def observe(self, req: Request, drafted: int, accepted: int, idle: bool = True) -> None:
+        """`req` verified `drafted` drafts this step and accepted the first `accepted`.
+        `idle`: a step without a budget counts toward the request's recovery (the policy
+        says so only where its estimate withheld the budget: not in the plain mode)."""
         est = self._est.get(req.request_id)
         if est is None:
             est = self._est[req.request_id] = self._new()
         est.steps += 1
-        if req.draft_budget <= 0 and drafted == 0:
-            return  # no budget this step: nothing learned
+        if req.draft_budget <= 0 and drafted == 0:  # no budget this step: nothing learned
+            if self.recover_every and idle:
+                est.idle += 1
+                if est.idle >= self.recover_every:
+                    pop, est.idle, est.table = self._population, 0, None
+                    est.has_draft += self.recover * (pop.has_draft - est.has_draft)
+                    est.accept += self.recover * (pop.accept - est.accept)
+            return
+        est.idle = 0
         w, pw, pop = self.ema, self.population_ema, self._population
         seen = 1.0 if drafted else 0.0
         est.has_draft += w * (seen - est.has_draft)
