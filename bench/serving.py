@@ -296,7 +296,11 @@ class ServerRun:
     async def __aenter__(self) -> ServerRun:
         self._channel = grpc.aio.insecure_channel(self.server.address)
         self.stub = pb_grpc.GenerationServiceStub(self._channel)
-        self.info = await self.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=30)
+        try:
+            self.info = await self.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=30)
+        except BaseException:
+            await self._channel.close()
+            raise
         return self
 
     async def __aexit__(self, *exc) -> None:
