@@ -808,3 +808,17 @@ def test_a_request_its_estimate_holds_at_k0_drafts_again_after_a_while():
     for _ in range(4 * every):
         p.observe(held, 0, 0)
     assert p.expected_tokens(held, 4)[0] == held_low
+
+
+def test_a_request_that_can_never_draft_is_not_recovered():
+    """A request with speculation off (no draft length) never drafts whatever its estimate:
+    its budgetless steps leave its estimate's table as it is (no rebuild on the step's hot
+    path, so a paired benchmark's "off" pass pays nothing for the recovery)."""
+    p = _policy({1: 1e-3, 64: 1e-3})
+    off = Request(request_id="off", prompt_ids=[1, 2, 3], max_new_tokens=100, max_draft_len=0)
+    off.step_draft_cap = 0
+    p.observe(off, 0, 0)
+    (table,) = p.acceptance.tables([off])
+    for _ in range(5 * p.acceptance.recover_every):
+        p.observe(off, 0, 0)
+    assert p.acceptance.tables([off])[0] is table

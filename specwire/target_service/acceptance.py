@@ -150,7 +150,9 @@ class AcceptanceModel:
             est = self._est[req.request_id] = self._new()
         est.steps += 1
         if req.draft_budget <= 0 and drafted == 0:  # no budget this step: nothing learned
-            if self.recover_every and idle:
+            # (Not a request that can never draft: speculation off, or no room left. Its table
+            # would be rebuilt for nothing, and an "off" pass of a paired benchmark would pay.)
+            if self.recover_every and idle and req.useful_drafts > 0:
                 est.idle += 1
                 if est.idle >= self.recover_every:
                     pop, est.idle, est.table = self._population, 0, None
