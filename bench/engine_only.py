@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from prompt_pool import build_pool  # noqa: E402
-from serving import plan_passes  # noqa: E402
+from serving_plan import plan_passes  # noqa: E402
 
 from specwire.target_service.config import TargetConfig  # noqa: E402
 from specwire.target_service.engine import build_engine  # noqa: E402

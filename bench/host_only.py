@@ -61,7 +61,7 @@ from engine_only import run_pass  # noqa: E402
 from host_probes import DraftLengths, StepCPU  # noqa: E402
 from procs import start_service, stop_service  # noqa: E402
 from prompt_pool import Prompt, build_pool  # noqa: E402
-from serving import plan_passes  # noqa: E402
+from serving_plan import plan_passes  # noqa: E402
 from sim_device import DeviceClock  # noqa: E402
 
 from specwire.target_service.config import TargetConfig  # noqa: E402

@@ -211,7 +211,7 @@ def test_paired_plan_splits_fresh_batches_evenly_and_alternates_the_order() -> N
     from collections import Counter
 
     from prompt_pool import KINDS, Prompt
-    from serving import Ledger, plan_paired, split_by_kind
+    from serving_plan import Ledger, plan_paired, split_by_kind
 
     pool = [Prompt(f"p{i}", KINDS[i % 4], f"text {i}") for i in range(120)]
     a, b = split_by_kind(tuple(pool[:16]))
