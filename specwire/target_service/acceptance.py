@@ -141,10 +141,10 @@ class AcceptanceModel:
         pop = self._population
         return Estimate(accept=pop.accept, has_draft=pop.has_draft)
 
-    def observe(self, req: Request, drafted: int, accepted: int, idle: bool = True) -> None:
+    def observe(self, req: Request, drafted: int, accepted: int, recovering: bool = True) -> None:
         """`req` verified `drafted` drafts this step and accepted the first `accepted`.
-        `idle`: a step without a budget counts toward the request's recovery (the policy
-        says so only where its estimate withheld the budget: not in the plain mode)."""
+        `recovering`: a step without a budget counts toward the request's recovery (the
+        policy says so only where its estimate withheld the budget: not in the plain mode)."""
         est = self._est.get(req.request_id)
         if est is None:
             est = self._est[req.request_id] = self._new()
@@ -152,7 +152,7 @@ class AcceptanceModel:
         if req.draft_budget <= 0 and drafted == 0:  # no budget this step: nothing learned
             # (Not a request that can never draft: speculation off, or no room left. Its table
             # would be rebuilt for nothing, and an "off" pass of a paired benchmark would pay.)
-            if self.recover_every and idle and req.useful_drafts > 0:
+            if self.recover_every and recovering and req.useful_drafts > 0:
                 est.idle += 1
                 if est.idle >= self.recover_every:
                     pop, est.idle, est.table = self._population, 0, None

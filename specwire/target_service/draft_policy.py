@@ -510,9 +510,9 @@ class DraftLengthPolicy:
     # -- per-request acceptance (acceptance.py) ---------------------------------------------------
     def observe(self, req: Request, drafted: int, accepted: int) -> None:
         """`req` verified `drafted` drafts this step and accepted the first `accepted`."""
-        # Only the speculative mode's k = 0 is the estimate's doing (its recovery, acceptance.py);
-        # in the plain mode nobody drafts whatever the estimates say.
-        self.acceptance.observe(req, drafted, accepted, self.mode == "spec")
+        # Only the adaptive speculative mode's k = 0 is the estimate's doing (its recovery,
+        # acceptance.py); in the plain mode, or static, the estimates decide nothing.
+        self.acceptance.observe(req, drafted, accepted, self.adaptive and self.mode == "spec")
 
     def expected_tokens(self, req: Request, k: int) -> tuple[float, float]:
         """(tokens `req` is expected to commit, tokens it feeds) in a step that lets it draft
