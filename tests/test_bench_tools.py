@@ -231,7 +231,12 @@ def test_phase_timer_writes_the_engines_phase_table(tmp_path):
     _run(
         "bench/host_only.py", "--concurrency", "2", "--pass-factor", "1", "--min-prompts", "2",
         "--max-new-tokens", "8", "--drafter", "ngram",
-        env={"PHASES_DIR": str(tmp_path), "PYTHONPATH": f"{ROOT / 'bench' / 'phase_timer'}:{ROOT}"},
+        env={
+            "PHASES_DIR": str(tmp_path),
+            "PYTHONPATH": f"{ROOT / 'bench' / 'phase_timer'}:{ROOT}",
+            # one more method to time, nested under the phase that calls it
+            "PHASES_EXTRA": "specwire.target_service.verifier:Verifier.verify",
+        },
     )  # fmt: skip
     (table,) = tmp_path.glob("phases-*.txt")
     rows = {
@@ -242,3 +247,5 @@ def test_phase_timer_writes_the_engines_phase_table(tmp_path):
     step = [n for label, n in rows.items() if label.endswith("Executor._schedule")]
     assert step and step[0] > 0, rows
     assert any("DraftIntake.prepare" in label for label in rows), rows
+    # PHASES_EXTRA wrapped Verifier.verify a second time: the inner timer is keyed by the outer
+    assert any(label.endswith("Verifier.verify@verify") for label in rows), rows

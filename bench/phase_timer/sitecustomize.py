@@ -18,6 +18,9 @@ histogram in 10 us buckets (50: 500 us or more, idle gaps included; a runner tha
 `forward`, as bench/host_only.py's simulated device does, is not marked). The timers cost about a
 microsecond a call: compare configurations timed alike, not these figures with untimed runs.
 
+PHASES_EXTRA="module:Class.method,..." times those methods too, nested under the phase that
+calls them (e.g. `specwire.target_service.drafters.remote:RemoteDrafter._build`).
+
 PHASES_NO_DEVICE_RUNNING=1 (an A/B switch for round 44's experiment): the drafter intake skips
 `Drafter.device_running`, so a remote drafter does not take replies while the device runs.
 
@@ -110,6 +113,17 @@ if os.environ.get("PHASES_DIR"):
         _wrap(_R, "forward")
         for _name in ("_render_many", "_run_held", "_call"):
             _wrap(_output.OutputWorker, _name)
+        # PHASES_EXTRA: more methods to time, "module:Class.method,..." (e.g. the remote
+        # drafter's pieces: specwire.target_service.drafters.remote:RemoteDrafter._build)
+        import importlib
+
+        for _spec in filter(None, os.environ.get("PHASES_EXTRA", "").split(",")):
+            _mod, _, _attr = _spec.strip().partition(":")
+            _cls_name, _, _meth = _attr.partition(".")
+            try:
+                _wrap(getattr(importlib.import_module(_mod), _cls_name), _meth)
+            except Exception as exc:
+                print(f"bench/phase_timer: cannot time {_spec}: {exc!r}", file=sys.stderr)
 
         _path = os.path.join(os.environ["PHASES_DIR"], f"phases-{os.getpid()}.txt")
 
