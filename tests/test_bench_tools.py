@@ -235,7 +235,7 @@ def test_phase_timer_writes_the_engines_phase_table(tmp_path):
             "PHASES_DIR": str(tmp_path),
             "PYTHONPATH": f"{ROOT / 'bench' / 'phase_timer'}:{ROOT}",
             # one more method to time, nested under the phase that calls it
-            "PHASES_EXTRA": "specwire.target_service.verifier:Verifier.verify",
+            "PHASES_EXTRA": "specwire.target_service.scheduler:Scheduler.schedule",
         },
     )  # fmt: skip
     (table,) = tmp_path.glob("phases-*.txt")
@@ -247,5 +247,5 @@ def test_phase_timer_writes_the_engines_phase_table(tmp_path):
     step = [n for label, n in rows.items() if label.endswith("Executor._schedule")]
     assert step and step[0] > 0, rows
     assert any("DraftIntake.prepare" in label for label in rows), rows
-    # PHASES_EXTRA wrapped Verifier.verify a second time: the inner timer is keyed by the outer
-    assert any(label.endswith("Verifier.verify@verify") for label in rows), rows
+    # PHASES_EXTRA timed Scheduler.schedule, keyed by the executor phase that called it
+    assert any(label.endswith("Scheduler.schedule@_schedule") for label in rows), rows

@@ -121,7 +121,9 @@ if os.environ.get("PHASES_DIR"):
             _mod, _, _attr = _spec.strip().partition(":")
             _cls_name, _, _meth = _attr.partition(".")
             try:
-                _wrap(getattr(importlib.import_module(_mod), _cls_name), _meth)
+                _cls = getattr(importlib.import_module(_mod), _cls_name)
+                getattr(_cls, _meth)  # a misspelt name says so instead of timing nothing
+                _wrap(_cls, _meth)
             except Exception as exc:
                 print(f"bench/phase_timer: cannot time {_spec}: {exc!r}", file=sys.stderr)
 
