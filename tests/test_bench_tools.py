@@ -249,3 +249,10 @@ def test_phase_timer_writes_the_engines_phase_table(tmp_path):
     assert any("DraftIntake.prepare" in label for label in rows), rows
     # PHASES_EXTRA timed Scheduler.schedule, keyed by the executor phase that called it
     assert any(label.endswith("Scheduler.schedule@_schedule") for label in rows), rows
+
+
+def test_pump_cost_times_the_remote_drafters_question_and_reply():
+    out = _run("bench/pump_cost.py", "--rows", "1,4", "--evict-mb", "0,1", "--iters", "20")
+    rows = re.findall(r"^\| (\d+) \| (\d+) \| (\d+\.\d) \| (\d+\.\d) \|$", out, re.M)
+    assert [(r[0], r[1]) for r in rows] == [("1", "0"), ("1", "1"), ("4", "0"), ("4", "1")], out
+    assert all(float(q) > 0 and float(r) > 0 for _, _, q, r in rows), out
