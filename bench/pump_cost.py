@@ -5,10 +5,12 @@ serialisation, `FramedCall.send`) and takes the reply (`FramedCall.replies`,
 `DraftStreamResponse.FromString`, `read_reply`, `RemoteSessions.apply`), each on the critical
 path of a drafting step. This times exactly those calls, over a real unix socket pair, for R
 rows whose drafter replies with a look-ahead's worth of tokens each (as the n-gram drafter
-service does), in a tight loop and with `--evict-mb` MB of memory copied before each timed part:
-in the engine, the work between two steps (torch's launch path, the output thread, the
-scheduler) leaves the caches cold for it. Round 46 used this to find out why the reply pump
-costs 31 us a call in the engine on an H100 host against 5-11 us alone (bench/RESULTS.md).
+service does), without branches (the target asks for them up to 8 rows, and they come in a
+second reply, read while the device runs: not timed here), in a tight loop and with
+`--evict-mb` MB of memory copied before each timed part: in the engine, the work between two
+steps (torch's launch path, the output thread, the scheduler) leaves the caches cold for it.
+Round 46 used this to find out why the reply pump costs 31 us a call in the engine on an H100
+host against 5-11 us alone (bench/RESULTS.md).
 
     python bench/pump_cost.py --rows 1,8,32 --evict-mb 0,8
 """
