@@ -4,12 +4,15 @@ bench/RESULTS.md, never in tests). Real subprocesses, the real engine on tiny-ra
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -256,3 +259,32 @@ def test_pump_cost_times_the_remote_drafters_question_and_reply():
     rows = re.findall(r"^\| (\d+) \| (\d+) \| (\d+\.\d) \| (\d+\.\d) \|$", out, re.M)
     assert [(r[0], r[1]) for r in rows] == [("1", "0"), ("1", "1"), ("4", "0"), ("4", "1")], out
     assert all(float(q) > 0 and float(r) > 0 for _, _, q, r in rows), out
+
+
+def test_kernel_resources_counts_programs_per_sm_and_reads_the_pipeline():
+    sys.path.insert(0, str(ROOT / "bench"))
+    import kernel_resources as kr
+
+    # Round 20's attention on the H200: 248 registers, 80 KB of shared memory, 4 warps: two
+    # programs an SM, registers first (a third would need 3 x 248 x 128 > 65,536).
+    assert kr.Resources(248, 0, 81920, 4).programs_per_sm() == (2, "regs")
+    assert kr.Resources(128, 32, 45056, 4).programs_per_sm() == (4, "regs")
+    assert kr.Resources(128, 0, 147456, 4).programs_per_sm() == (1, "smem")
+    assert kr.Resources(16, 0, 0, 8).programs_per_sm() == (8, "warps")
+    ttgir = (
+        "#mma = #ttg.nvidia_mma<{versionMajor = 2, versionMinor = 0, warpsPerCTA = [1, 4]}>\n"
+        "%k = ttg.local_alloc : () -> !ttg.memdesc<1x128x128xbf16, #shared1, #smem, mutable>\n"
+        "%v = ttg.local_alloc : () -> !ttg.memdesc<2x128x128xbf16, #shared, #smem, mutable>\n"
+        "%c = ttg.async_copy_global_to_local %p, %k mask %m\n"
+    )
+    assert kr.pipeline_facts(ttgir) == {"mma": 2, "async": True, "buffers": 2}
+    assert kr.pipeline_facts("") == {"mma": 0, "async": False, "buffers": 0}
+
+
+def test_kernel_resources_says_what_it_needs_without_triton():
+    if importlib.util.find_spec("triton") is not None:
+        pytest.skip("Triton is installed here: the tool compiles instead")
+    proc = subprocess.run(
+        [sys.executable, "bench/kernel_resources.py"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert proc.returncode == 2 and "needs Triton" in proc.stdout, proc.stdout + proc.stderr
