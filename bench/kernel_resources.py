@@ -76,7 +76,9 @@ def _tool(name: str) -> str:
     return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
 
 
-def cubin_resources(cubin: bytes, warps: int) -> Resources:
+def cubin_resources(cubin: bytes, warps: int, shared: int) -> Resources:
+    """Registers and stack from the cubin (`cuobjdump`); `shared`: the kernel's dynamic shared
+    memory, which Triton's metadata holds (cuobjdump's SHARED counts only the static part)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
@@ -89,7 +91,7 @@ def cubin_resources(cubin: bytes, warps: int) -> Resources:
     m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+)", text)
     if m is None:
         raise RuntimeError(f"no resource line in cuobjdump's output: {text[-300:]}")
-    return Resources(int(m.group(1)), int(m.group(2)), 0, warps)
+    return Resources(int(m.group(1)), int(m.group(2)), shared, warps)
 
 
 def compile_attention(
@@ -157,8 +159,7 @@ def compile_attention(
     if maxnreg:
         options["maxnreg"] = maxnreg
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
-    res = cubin_resources(kernel.asm["cubin"], ta.NUM_WARPS)
-    res.shared = kernel.metadata.shared
+    res = cubin_resources(kernel.asm["cubin"], ta.NUM_WARPS, kernel.metadata.shared)
     return res, pipeline_facts(kernel.asm["ttgir"])
 
 
