@@ -255,10 +255,15 @@ def test_phase_timer_writes_the_engines_phase_table(tmp_path):
 
 
 def test_pump_cost_times_the_remote_drafters_question_and_reply():
-    out = _run("bench/pump_cost.py", "--rows", "1,4", "--evict-mb", "0,1", "--iters", "20")
-    rows = re.findall(r"^\| (\d+) \| (\d+) \| (\d+\.\d) \| (\d+\.\d) \|$", out, re.M)
-    assert [(r[0], r[1]) for r in rows] == [("1", "0"), ("1", "1"), ("4", "0"), ("4", "1")], out
-    assert all(float(q) > 0 and float(r) > 0 for _, _, q, r in rows), out
+    out = _run(
+        "bench/pump_cost.py", "--rows", "1,4", "--evict-mb", "0,1", "--iters", "20", "--prewarm"
+    )
+    pattern = r"^\| (\d+) \| (\d+) \| (True|False) \| (\d+\.\d) \| (\d+\.\d) \|$"
+    rows = re.findall(pattern, out, re.M)
+    assert [r[:3] for r in rows] == [
+        (n, mb, warm) for n in ("1", "4") for mb in ("0", "1") for warm in ("False", "True")
+    ], out
+    assert all(float(q) > 0 and float(r) > 0 for *_, q, r in rows), out
 
 
 def test_kernel_resources_counts_programs_per_sm_and_reads_the_pipeline():

@@ -5,16 +5,15 @@ bench/pump_cost.py).
 1. `encoding`: a question and a reply as flat int32 arrays (`array.array`, no protobuf, request
    slots instead of ids) against protobuf's `sequences.add(...)` + `SerializeToString()` and
    `FromString()` + reading the fields a step reads.
-2. `prewarm`: bench/pump_cost.py's question and reply, with the same code run once on throwaway
-   data between the eviction and the timed call (what a target could do in the device's
-   shadow, just before the commit).
+2. bench/pump_cost.py's question and reply, with its `prewarm`: the same code run once on
+   throwaway data between the eviction and the timed call (what a target could do in the
+   device's shadow, just before the commit).
 
     python bench/results/round48/wire_cold.py
 """
 
 from __future__ import annotations
 
-import socket
 import statistics
 import sys
 import time
@@ -24,15 +23,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from pump_cost import _reply  # noqa: E402
+from pump_cost import run  # noqa: E402
 
 from specwire.common.protogen import drafter_pb2  # noqa: E402
-from specwire.target_service.drafters.remote_frames import FramedCall  # noqa: E402
-from specwire.target_service.drafters.remote_sessions import (  # noqa: E402
-    RemoteSessions,
-    read_reply,
-)
-from specwire.target_service.request import Request  # noqa: E402
 
 ROWS, K, LOOKAHEAD = 8, 8, 36
 JUNK, SRC = bytearray(8 << 20), bytes(8 << 20)
@@ -99,57 +92,13 @@ def encoding() -> None:
         print(f"| {name} | {_median_us(fn, False):.1f} | {_median_us(fn, True):.1f} |")
 
 
-def prewarm(rows: int, evict: bool, warm: bool, iters: int = 1500) -> tuple[float, float]:
-    """bench/pump_cost.py's loop; `warm`: the question and the last reply's parse run once on
-    throwaway state after the eviction, before the timed calls."""
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    call = FramedCall(ours.fileno(), ours.fileno())
-    sessions, scratch = RemoteSessions(), RemoteSessions()
-    reqs = [
-        Request(f"req-{i:08d}-{'x' * 24}", list(range(100 + i, 400 + i)), max_new_tokens=1 << 20)
-        for i in range(rows)
-    ]
-    asks = [(r, K + LOOKAHEAD) for r in reqs]
-    last = None
-    q_us, r_us = [], []
-    for step in range(1, iters + 1):
-        for r in reqs:
-            r.output_ids += [step % 1000, (step * 3) % 1000]
-        if evict:
-            JUNK[:] = SRC
-        if warm:
-            scratch.synced = dict(sessions.synced)
-            msg = drafter_pb2.DraftStreamRequest(step=step)
-            scratch.write_updates(msg, asks, 0)
-            msg.SerializeToString()
-            if last is not None:
-                read_reply(drafter_pb2.DraftStreamResponse.FromString(last))
-        t0 = time.perf_counter_ns()
-        msg = drafter_pb2.DraftStreamRequest(step=step)
-        sent = sessions.write_updates(msg, asks, 0)
-        call.send(msg)
-        q_us.append((time.perf_counter_ns() - t0) / 1000)
-        theirs.recv(1 << 20)
-        theirs.sendall(_reply(step, sent, K + LOOKAHEAD))
-        if evict:
-            JUNK[:] = SRC
-        t0 = time.perf_counter_ns()
-        for payload, _at in call.replies():
-            last = payload
-            sessions.apply(read_reply(drafter_pb2.DraftStreamResponse.FromString(payload)), sent)
-        r_us.append((time.perf_counter_ns() - t0) / 1000)
-    ours.close()
-    theirs.close()
-    return statistics.median(q_us), statistics.median(r_us)
-
-
 def main() -> int:
     encoding()
     print("\n| rows | caches | question us | reply us |\n|---|---|---|---|")
     for rows in (1, 8):
         for label, evict, warm in (("warm", False, False), ("cold", True, False),
                                    ("cold, prewarmed", True, True)):  # fmt: skip
-            q, r = prewarm(rows, evict, warm)
+            q, r = run(rows, 8 if evict else 0, 1500, K, LOOKAHEAD, prewarm=warm)
             print(f"| {rows} | {label} | {q:.1f} | {r:.1f} |", flush=True)
     return 0
 
