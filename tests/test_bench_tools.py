@@ -293,3 +293,27 @@ def test_kernel_resources_says_what_it_needs_without_triton():
         [sys.executable, "bench/kernel_resources.py"], cwd=ROOT, capture_output=True, text=True
     )
     assert proc.returncode == 2 and "needs Triton" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_pipeline_replay_counts_the_steps_of_drafting_one_step_behind(tmp_path):
+    """`bench/pipeline_replay.py` on two outputs: one periodic (every hypothesis of a step's
+    outcome comes true once the period is in the index, so drafting one step behind takes
+    almost the synchronous steps) and one that never repeats (no drafts at all: every mode
+    takes a step a token)."""
+    periodic = {"prompt": [1, 2, 3, 4, 5, 1, 2, 3, 4, 5], "output": [1, 2, 3, 4, 5] * 12}
+    unique = {"prompt": [100, 101], "output": list(range(200, 260))}
+    path = tmp_path / "outs.json"
+    path.write_text(json.dumps([periodic]))
+    out = _run("bench/pipeline_replay.py", "--outputs", str(path), "--k", "4", "--branches", "0,1")
+    row = r"^\| 4 \| (\S+) \| (\d+) \| [\d.]+ \| \d+% \| (\S+) \|"
+    steps = {m: (int(s), t) for m, s, t in re.findall(row, out, re.M)}
+    assert set(steps) == {"sync", "plain", "pipe", "pipe+b1", "device"}, out
+    assert steps["plain"][0] == 60, out
+    assert steps["device"][0] == steps["sync"][0], out
+    assert steps["sync"][0] <= 13, out  # 5 tokens a step once drafting starts
+    assert steps["pipe"][0] == steps["sync"][0], out  # its hypotheses all come true
+    assert steps["pipe"][1] != "–" and steps["pipe"][1] == "100%", out
+    path.write_text(json.dumps([unique]))
+    out = _run("bench/pipeline_replay.py", "--outputs", str(path), "--k", "4", "--branches", "0")
+    counts = re.findall(r"^\| 4 \| (\S+) \| (\d+) \|", out, re.M)
+    assert dict(counts) == {"sync": "60", "plain": "60", "pipe": "60", "device": "60"}, out
