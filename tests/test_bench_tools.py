@@ -317,3 +317,14 @@ def test_pipeline_replay_counts_the_steps_of_drafting_one_step_behind(tmp_path):
     out = _run("bench/pipeline_replay.py", "--outputs", str(path), "--k", "4", "--branches", "0")
     counts = re.findall(r"^\| 4 \| (\S+) \| (\d+) \|", out, re.M)
     assert dict(counts) == {"sync": "60", "plain": "60", "pipe": "60", "device": "60"}, out
+
+
+def test_device_ngram_proposes_what_the_index_does_and_times_itself():
+    """`bench/device_ngram.py --check` compares the batched tensor lookup with `NGramIndex` on
+    random sequences and recorded outputs (exit 1 on any mismatch); `--rows` times it."""
+    out = _run(
+        "bench/device_ngram.py", "--check", "80", "--outputs",
+        "bench/results/round38/serving80.json.gz", "--rows", "1,4", "--ctx", "64", "--iters", "2",
+    )  # fmt: skip
+    assert re.search(r"^\d+ sequences x 3 budgets: 0 mismatches$", out, re.M), out
+    assert len(re.findall(r"^\| [14] \| 64 \| [\d.]+ \|$", out, re.M)) == 2, out
