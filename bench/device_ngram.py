@@ -82,11 +82,100 @@ def propose_batch(
     return drafts, found
 
 
-def check(cases: int, seed: int, outputs: str | None = None, device: str = "cpu") -> int:
+try:  # the one-launch kernel needs Triton (a GPU, or TRITON_INTERPRET=1 to run it on the CPU)
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - CPU machines without Triton time the tensor ops only
+    triton = None
+
+if triton is not None:
+    from specwire.common.model.triton_base import _index
+
+    @triton.jit
+    def _propose_kernel(
+        tok_ptr, len_ptr, out_ptr, found_ptr, stride,
+        BUDGET: tl.constexpr, BUDGET_P2: tl.constexpr,
+        MAX_NGRAM: tl.constexpr, VOTE: tl.constexpr, BLOCK: tl.constexpr,
+    ):  # fmt: skip
+        """One program a row: what `propose_batch` computes, reading only the row's tokens.
+        Pass 1 finds the longest match n; pass 2 walks back from the end for the latest VOTE
+        positions whose match is n; then the vote and the copy."""
+        row = tl.program_id(0)
+        base = tok_ptr + row * stride
+        length = tl.load(len_ptr + row).to(tl.int32)
+        longest = tl.minimum(length - 1, MAX_NGRAM)
+        offs = tl.arange(0, BLOCK)
+        best = 0
+        for start in range(0, _index(length), BLOCK):
+            e = start + offs
+            run = (e >= 1) & (e <= length - 1)
+            m = tl.zeros([BLOCK], dtype=tl.int32)
+            for t in tl.static_range(MAX_NGRAM):
+                last = tl.load(base + tl.maximum(length - 1 - t, 0))
+                src = e - 1 - t
+                ok = run & (src >= 0) & (t < longest)
+                run = ok & (tl.load(base + src, mask=ok, other=-1) == last)
+                m += run.to(tl.int32)
+            best = tl.maximum(best, tl.max(m, axis=0))
+        slots = tl.arange(0, VOTE)
+        tops = tl.full([VOTE], -1, dtype=tl.int32)
+        count = 0
+        start = ((length - 1) // BLOCK) * BLOCK
+        while (start >= 0) & (count < VOTE) & (best > 0):
+            e = start + offs
+            run = (e >= 1) & (e <= length - 1)
+            m = tl.zeros([BLOCK], dtype=tl.int32)
+            for t in tl.static_range(MAX_NGRAM):
+                last = tl.load(base + tl.maximum(length - 1 - t, 0))
+                src = e - 1 - t
+                ok = run & (src >= 0) & (t < longest)
+                run = ok & (tl.load(base + src, mask=ok, other=-1) == last)
+                m += run.to(tl.int32)
+            cand = tl.where(m == best, e, -1)
+            for _ in tl.static_range(VOTE):  # this block's latest candidates, latest first
+                top = tl.max(cand, axis=0)
+                take = (top >= 0) & (count < VOTE)
+                tops = tl.where((slots == count) & take, top, tops)
+                count += take.to(tl.int32)
+                cand = tl.where(cand == top, -1, cand)
+            start -= BLOCK
+        seen = tops >= 0
+        nexts = tl.load(base + tl.maximum(tops, 0), mask=seen, other=-1)
+        same = (nexts[:, None] == nexts[None, :]) & seen[None, :]
+        votes = tl.sum(same.to(tl.int32), axis=1)
+        score = tl.where(seen, votes * VOTE - slots, -1)
+        pick = tl.argmax(score, axis=0)
+        first = tl.sum(tl.where(slots == pick, tops, 0), axis=0)
+        first = tl.maximum(first, 0)
+        period = tl.maximum(length - first, 1)
+        steps = tl.arange(0, BUDGET_P2)
+        drafts = tl.load(base + first + steps % period, mask=steps < BUDGET)
+        tl.store(out_ptr + row * BUDGET + steps, drafts, mask=steps < BUDGET)
+        tl.store(found_ptr + row, best > 0)
+
+
+def propose_kernel(
+    tokens: torch.Tensor, lengths: torch.Tensor, budget: int, block: int = 1024
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`propose_batch` in one Triton launch."""
+    rows = tokens.shape[0]
+    drafts = torch.empty(rows, budget, dtype=tokens.dtype, device=tokens.device)
+    found = torch.empty(rows, dtype=torch.bool, device=tokens.device)
+    _propose_kernel[(rows,)](
+        tokens, lengths, drafts, found, tokens.stride(0),
+        BUDGET=budget, BUDGET_P2=triton.next_power_of_2(budget),
+        MAX_NGRAM=DEFAULT_MAX_NGRAM, VOTE=VOTE, BLOCK=block,
+    )  # fmt: skip
+    return drafts, found
+
+
+def check(cases: int, seed: int, outputs: str | None = None, device: str = "cpu", fn=None) -> int:
     """Compare with `NGramIndex.propose` on random sequences over small vocabularies (many
     repeats, overlapping occurrences, ties in the vote), every prefix of one, and with
     `outputs` (saved by `branch_replay.py --save-outputs`) every 7th prefix of each recorded
-    prompt + output; returns the number of mismatches."""
+    prompt + output; returns the number of mismatches. `fn`: the implementation checked
+    (default `propose_batch`)."""
+    fn = fn or propose_batch
     rng = random.Random(seed)
     seqs = []
     for r in load_outputs(outputs) if outputs else []:
@@ -105,7 +194,7 @@ def check(cases: int, seed: int, outputs: str | None = None, device: str = "cpu"
     lengths = torch.tensor([len(s) for s in seqs])
     bad = 0
     for budget in (1, 4, 9):
-        drafts, found = propose_batch(tokens.to(device), lengths.to(device), budget)
+        drafts, found = fn(tokens.to(device), lengths.to(device), budget)
         drafts, found = drafts.cpu(), found.cpu()
         for i, s in enumerate(seqs):
             idx = NGramIndex()
@@ -164,14 +253,29 @@ def main() -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--no-graph", action="store_true", help="on CUDA, time eager calls")
     ap.add_argument("--iters", type=int, default=50)
-    ap.add_argument("--compile", action="store_true", help="time it through torch.compile")
+    ap.add_argument(
+        "--impl",
+        choices=("tensor", "compiled", "kernel"),
+        default="tensor",
+        help="tensor ops (propose_batch), them through torch.compile, or the Triton kernel",
+    )
     args = ap.parse_args()
-    if args.check and check(args.check, args.seed, args.outputs, args.device):
+    if args.impl == "kernel" and triton is None:
+        print(
+            "--impl kernel needs Triton (a CUDA build of torch, or triton and TRITON_INTERPRET=1)"
+        )
+        return 2
+    fn = {
+        "tensor": propose_batch,
+        "compiled": lambda: torch.compile(propose_batch, dynamic=False),
+        "kernel": propose_kernel,
+    }[args.impl]
+    fn = fn() if args.impl == "compiled" else fn
+    if args.check and check(args.check, args.seed, args.outputs, args.device, fn):
         return 1
     if args.rows:
         graph = args.device == "cuda" and not args.no_graph
-        mode = ("compiled, " if args.compile else "") + ("graph" if graph else "eager")
-        fn = torch.compile(propose_batch, dynamic=False) if args.compile else None
+        mode = f"{args.impl}, " + ("graph" if graph else "eager")
         print(f"\n| rows | ctx | µs per call ({args.device}, {mode}, budget {args.budget}) |")
         print("|---|---|---|")
         for rows in map(int, args.rows.split(",")):
