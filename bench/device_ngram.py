@@ -92,30 +92,42 @@ if triton is not None:
     from specwire.common.model.triton_base import _index
 
     @triton.jit
+    def _tok(cache_ptr, table_ptr, pos, mask, BS: tl.constexpr):
+        """Token `pos` of a row through its block table (`paged.slot_of`'s layout)."""
+        block = tl.load(table_ptr + pos // BS, mask=mask, other=0)
+        return tl.load(cache_ptr + block * BS + pos % BS, mask=mask, other=-1)
+
+    @triton.jit
+    def _match(cache_ptr, table_ptr, e, length, longest, MAX_NGRAM: tl.constexpr, BS: tl.constexpr):
+        """Per position e: how many of the row's last tokens end right before it (0 where e
+        is not an occurrence's follower), up to `longest`."""
+        run = (e >= 1) & (e <= length - 1)
+        m = tl.zeros(e.shape, dtype=tl.int32)
+        for t in tl.static_range(MAX_NGRAM):
+            last = _tok(cache_ptr, table_ptr, tl.maximum(length - 1 - t, 0), True, BS)
+            src = e - 1 - t
+            ok = run & (src >= 0) & (t < longest)
+            run = ok & (_tok(cache_ptr, table_ptr, src, ok, BS) == last)
+            m += run.to(tl.int32)
+        return m
+
+    @triton.jit
     def _propose_kernel(
-        tok_ptr, len_ptr, out_ptr, found_ptr, stride,
-        BUDGET: tl.constexpr, BUDGET_P2: tl.constexpr,
+        cache_ptr, table_ptr, len_ptr, out_ptr, found_ptr, table_stride,
+        BS: tl.constexpr, BUDGET: tl.constexpr, BUDGET_P2: tl.constexpr,
         MAX_NGRAM: tl.constexpr, VOTE: tl.constexpr, BLOCK: tl.constexpr,
     ):  # fmt: skip
-        """One program a row: what `propose_batch` computes, reading only the row's tokens.
-        Pass 1 finds the longest match n; pass 2 walks back from the end for the latest VOTE
-        positions whose match is n; then the vote and the copy."""
+        """One program a row: what `propose_batch` computes, reading only the row's tokens,
+        through its block table. Pass 1 finds the longest match n; pass 2 walks back from the
+        end for the latest VOTE positions whose match is n; then the vote and the copy."""
         row = tl.program_id(0)
-        base = tok_ptr + row * stride
+        table = table_ptr + row * table_stride
         length = tl.load(len_ptr + row).to(tl.int32)
         longest = tl.minimum(length - 1, MAX_NGRAM)
         offs = tl.arange(0, BLOCK)
         best = 0
         for start in range(0, _index(length), BLOCK):
-            e = start + offs
-            run = (e >= 1) & (e <= length - 1)
-            m = tl.zeros([BLOCK], dtype=tl.int32)
-            for t in tl.static_range(MAX_NGRAM):
-                last = tl.load(base + tl.maximum(length - 1 - t, 0))
-                src = e - 1 - t
-                ok = run & (src >= 0) & (t < longest)
-                run = ok & (tl.load(base + src, mask=ok, other=-1) == last)
-                m += run.to(tl.int32)
+            m = _match(cache_ptr, table, start + offs, length, longest, MAX_NGRAM, BS)
             best = tl.maximum(best, tl.max(m, axis=0))
         slots = tl.arange(0, VOTE)
         tops = tl.full([VOTE], -1, dtype=tl.int32)
@@ -123,14 +135,7 @@ if triton is not None:
         start = ((length - 1) // BLOCK) * BLOCK
         while (start >= 0) & (count < VOTE) & (best > 0):
             e = start + offs
-            run = (e >= 1) & (e <= length - 1)
-            m = tl.zeros([BLOCK], dtype=tl.int32)
-            for t in tl.static_range(MAX_NGRAM):
-                last = tl.load(base + tl.maximum(length - 1 - t, 0))
-                src = e - 1 - t
-                ok = run & (src >= 0) & (t < longest)
-                run = ok & (tl.load(base + src, mask=ok, other=-1) == last)
-                m += run.to(tl.int32)
+            m = _match(cache_ptr, table, e, length, longest, MAX_NGRAM, BS)
             cand = tl.where(m == best, e, -1)
             for _ in tl.static_range(VOTE):  # this block's latest candidates, latest first
                 top = tl.max(cand, axis=0)
@@ -140,30 +145,51 @@ if triton is not None:
                 cand = tl.where(cand == top, -1, cand)
             start -= BLOCK
         seen = tops >= 0
-        nexts = tl.load(base + tl.maximum(tops, 0), mask=seen, other=-1)
+        nexts = _tok(cache_ptr, table, tl.maximum(tops, 0), seen, BS)
         same = (nexts[:, None] == nexts[None, :]) & seen[None, :]
         votes = tl.sum(same.to(tl.int32), axis=1)
         score = tl.where(seen, votes * VOTE - slots, -1)
         pick = tl.argmax(score, axis=0)
-        first = tl.sum(tl.where(slots == pick, tops, 0), axis=0)
-        first = tl.maximum(first, 0)
+        first = tl.maximum(tl.sum(tl.where(slots == pick, tops, 0), axis=0), 0)
         period = tl.maximum(length - first, 1)
         steps = tl.arange(0, BUDGET_P2)
-        drafts = tl.load(base + first + steps % period, mask=steps < BUDGET)
-        tl.store(out_ptr + row * BUDGET + steps, drafts, mask=steps < BUDGET)
+        want = steps < BUDGET
+        drafts = _tok(cache_ptr, table, first + steps % period, want, BS)
+        tl.store(out_ptr + row * BUDGET + steps, drafts, mask=want)
         tl.store(found_ptr + row, best > 0)
 
 
+def paged(tokens: torch.Tensor, block_size: int = 16, seed: int = 0):
+    """`tokens` [B, W] as the server lays a cache out: a flat cache of shuffled blocks and each
+    row's block table (`specwire.common.model.paged`), so a lookup must go through the table."""
+    rows, width = tokens.shape
+    per_row = -(-width // block_size)
+    padded = torch.zeros(rows, per_row * block_size, dtype=tokens.dtype, device=tokens.device)
+    padded[:, :width] = tokens
+    gen = torch.Generator().manual_seed(seed)
+    order = torch.randperm(rows * per_row, generator=gen).to(tokens.device)  # table -> block
+    cache = torch.empty(rows * per_row * block_size, dtype=tokens.dtype, device=tokens.device)
+    cache.view(-1, block_size)[order] = padded.view(-1, block_size)
+    return cache, order.view(rows, per_row).to(torch.int32)
+
+
 def propose_kernel(
-    tokens: torch.Tensor, lengths: torch.Tensor, budget: int, block: int = 1024
+    tokens: torch.Tensor, lengths: torch.Tensor, budget: int, block: int = 1024, bs: int = 16
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`propose_batch` in one Triton launch."""
-    rows = tokens.shape[0]
-    drafts = torch.empty(rows, budget, dtype=tokens.dtype, device=tokens.device)
-    found = torch.empty(rows, dtype=torch.bool, device=tokens.device)
+    """`propose_batch` in one Triton launch over the rows' tokens laid out in blocks (`paged`:
+    done here, outside the launch, as the server's cache already is)."""
+    cache, tables = paged(tokens, bs)
+    return propose_paged(cache, tables, lengths, budget, block, bs)
+
+
+def propose_paged(cache, tables, lengths, budget: int, block: int = 1024, bs: int = 16):
+    """The launch: drafts [B, budget] and found [B] from a paged token cache."""
+    rows = tables.shape[0]
+    drafts = torch.empty(rows, budget, dtype=cache.dtype, device=cache.device)
+    found = torch.empty(rows, dtype=torch.bool, device=cache.device)
     _propose_kernel[(rows,)](
-        tokens, lengths, drafts, found, tokens.stride(0),
-        BUDGET=budget, BUDGET_P2=triton.next_power_of_2(budget),
+        cache, tables, lengths, drafts, found, tables.stride(0),
+        BS=bs, BUDGET=budget, BUDGET_P2=triton.next_power_of_2(budget),
         MAX_NGRAM=DEFAULT_MAX_NGRAM, VOTE=VOTE, BLOCK=block,
     )  # fmt: skip
     return drafts, found
@@ -219,7 +245,11 @@ def timeit(
     tokens = torch.randint(0, 50_000, (rows, ctx), generator=gen).to(device)
     tokens[:, ctx // 2 : ctx // 2 + 16] = tokens[:, ctx - 16 :]  # one long match a row
     lengths = torch.full((rows,), ctx, dtype=torch.long, device=device)
-    call = lambda: fn(tokens, lengths, budget)  # noqa: E731
+    if fn is propose_kernel:  # the cache is laid out once, as the server's already is
+        cache, tables = paged(tokens)
+        call = lambda: propose_paged(cache, tables, lengths, budget)  # noqa: E731
+    else:
+        call = lambda: fn(tokens, lengths, budget)  # noqa: E731
     if device == "cuda" and graph:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())

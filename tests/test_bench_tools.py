@@ -328,3 +328,19 @@ def test_device_ngram_proposes_what_the_index_does_and_times_itself():
     )  # fmt: skip
     assert re.search(r"^\d+ sequences x 3 budgets: 0 mismatches$", out, re.M), out
     assert len(re.findall(r"^\| [14] \| 64 \| [\d.]+ \|$", out, re.M)) == 2, out
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")
+def test_device_ngram_kernel_proposes_what_the_index_does_through_block_tables():
+    """The one-launch kernel, reading each row through a shuffled block table, proposes what
+    `NGramIndex` does (on a GPU, else in Triton's interpreter)."""
+    env = {} if _cuda() else {"TRITON_INTERPRET": "1"}
+    args = ["--device", "cuda"] if _cuda() else []
+    out = _run("bench/device_ngram.py", "--impl", "kernel", "--check", "40", *args, env=env)
+    assert re.search(r"^\d+ sequences x 3 budgets: 0 mismatches$", out, re.M), out
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
