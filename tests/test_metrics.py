@@ -305,3 +305,39 @@ def test_batched_step_metrics_are_exported_by_the_next_scrape() -> None:
     for _ in range(m.batched.FLUSH_EVERY):
         m.on_generated(1)
     assert value("specwire_generated_tokens_total") == 5 + m.batched.FLUSH_EVERY
+
+
+def test_acceptance_by_position_counts_every_row_at_each_of_its_positions():
+    """`specwire_{draft,accepted}_tokens_by_position_total` from steps of rows of mixed draft
+    lengths (0 included, and a row longer than any before it), against a row-by-row count."""
+    import random
+
+    from prometheus_client import generate_latest
+
+    from specwire.target_service.metrics import TargetMetrics
+
+    metrics = TargetMetrics("m")
+    rng = random.Random(3)
+    want_d, want_a = [0] * 12, [0] * 12
+    for step in range(40):
+        rows = []
+        for _ in range(rng.randrange(1, 9)):
+            d = rng.randrange(0, 6 if step < 20 else 12)
+            a = rng.randrange(0, d + 1)
+            rows.append((d, a))
+            for i in range(d):
+                want_d[i] += 1
+            for i in range(a):
+                want_a[i] += 1
+        metrics.on_verified(rows)
+    text = generate_latest(metrics.registry).decode()
+    got = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name.endswith("_by_position_total"):
+                got.setdefault(s.name, {})[int(s.labels["position"])] = s.value
+    drafted = got["specwire_draft_tokens_by_position_total"]
+    accepted = got["specwire_accepted_tokens_by_position_total"]
+    assert [drafted.get(i, 0) for i in range(12)] == want_d
+    assert [accepted.get(i, 0) for i in range(12)] == want_a
+    assert want_d[10] > 0  # the longer rows of the second half were counted

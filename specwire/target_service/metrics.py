@@ -429,16 +429,23 @@ class _ScrapeTimeCollector(Collector):
             self._accepted += [0] * extra
 
     def record(self, rows: Sequence[tuple[int, int]]) -> None:
-        """Per row (drafted, accepted)."""
+        """Per row (drafted, accepted; accepted <= drafted). Rows are counted by length, then
+        summed position by position (a row of d drafts counts at positions 0..d-1): one pass
+        over the rows and one over the positions. A loop over each row's positions cost
+        15-21 µs against 5 a step at 32 rows of up to 8 drafts (dev VM, round 49)."""
         longest = max((d for d, _ in rows), default=0)
         if longest > len(self._drafted):
             self.grow(longest)
+        ends_d, ends_a = [0] * (longest + 1), [0] * (longest + 1)
+        for drafted, accepted in rows:
+            ends_d[drafted] += 1
+            ends_a[accepted] += 1
         with self._lock:
-            for drafted, accepted in rows:
-                for i in range(drafted):
-                    self._drafted[i] += 1
-                for i in range(accepted):
-                    self._accepted[i] += 1
+            for counts, ends in ((self._drafted, ends_d), (self._accepted, ends_a)):
+                running = 0  # rows longer than position i - 1
+                for i in range(longest, 0, -1):
+                    running += ends[i]
+                    counts[i - 1] += running
 
     def collect(self):
         with self._lock:
