@@ -109,7 +109,7 @@ def run_pipe(truth: list[int], start: int, k: int, branches: int) -> tuple[int, 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--outputs", default=str(ROOT / "bench/results/round38/serving80.json.gz"))
+    ap.add_argument("--outputs", default="bench/results/round38/serving80.json.gz")
     ap.add_argument("--k", default="4,8", help="draft lengths (comma-separated)")
     ap.add_argument("--branches", default="0,1,2", help="alternatives a position for pipe+bN")
     ap.add_argument(
@@ -120,7 +120,8 @@ def main() -> int:
         "in-process at 8 streams on the H200)",
     )
     args = ap.parse_args()
-    records = load_outputs(args.outputs)
+    path = Path(args.outputs)
+    records = load_outputs(str(path if path.exists() else ROOT / path))
     tokens = sum(len(r["output"]) for r in records)
     print(f"{len(records)} requests, {tokens} output tokens ({args.outputs})\n")
     print(
