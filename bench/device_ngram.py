@@ -25,6 +25,7 @@ calls it.
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 import sys
 import time
@@ -243,11 +244,12 @@ def timeit(
     fn = fn or propose_batch
     gen = torch.Generator().manual_seed(rows * 7919 + ctx)
     tokens = torch.randint(0, 50_000, (rows, ctx), generator=gen).to(device)
-    tokens[:, ctx // 2 : ctx // 2 + 16] = tokens[:, ctx - 16 :]  # one long match a row
+    tokens[:, ctx // 2 : ctx // 2 + 16] = tokens[:, ctx - 16 :].clone()  # one long match a row
     lengths = torch.full((rows,), ctx, dtype=torch.long, device=device)
-    if fn is propose_kernel:  # the cache is laid out once, as the server's already is
+    if getattr(fn, "func", fn) is propose_kernel:  # the cache is laid out once, as a server's is
         cache, tables = paged(tokens)
-        call = lambda: propose_paged(cache, tables, lengths, budget)  # noqa: E731
+        block = getattr(fn, "keywords", {}).get("block", 1024)
+        call = lambda: propose_paged(cache, tables, lengths, budget, block)  # noqa: E731
     else:
         call = lambda: fn(tokens, lengths, budget)  # noqa: E731
     if device == "cuda" and graph:
@@ -277,6 +279,7 @@ def main() -> int:
     ap.add_argument("--check", type=int, default=0, help="random sequences to compare (0: none)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--outputs", help="also check every 7th prefix of these saved outputs")
+    ap.add_argument("--block", type=int, default=1024, help="the kernel's positions a block")
     ap.add_argument("--rows", default="", help="batch sizes to time (comma-separated)")
     ap.add_argument("--ctx", default="512,2048", help="sequence lengths to time")
     ap.add_argument("--budget", type=int, default=8)
@@ -300,6 +303,8 @@ def main() -> int:
         "compiled": lambda: torch.compile(propose_batch, dynamic=False),
         "kernel": propose_kernel,
     }[args.impl]
+    if args.impl == "kernel" and args.block != 1024:
+        fn = functools.partial(propose_kernel, block=args.block)
     fn = fn() if args.impl == "compiled" else fn
     if args.check and check(args.check, args.seed, args.outputs, args.device, fn):
         return 1
