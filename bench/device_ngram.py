@@ -1,22 +1,22 @@
-"""The n-gram drafter's lookup on tensors, for a whole batch at once: what drafting on the device
-would cost, and a check that it proposes exactly what the host's index does.
+"""The n-gram drafter's lookup on the device: what it costs, and a check that it proposes exactly
+what the host's index does.
 
-Drafting on the device (bench/RESULTS.md, round 49) would let a step's drafts come from the
-previous step's verified tokens without the host in between: the executor could launch step n+1
-before reading step n and keep all of speculation's tokens a step (`bench/pipeline_replay.py`,
-mode `device`). Its lookup must propose what `NGramIndex.propose` does (prefer="latest"), so
-that nothing about the drafts changes but where they are computed:
+`--draft-on-device` (runner/device_drafts.py) runs the lookup inside the step, so the host's
+lookups leave its critical path; it is also what would let a step's drafts come from the previous
+step's verified tokens without the host in between (bench/RESULTS.md, round 49;
+`bench/pipeline_replay.py`, mode `device`). The lookup must propose what `NGramIndex.propose`
+does (prefer="latest"), so that nothing about the drafts changes but where they are computed:
 
 - the longest suffix of the sequence (up to `max_ngram` tokens, and fewer than the sequence)
   that occurred earlier with a token after it;
 - of its latest `vote` occurrences, the first whose next token most of them share;
 - what followed that occurrence, continued periodically (copy with overlap) to the budget.
 
-`propose_batch` does it with a fixed number of tensor operations whatever the sequences (no
-data-dependent shapes or host syncs: it can sit in a CUDA graph): per candidate position, the
-length of the match ending before it, `max_ngram` comparisons of the sequence with itself
-shifted. This module is an experiment, not part of the server yet: nothing in `specwire/`
-calls it.
+Two implementations: `--impl kernel`, the server's one Triton launch
+(`specwire/common/model/triton_ngram.py`) over a paged token cache, and `propose_batch` here,
+a fixed number of tensor operations for a whole batch (no data-dependent shapes or host syncs:
+it could sit in a CUDA graph too), kept as a reference and to compare costs (`--impl tensor`,
+or `compiled` through torch.compile).
 
     python bench/device_ngram.py --check 300 --outputs bench/results/round38/serving80.json.gz
     python bench/device_ngram.py --rows 1,8,32,64 --ctx 512,2048  # time it (CPU or --device cuda)
@@ -85,79 +85,10 @@ def propose_batch(
 
 try:  # the one-launch kernel needs Triton (a GPU, or TRITON_INTERPRET=1 to run it on the CPU)
     import triton
-    import triton.language as tl
+
+    from specwire.common.model.triton_ngram import ngram_drafts
 except ImportError:  # pragma: no cover - CPU machines without Triton time the tensor ops only
     triton = None
-
-if triton is not None:
-    from specwire.common.model.triton_base import _index
-
-    @triton.jit
-    def _tok(cache_ptr, table_ptr, pos, mask, BS: tl.constexpr):
-        """Token `pos` of a row through its block table (`paged.slot_of`'s layout)."""
-        block = tl.load(table_ptr + pos // BS, mask=mask, other=0)
-        return tl.load(cache_ptr + block * BS + pos % BS, mask=mask, other=-1)
-
-    @triton.jit
-    def _match(cache_ptr, table_ptr, e, length, longest, MAX_NGRAM: tl.constexpr, BS: tl.constexpr):
-        """Per position e: how many of the row's last tokens end right before it (0 where e
-        is not an occurrence's follower), up to `longest`."""
-        run = (e >= 1) & (e <= length - 1)
-        m = tl.zeros(e.shape, dtype=tl.int32)
-        for t in tl.static_range(MAX_NGRAM):
-            last = _tok(cache_ptr, table_ptr, tl.maximum(length - 1 - t, 0), True, BS)
-            src = e - 1 - t
-            ok = run & (src >= 0) & (t < longest)
-            run = ok & (_tok(cache_ptr, table_ptr, src, ok, BS) == last)
-            m += run.to(tl.int32)
-        return m
-
-    @triton.jit
-    def _propose_kernel(
-        cache_ptr, table_ptr, len_ptr, out_ptr, found_ptr, table_stride,
-        BS: tl.constexpr, BUDGET: tl.constexpr, BUDGET_P2: tl.constexpr,
-        MAX_NGRAM: tl.constexpr, VOTE: tl.constexpr, BLOCK: tl.constexpr,
-    ):  # fmt: skip
-        """One program a row: what `propose_batch` computes, reading only the row's tokens,
-        through its block table. Pass 1 finds the longest match n; pass 2 walks back from the
-        end for the latest VOTE positions whose match is n; then the vote and the copy."""
-        row = tl.program_id(0)
-        table = table_ptr + row * table_stride
-        length = tl.load(len_ptr + row).to(tl.int32)
-        longest = tl.minimum(length - 1, MAX_NGRAM)
-        offs = tl.arange(0, BLOCK)
-        best = 0
-        for start in range(0, _index(length), BLOCK):
-            m = _match(cache_ptr, table, start + offs, length, longest, MAX_NGRAM, BS)
-            best = tl.maximum(best, tl.max(m, axis=0))
-        slots = tl.arange(0, VOTE)
-        tops = tl.full([VOTE], -1, dtype=tl.int32)
-        count = 0
-        start = ((length - 1) // BLOCK) * BLOCK
-        while (start >= 0) & (count < VOTE) & (best > 0):
-            e = start + offs
-            m = _match(cache_ptr, table, e, length, longest, MAX_NGRAM, BS)
-            cand = tl.where(m == best, e, -1)
-            for _ in tl.static_range(VOTE):  # this block's latest candidates, latest first
-                top = tl.max(cand, axis=0)
-                take = (top >= 0) & (count < VOTE)
-                tops = tl.where((slots == count) & take, top, tops)
-                count += take.to(tl.int32)
-                cand = tl.where(cand == top, -1, cand)
-            start -= BLOCK
-        seen = tops >= 0
-        nexts = _tok(cache_ptr, table, tl.maximum(tops, 0), seen, BS)
-        same = (nexts[:, None] == nexts[None, :]) & seen[None, :]
-        votes = tl.sum(same.to(tl.int32), axis=1)
-        score = tl.where(seen, votes * VOTE - slots, -1)
-        pick = tl.argmax(score, axis=0)
-        first = tl.maximum(tl.sum(tl.where(slots == pick, tops, 0), axis=0), 0)
-        period = tl.maximum(length - first, 1)
-        steps = tl.arange(0, BUDGET_P2)
-        want = steps < BUDGET
-        drafts = _tok(cache_ptr, table, first + steps % period, want, BS)
-        tl.store(out_ptr + row * BUDGET + steps, drafts, mask=want)
-        tl.store(found_ptr + row, best > 0)
 
 
 def paged(tokens: torch.Tensor, block_size: int = 16, seed: int = 0):
@@ -184,14 +115,18 @@ def propose_kernel(
 
 
 def propose_paged(cache, tables, lengths, budget: int, block: int = 1024, bs: int = 16):
-    """The launch: drafts [B, budget] and found [B] from a paged token cache."""
-    rows = tables.shape[0]
-    drafts = torch.empty(rows, budget, dtype=cache.dtype, device=cache.device)
-    found = torch.empty(rows, dtype=torch.bool, device=cache.device)
-    _propose_kernel[(rows,)](
-        cache, tables, lengths, drafts, found, tables.stride(0),
-        BS=bs, BUDGET=budget, BUDGET_P2=triton.next_power_of_2(budget),
-        MAX_NGRAM=DEFAULT_MAX_NGRAM, VOTE=VOTE, BLOCK=block,
+    """The server's launch (`triton_ngram.ngram_drafts`), every row drafting `budget` tokens
+    into a scratch id buffer (no slots: the cache is left as it is): drafts [B, budget], found."""
+    rows, dev = tables.shape[0], cache.device
+    drafts = torch.empty(rows, budget, dtype=cache.dtype, device=dev)
+    found = torch.empty(rows, dtype=torch.bool, device=dev)
+    caps = torch.full((rows,), budget, dtype=torch.long, device=dev)
+    offsets = torch.arange(rows, device=dev) * budget
+    ids = torch.empty(rows * budget, dtype=cache.dtype, device=dev)
+    slots = torch.full((rows * budget,), -1, dtype=torch.long, device=dev)
+    ngram_drafts(
+        cache, tables, lengths, caps, offsets, ids, slots, drafts, found,
+        block_size=bs, max_ngram=DEFAULT_MAX_NGRAM, vote=VOTE, block=block,
     )  # fmt: skip
     return drafts, found
 

@@ -35,6 +35,10 @@ ENGINE_FLAGS = {
         "ngram drafter: earlier occurrences of the match whose next token votes (1: the latest"
         " alone)"
     ),
+    "draft_on_device": Flag(
+        "ngram drafter, experimental: the lookup runs on the device inside the step (one"
+        " Triton launch on CUDA), off the host's critical path; same drafts as on the host"
+    ),
     "device": Flag("cpu | cuda[:N]"),
     "dtype": Flag(
         "float32 | bfloat16 | float16 (unset: float32 on CPU, bfloat16 on GPU)", default=None

@@ -46,6 +46,7 @@ class TargetConfig:
     max_draft_len: int = -1
     max_ngram: int = DEFAULT_MAX_NGRAM
     ngram_vote: int = VOTE  # n-gram: occurrences whose next token votes (1: the latest alone)
+    draft_on_device: bool = False  # n-gram: the lookup runs on the device, inside the step
     device: str = "cpu"
     dtype: str = "float32"
     cuda_graphs: bool = True
@@ -117,6 +118,11 @@ class TargetConfig:
         for flag, value in (("--max-ngram", self.max_ngram), ("--ngram-vote", self.ngram_vote)):
             if value < 1:
                 raise UserError(f"{flag} must be >= 1, got {value}")
+        if self.draft_on_device and self.drafter != "ngram":
+            raise UserError(
+                f"--draft-on-device drafts with the n-gram lookup; it needs --drafter ngram, "
+                f"got --drafter {self.drafter}"
+            )
         if self.dtype not in DTYPES:
             raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if not (self.device == "cpu" or self.device.startswith("cuda")):

@@ -49,6 +49,8 @@ class DraftIntake:
         # A drafter that takes replies while the device runs (`Drafter.device_running`
         # overridden: the remote one); else the device waits skip the hook altogether.
         self._device_running = _overridden(drafter, "device_running")
+        # A drafter whose drafts the runner makes on the device (`--draft-on-device`).
+        self._on_device = bool(getattr(drafter, "on_device", False))
 
     @property
     def hears_steps(self) -> bool:
@@ -102,6 +104,9 @@ class DraftIntake:
                     req.draft_tokens, req.draft_probs = [], None
         for row in rows:
             self._check_into(row)
+        if asked and self._on_device:
+            for row in rows:
+                row.on_device = bool(row.drafts)  # placeholders, filled on the device
         # The SDPA backend needs uniform rows: pad to max_draft_len when anyone drafted, else
         # verify 1 token/row. A varlen backend takes each row as it is; the runner pads the
         # step's token count to a captured graph instead.

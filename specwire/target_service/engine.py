@@ -23,6 +23,7 @@ from specwire.common.tokenizer import Tokenizer
 from specwire.target_service.config import TargetConfig
 from specwire.target_service.draft_policy import DraftLengthPolicy
 from specwire.target_service.drafters.base import Drafter
+from specwire.target_service.drafters.device_ngram import DeviceNGramDrafter
 from specwire.target_service.drafters.plugin import load_plugin_drafter
 from specwire.target_service.drafters.session import SessionDrafterAdapter
 from specwire.target_service.executor import Executor
@@ -32,6 +33,7 @@ from specwire.target_service.params import MAX_N, GenerationParams
 from specwire.target_service.request import Request, SamplingConfig
 from specwire.target_service.resources.base import ResourceRegistry
 from specwire.target_service.resources.kv_cache import KVCacheManager
+from specwire.target_service.runner.device_drafts import DeviceDrafts
 from specwire.target_service.runner.model_runner import ModelRunner, RunnerConfig
 from specwire.target_service.scheduler import Scheduler, SchedulerConfig
 from specwire.target_service.verifier import Verifier
@@ -48,6 +50,8 @@ def make_drafter(cfg: TargetConfig, loaded: LoadedModel) -> Drafter | None:
     spec = cfg.drafter
     if spec == "none" or cfg.max_draft_len == 0:
         return None
+    if spec == "ngram" and cfg.draft_on_device:
+        return DeviceNGramDrafter(cfg.max_draft_len)
     if spec == "ngram":
         drafter = NGramDrafter(cfg.max_ngram, vote=cfg.ngram_vote)
         return SessionDrafterAdapter(drafter, cfg.max_draft_len)
@@ -330,6 +334,17 @@ def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine
             cuda_graphs=cfg.cuda_graphs,
             max_num_tokens=cfg.max_num_tokens,
         ),
+        device_drafts=DeviceDrafts(
+            num_blocks * cfg.block_size,
+            cfg.block_size,
+            cfg.max_batch_size,
+            k,
+            cfg.max_ngram,
+            cfg.ngram_vote,
+            kv_caches.device,
+        )
+        if isinstance(drafter, DeviceNGramDrafter)
+        else None,
     )
     runner.warmup(progress=cfg.progress)
     # 5. executor

@@ -405,6 +405,7 @@ class Executor(OverlappedSteps, TwoBatchSteps):
         self._gpu_wait += time.perf_counter() - t0
         self._admit_arrivals()  # those that came while it ran: asked before the commit
         self._observe_gpu(logits)
+        logits.device_drafts(batch.rows)  # drafted on the device: the real drafts
         return self.verifier.verify(decode, logits)
 
     def _launched(self) -> None:

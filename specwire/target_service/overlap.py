@@ -288,6 +288,7 @@ class TwoBatchSteps:
             self.drafts.device_running(self.runner, done.logits, done.step_no)
             self.runner.wait(done.logits)
             self._observe_gpu(done.logits)
+            done.logits.device_drafts(done.rows)
             verified = self.verifier.verify(decode, done.logits)
         except Exception:
             log.warning("two-batch step %d failed; retrying its rows", done.step_no)

@@ -48,6 +48,9 @@ class Row:
     drafts: list[int] = field(default_factory=list)
     draft_probs: list[tuple[list[int], list[float]]] | None = None
     pad: int = 0
+    # `--draft-on-device`: `drafts` are placeholders the runner fills on the device; the real
+    # ones replace them once the step is read (`StepLogits.device_drafts`).
+    on_device: bool = False
 
 
 @dataclass

@@ -86,8 +86,10 @@ class TokenGraphs:
         max_logit_rows: int,
         vocab_size: int,
         device: torch.device,
+        device_drafts=None,  # runner.device_drafts.DeviceDrafts: draft inside the graph
     ) -> None:
         self.forward = forward
+        self.dd = device_drafts
         self.max_rows = max_rows
         self.max_logit_rows = max_logit_rows
         self.buckets = token_buckets(max_tokens)
@@ -103,6 +105,10 @@ class TokenGraphs:
                 "logit_rows": (max_logit_rows,),
                 "feed_dst": (max_rows,),
                 "feed_src": (max_rows,),
+                # drafting on the device, per row: committed length, drafts wanted, where
+                "dd_len": (max_rows,),
+                "dd_cap": (max_rows,),
+                "dd_off": (max_rows,),
             },
             torch.long,
             d,
@@ -119,6 +125,19 @@ class TokenGraphs:
         self.pos, self.h_pos = self.longs.field("pos")
         self.slots, self.h_slots = self.longs.field("slots")
         self.logit_rows, self.h_logit_rows = self.longs.field("logit_rows")
+        self.dd_len, self.h_dd_len = self.longs.field("dd_len")
+        self.dd_cap, self.h_dd_cap = self.longs.field("dd_cap")
+        self.dd_off, self.h_dd_off = self.longs.field("dd_off")
+        if device_drafts is not None:  # the drafts and which rows have any, for the host
+            kmax = device_drafts.kmax
+            self.dd_drafts = torch.zeros(max_rows, kmax, dtype=torch.long, device=d)
+            self.dd_found = torch.zeros(max_rows, dtype=torch.bool, device=d)
+            self.h_dd_drafts = [
+                torch.zeros(max_rows, kmax, dtype=torch.long, pin_memory=True) for _ in range(2)
+            ]
+            self.h_dd_found = [
+                torch.zeros(max_rows, dtype=torch.bool, pin_memory=True) for _ in range(2)
+            ]
         self.cu, self.h_cu = self.ints.field("cu")
         self.seq_lens, self.h_seq_lens = self.ints.field("seq_lens")
         self.tables, self.h_tables = self.ints.field("tables")
@@ -190,6 +209,15 @@ class TokenGraphs:
         # Tokens the previous step computed and this one feeds: gathered from its argmax
         # (still in `self.argmax`) before this step overwrites it; unused entries hit scratch.
         self.ids_ext.index_copy_(0, self.feed_dst, self.argmax.index_select(0, self.feed_src))
+        if self.dd is not None:  # the fed ids into the token cache, then the drafts
+            self.dd.store(self.ids[:bucket], self.slots[:bucket])
+            self.dd.draft(
+                self.ids[:bucket], self.slots[:bucket], self.tables[:rows], self.dd_len[:rows],
+                self.dd_cap[:rows], self.dd_off[:rows], self.dd_drafts[:rows],
+                self.dd_found[:rows],
+            )  # fmt: skip
+            self.h_dd_drafts[twin][:rows].copy_(self.dd_drafts[:rows], non_blocking=True)
+            self.h_dd_found[twin][:rows].copy_(self.dd_found[:rows], non_blocking=True)
         out = self.forward(self.ids[:bucket], self.pos[:bucket], meta, self.logit_rows[:n_logits])
         if self.triton_argmax:
             self._copy_argmax(out, self.logits[:n_logits], self.argmax[:n_logits])
@@ -245,13 +273,12 @@ class TokenGraphs:
             self.ints.host[twin].zero_()
         torch.cuda.synchronize()
 
-    def replay(
-        self, bucket: int, step: VarlenStep
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.cuda.Event, torch.cuda.Event | None]:
+    def replay(self, bucket: int, step: VarlenStep):
         """Stage the step's inputs (padded to `bucket`) in the next host twin and replay that
         twin's graph (which uploads them and copies the argmax back). Returns (logits [L, V],
         greedy tokens [L] in pinned host memory, the event after which those tokens are
         valid, the event recorded just before the replay — one replay in TIMING_EVERY, else
+        None —, and with drafting on the device (drafts, found) per row in pinned memory, else
         None); the first len(step.logit_rows) rows are the step's. Nothing here waits."""
         w = self.twin
         self.twin ^= 1
@@ -279,6 +306,15 @@ class TokenGraphs:
         h_seq_lens[b:] = 0
         for i, table in enumerate(step.tables):
             h_tables[i, : len(table)] = table
+        drafted = None
+        if self.dd is not None:
+            lengths, caps, offsets = step.drafting or ([], [], [])
+            self.h_dd_len[w][:b] = lengths
+            self.h_dd_cap[w][:b] = caps
+            self.h_dd_off[w][:b] = offsets
+            self.h_dd_cap[w][b:] = 0
+            if any(caps):
+                drafted = (self.h_dd_drafts[w][:b], self.h_dd_found[w][:b])
         timed = self.replays % TIMING_EVERY == 0
         self.replays += 1
         if timed:
@@ -286,4 +322,5 @@ class TokenGraphs:
         self.twins[w][bucket].replay()
         n = self._logit_rows_for(bucket)
         self.done[w].record()
-        return self.logits[:n], self.h_argmax[w][:n], self.done[w], self.began[w] if timed else None
+        began = self.began[w] if timed else None
+        return self.logits[:n], self.h_argmax[w][:n], self.done[w], began, drafted

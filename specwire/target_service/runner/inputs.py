@@ -49,6 +49,9 @@ class VarlenStep:
     # (flat token index, previous step's logit row) for tokens the step in flight computes:
     # their ids here are placeholders, gathered on the device from that step's argmax.
     feed: list[tuple[int, int]]
+    # Drafting on the device: per row (committed length, drafts to make, first draft's flat
+    # index); set by the runner when it drafts on the device (`ModelRunner._drafting`).
+    drafting: tuple[list[int], list[int], list[int]] | None = None
 
     @property
     def num_tokens(self) -> int:

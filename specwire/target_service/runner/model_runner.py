@@ -23,6 +23,7 @@ from tqdm import tqdm
 from specwire.common.model.attention import AttentionMetadata
 from specwire.common.model.llama import LlamaModel
 from specwire.common.model.paged import blocks_for
+from specwire.target_service.runner.device_drafts import DeviceDrafts
 from specwire.target_service.runner.graphs import TokenGraphs
 from specwire.target_service.runner.inputs import InputPreparer, PreparedInputs
 from specwire.target_service.scheduler import Row
@@ -62,6 +63,20 @@ class StepLogits:
     done: object | None = None  # CUDA event after which the step's results are valid
     # A sample of graph steps (graphs.TIMING_EVERY): a timed event recorded just before the replay
     began: object | None = None
+    # Drafting on the device (`device_drafts`): ([B, kmax] drafts, [B] found) in the step's row
+    # order, readable once `ModelRunner.wait` returned; None when no row drafted there.
+    drafted: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def device_drafts(self, rows: list[Row]) -> None:
+        """After `ModelRunner.wait`: each row that drafted on the device gets its real drafts
+        (none where the lookup found no match) in place of its placeholders."""
+        if self.drafted is None:
+            return
+        drafts, found = (t.tolist() for t in self.drafted)
+        for i, row in enumerate(rows):
+            if row.on_device:
+                row.drafts = drafts[i][: len(row.drafts)] if found[i] else []
+                row.on_device = False
 
     def gpu_seconds(self) -> float | None:
         """Sampled graph steps, after `ModelRunner.wait`: the device time of the step, from the
@@ -77,8 +92,15 @@ class StepLogits:
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, kv_caches: torch.Tensor, config: RunnerConfig):
+    def __init__(
+        self,
+        model: LlamaModel,
+        kv_caches: torch.Tensor,
+        config: RunnerConfig,
+        device_drafts: DeviceDrafts | None = None,
+    ):
         self.model = model
+        self.device_drafts = device_drafts
         self.kv_caches = kv_caches
         self.config = config
         self.device = kv_caches.device
@@ -99,6 +121,7 @@ class ModelRunner:
                 max_logit_rows=config.max_logit_rows,
                 vocab_size=model.cfg.vocab_size,
                 device=self.device,
+                device_drafts=device_drafts,
             )
 
     @property
@@ -180,20 +203,67 @@ class ModelRunner:
         `allow_graphs=False` forces the eager path (tests compare the two)."""
         if self.varlen:
             step = self.inputs.prepare_varlen(rows, tables)
+            if self.device_drafts is not None:
+                step.drafting = self._drafting(rows, step.cu_seqlens)
             key = self.graphs.select(step) if allow_graphs and self.graphs else None
             if key is not None:
-                logits, greedy, done, began = self.graphs.replay(key, step)
+                logits, greedy, done, began, drafted = self.graphs.replay(key, step)
                 self.last_argmax = self.graphs.argmax
-                return StepLogits(logits, step.spans, key, greedy, done=done, began=began)
+                return StepLogits(
+                    logits, step.spans, key, greedy, done=done, began=began, drafted=drafted
+                )
             ids, pos, meta, index = self.inputs.varlen_tensors(step)
             self._feed(ids, step.feed)
-            return self._eager_result(self._forward_logits(ids, pos, meta, index), step.spans)
+            drafted = self._draft_eager(ids, meta, step.drafting)
+            result = self._eager_result(self._forward_logits(ids, pos, meta, index), step.spans)
+            result.drafted = drafted
+            return result
         inputs = self.prepare(rows, tables)
         self._feed(inputs.input_ids, inputs.feed)
+        drafted = None
+        if self.device_drafts is not None:
+            starts = [0]
+            for row in rows:
+                fed = row.num_committed + (len(row.drafts) + row.pad if row.decode else 0)
+                starts.append(starts[-1] + fed)
+            drafted = self._draft_eager(inputs.input_ids, inputs.meta, self._drafting(rows, starts))
         logits = self._forward_logits(
             inputs.input_ids, inputs.positions, inputs.meta, inputs.logits_index
         )
-        return self._eager_result(logits, inputs.logit_spans)
+        result = self._eager_result(logits, inputs.logit_spans)
+        result.drafted = drafted
+        return result
+
+    @staticmethod
+    def _drafting(rows: list[Row], starts: list[int]) -> tuple[list[int], list[int], list[int]]:
+        """Per row (committed tokens in the cache once this step's are stored, drafts to make
+        on the device — 0 for a row that does not —, flat index of its first draft)."""
+        lengths, caps, offsets = [], [], []
+        for row, start in zip(rows, starts, strict=False):
+            lengths.append(row.request.num_computed + row.num_committed)
+            caps.append(len(row.drafts) if row.on_device else 0)
+            offsets.append(start + row.num_committed)
+        return lengths, caps, offsets
+
+    def _draft_eager(self, ids: torch.Tensor, meta: AttentionMetadata, drafting):
+        """Store the step's ids in the token cache and draft the rows that draft on the device
+        (eager steps); (drafts, found) or None."""
+        dd = self.device_drafts
+        if dd is None:
+            return None
+        dd.store(ids, meta.slot_mapping)
+        lengths, caps, offsets = drafting
+        if not any(caps):
+            return None
+        rows, dev = len(caps), ids.device
+        drafts = torch.zeros(rows, dd.kmax, dtype=torch.long, device=dev)
+        found = torch.zeros(rows, dtype=torch.bool, device=dev)
+        as_tensor = lambda v: torch.tensor(v, dtype=torch.long, device=dev)  # noqa: E731
+        dd.draft(
+            ids, meta.slot_mapping, meta.block_tables, as_tensor(lengths), as_tensor(caps),
+            as_tensor(offsets), drafts, found,
+        )  # fmt: skip
+        return drafts, found
 
     def _feed(self, ids: torch.Tensor, feed: list[tuple[int, int]]) -> None:
         """Fill the placeholders of tokens the previous step computed from its argmax."""
