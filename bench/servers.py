@@ -69,6 +69,7 @@ CONFIGS = {
     "none-sync": "none",
     "ngram": "ngram",
     "ngram-sync": "ngram",
+    "ngram-device": "ngram",  # --draft-on-device: the lookup inside the step
     "ngram-2b": "ngram",
     "remote-ngram": "remote",
     "remote-ngram-unary": "remote",
@@ -272,6 +273,8 @@ def running_config(config: str, args: argparse.Namespace) -> Iterator[Server]:
         cmd = target_command(args, drafter, metrics_port)
         if config.endswith("-sync"):
             cmd.append("--no-overlap")
+        if config == "ngram-device":
+            cmd.append("--draft-on-device")
         if "-unary" in config:
             cmd += ["--drafter-mode", "unary"]
         if "-relay" in config:
