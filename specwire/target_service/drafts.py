@@ -104,9 +104,9 @@ class DraftIntake:
                     req.draft_tokens, req.draft_probs = [], None
         for row in rows:
             self._check_into(row)
-        if asked and self._on_device:
+        if self._on_device:  # placeholders, filled on the device (a retry asks for none)
             for row in rows:
-                row.on_device = bool(row.drafts)  # placeholders, filled on the device
+                row.on_device = asked and bool(row.drafts)
         # The SDPA backend needs uniform rows: pad to max_draft_len when anyone drafted, else
         # verify 1 token/row. A varlen backend takes each row as it is; the runner pads the
         # step's token count to a captured graph instead.
