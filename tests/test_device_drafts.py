@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_driver import run_to_completion
+from engine_driver import counter, run_to_completion
 from lossless_prompts import lossless_prompts
 
 from specwire.common.errors import UserError
@@ -32,18 +32,26 @@ def _run(eng):
     return out, (stats.steps, stats.draft_tokens, stats.accepted_tokens, list(stats.histogram))
 
 
-@pytest.mark.parametrize("kw", [{}, {"num_kv_blocks": 40, "max_num_tokens": 256}])
+@pytest.mark.parametrize(
+    "kw", [{}, {"num_kv_blocks": 40, "max_num_tokens": 256}, {"two_batch_rows": 2}]
+)
 def test_drafts_on_the_device_are_the_host_drafters_and_lossless(kw):
     """50 prompts at once (and again with 40 KV blocks: preemption re-feeds whole sequences,
-    which must rewrite the token cache): plain greedy output, and the in-process n-gram
-    drafter's steps, drafts and acceptance exactly."""
+    which must rewrite the token cache; and in two alternating halves, whose steps are read
+    one launch later): plain greedy output, and the in-process n-gram drafter's steps, drafts
+    and acceptance exactly."""
     plain, _ = _run(_engine("none", **kw))
     host, host_stats = _run(_engine("ngram", **kw))
-    device, device_stats = _run(_engine("ngram", draft_on_device=True, **kw))
+    eng = _engine("ngram", draft_on_device=True, **kw)
+    device, device_stats = _run(eng)
     assert host == plain
     assert device == plain
     assert host_stats[2] > 0  # drafts were accepted
     assert device_stats == host_stats
+    if kw.get("two_batch_rows"):
+        assert counter(eng, "two_batch_steps") > 0
+    if kw.get("num_kv_blocks"):
+        assert counter(eng, "preemptions") > 0
 
 
 def test_draft_on_device_needs_the_ngram_drafter():
