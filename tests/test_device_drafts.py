@@ -43,15 +43,35 @@ def test_drafts_on_the_device_are_the_host_drafters_and_lossless(kw):
     plain, _ = _run(_engine("none", **kw))
     host, host_stats = _run(_engine("ngram", **kw))
     eng = _engine("ngram", draft_on_device=True, **kw)
+    missed = _count_misses(eng)
     device, device_stats = _run(eng)
     assert host == plain
     assert device == plain
     assert host_stats[2] > 0  # drafts were accepted
     assert device_stats == host_stats
+    # Placeholders go only to rows whose lookup finds a match (the host knows which): no row
+    # verifies a budget of placeholders for nothing.
+    assert missed["drafting rows"] > 0 and missed["no match"] == 0
+    assert len(eng.resources.get("device_ngram_seen")) == 0  # freed with the requests
     if kw.get("two_batch_rows"):
         assert counter(eng, "two_batch_steps") > 0
     if kw.get("num_kv_blocks"):
         assert counter(eng, "preemptions") > 0
+
+
+def _count_misses(eng) -> dict[str, int]:
+    """Wrap the engine's device lookup: rows asked to draft, and those it found no match for."""
+    dd, seen = eng.runner.device_drafts, {"drafting rows": 0, "no match": 0}
+    draft = dd.draft
+
+    def counted(ids, slots, tables, lengths, caps, offsets, drafts_out, found_out):
+        draft(ids, slots, tables, lengths, caps, offsets, drafts_out, found_out)
+        asked = caps > 0
+        seen["drafting rows"] += int(asked.sum())
+        seen["no match"] += int((asked & ~found_out).sum())
+
+    dd.draft = counted
+    return seen
 
 
 def test_draft_on_device_needs_the_ngram_drafter():
