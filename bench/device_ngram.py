@@ -172,21 +172,20 @@ def check(cases: int, seed: int, outputs: str | None = None, device: str = "cpu"
 
 
 def timeit(
-    rows: int, ctx: int, budget: int, device: str, graph: bool, iters: int, fn=None
+    rows: int, ctx: int, budget: int, device: str, graph: bool, iters: int, impl, block: int
 ) -> float:
-    """µs per call of `propose_batch` (or `fn`, e.g. it compiled) on random sequences of `ctx`
-    tokens (vocab 50,000)."""
-    fn = fn or propose_batch
+    """µs per call of `impl` (`propose_batch`, it compiled, or "kernel": the server's launch
+    over a paged cache, laid out once as a server's is) on random sequences of `ctx` tokens
+    (vocab 50,000)."""
     gen = torch.Generator().manual_seed(rows * 7919 + ctx)
     tokens = torch.randint(0, 50_000, (rows, ctx), generator=gen).to(device)
     tokens[:, ctx // 2 : ctx // 2 + 16] = tokens[:, ctx - 16 :].clone()  # one long match a row
     lengths = torch.full((rows,), ctx, dtype=torch.long, device=device)
-    if getattr(fn, "func", fn) is propose_kernel:  # the cache is laid out once, as a server's is
+    if impl == "kernel":
         cache, tables = paged(tokens)
-        block = getattr(fn, "keywords", {}).get("block", 1024)
         call = lambda: propose_paged(cache, tables, lengths, budget, block)  # noqa: E731
     else:
-        call = lambda: fn(tokens, lengths, budget)  # noqa: E731
+        call = lambda: impl(tokens, lengths, budget)  # noqa: E731
     if device == "cuda" and graph:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -233,14 +232,15 @@ def main() -> int:
             "--impl kernel needs Triton (a CUDA build of torch, or triton and TRITON_INTERPRET=1)"
         )
         return 2
-    fn = {
-        "tensor": propose_batch,
-        "compiled": lambda: torch.compile(propose_batch, dynamic=False),
-        "kernel": propose_kernel,
-    }[args.impl]
-    if args.impl == "kernel" and args.block != 1024:
+    if args.impl == "kernel":
+        impl = "kernel"
         fn = functools.partial(propose_kernel, block=args.block)
-    fn = fn() if args.impl == "compiled" else fn
+    else:
+        fn = impl = (
+            torch.compile(propose_batch, dynamic=False)
+            if args.impl == "compiled"
+            else propose_batch
+        )
     if args.check and check(args.check, args.seed, args.outputs, args.device, fn):
         return 1
     if args.rows:
@@ -250,7 +250,9 @@ def main() -> int:
         print("|---|---|---|")
         for rows in map(int, args.rows.split(",")):
             for ctx in map(int, args.ctx.split(",")):
-                us = timeit(rows, ctx, args.budget, args.device, graph, args.iters, fn)
+                us = timeit(
+                    rows, ctx, args.budget, args.device, graph, args.iters, impl, args.block
+                )
                 print(f"| {rows} | {ctx} | {us:.1f} |")
     return 0
 

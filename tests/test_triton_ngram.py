@@ -61,7 +61,7 @@ def _case(seed: int):
 def test_kernel_drafts_and_writes_what_the_host_path_does(seed):
     cache, tables, lengths, caps, offsets, ids, slots = _case(seed)
     rows = tables.shape[0]
-    host = DeviceDrafts(len(cache) - 1, BS, rows, KMAX, 8, 8, torch.device("cpu"))
+    host = DeviceDrafts(len(cache) - 1, BS, KMAX, 8, 8, torch.device("cpu"))
     host.cache.copy_(cache)
     want_ids, want_d = ids.clone(), torch.zeros(rows, KMAX, dtype=torch.long)
     want_f = torch.zeros(rows, dtype=torch.bool)

@@ -337,7 +337,6 @@ def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine
         device_drafts=DeviceDrafts(
             num_blocks * cfg.block_size,
             cfg.block_size,
-            cfg.max_batch_size,
             k,
             cfg.max_ngram,
             cfg.ngram_vote,

@@ -30,7 +30,6 @@ class DeviceDrafts:
         self,
         num_slots: int,
         block_size: int,
-        max_rows: int,
         max_draft_len: int,
         max_ngram: int,
         vote: int,
@@ -39,7 +38,6 @@ class DeviceDrafts:
         self.block_size = block_size
         self.max_ngram = max_ngram
         self.vote = vote
-        self.device = device
         # One id per KV slot, and a scratch entry where padding (slot -1) writes.
         self.cache = torch.zeros(num_slots + 1, dtype=torch.long, device=device)
         self.scratch = num_slots
