@@ -123,6 +123,9 @@ class Executor(OverlappedSteps, TwoBatchSteps):
         self._draft_wait = 0.0  # seconds this step spent getting its drafts
         # Detokenising and streaming run on their own thread, off the step's critical path.
         self.output = OutputWorker(on_stopped=self._stopped)
+        # A synchronous step's metric updates (verified rows, inter-token latencies, tokens),
+        # held like its rendering until the next step is launched: off its critical path.
+        self._held_records: list[tuple[list[tuple[int, int]], list[float], int]] = []
         self.on_death = None  # called (from the executor thread) with that exception
 
     # -- called from other threads -------------------------------------------------------------
@@ -157,6 +160,7 @@ class Executor(OverlappedSteps, TwoBatchSteps):
             self._thread.join(timeout=10)
         for stream in list(self.streams.values()):
             self._finish(stream.request, "cancelled")
+        self._record_held()
         self.output.flush()
         self.output.close()
         if self.drafter is not None:
@@ -188,7 +192,7 @@ class Executor(OverlappedSteps, TwoBatchSteps):
                     and self._inflight_spec is None
                 ):
                     self._mark = None  # idle time is nobody's step
-                    self.output.release()
+                    self._release_held()
                     self._wake.wait(timeout=1.0)
                 if self._stop:
                     return
@@ -258,6 +262,7 @@ class Executor(OverlappedSteps, TwoBatchSteps):
                 self._mark = None  # the caller's time until the next call is nobody's step
                 break
             self.step()
+        self._record_held()
         self.output.flush()
 
     def step(self) -> None:
@@ -317,7 +322,7 @@ class Executor(OverlappedSteps, TwoBatchSteps):
                 self._finish_inflight()
             else:
                 time.sleep(0.001)  # waiting for KV blocks held by finishing requests
-            self.output.release()  # nothing launched: what this step held goes now
+            self._release_held()  # nothing launched: what this step held goes now
             return None
         self.metrics.on_scheduled(batch.requests)
         self.scheduler.policy.ran(step_k)
@@ -412,14 +417,28 @@ class Executor(OverlappedSteps, TwoBatchSteps):
         """A step is on the device: a question the drafter held back goes out, and the output
         thread gets what was held for it (`OutputWorker`: it renders while the device runs)."""
         self.drafts.launched(self.step_no)
+        self._release_held()
+
+    def _release_held(self) -> None:
+        """What a synchronous step held for the next launch goes now: its metric updates, then
+        its rendering (so a client that sees its stream end finds the step in the metrics)."""
+        self._record_held()
         self.output.release()
+
+    def _record_held(self) -> None:
+        held, self._held_records = self._held_records, []
+        for verified, itls, generated in held:
+            self.stats.record_many(verified)
+            self.metrics.on_verified(verified)
+            self.metrics.observe_itl(itls)
+            self.metrics.on_generated(generated)
 
     def _render(self, rendered: list[tuple]) -> None:
         """Hand a step's rendering to the output thread: at once when a step is on the device
         (the host work until the next launch is hidden behind it), else at the next launch."""
         self.output.render_many(rendered)
         if self._device_busy:
-            self.output.release()
+            self._release_held()
 
     def _commit(self, batch: ScheduledBatch, verified) -> None:
         decode = batch.decode_rows
@@ -506,11 +525,9 @@ class Executor(OverlappedSteps, TwoBatchSteps):
             rendered.append((stream, kept, reason, drafted, acc, self.step_no, lps))
             if reason is not None:
                 self._release(req)
-        # Per step, not per row (and batched: `TargetMetrics.batched`).
-        self.stats.record_many(verified)
-        self.metrics.on_verified(verified)
-        self.metrics.observe_itl(itls)
-        self.metrics.on_generated(generated)
+        # Per step, not per row (and batched: `TargetMetrics.batched`), and held with the
+        # rendering until a step is on the device (`_release_held`).
+        self._held_records.append((verified, itls, generated))
         self._generated += generated
         return rendered
 
