@@ -822,3 +822,42 @@ def test_a_request_that_can_never_draft_is_not_recovered():
     for _ in range(5 * p.acceptance.recover_every):
         p.observe(off, 0, 0)
     assert p.acceptance.tables([off])[0] is table
+
+
+def _drafting_policy() -> DraftLengthPolicy:
+    """A policy that drafts, with a host time, so each drafting step prices a wait
+    (`wait_worth_s`, a float of the step's summed tables) as well as its k."""
+    p = _policy({1: 0.7e-3, 8: 0.75e-3, 64: 1.0e-3})
+    for _ in range(8):
+        p.observe_sync(rows=4, tokens=20, seconds=1.05e-3, device_wait=0.75e-3)
+    return p
+
+
+def test_sums_made_while_the_device_runs_price_the_next_step_as_a_fresh_sum_would():
+    """`presum` sums the step's rows while the device runs it; the next `step_draft_len`
+    corrects the sums for the requests that finished, joined or had their caps cut since and
+    then decides exactly as it would have without them (same estimates: nothing observed in
+    between)."""
+    rows = {name: _req(name) for name in ("a", "b", "c", "d")}
+    accepted = {"a": 4, "b": 1, "c": 3, "d": 2}
+    pre, fresh = _drafting_policy(), _drafting_policy()
+    for p in (pre, fresh):
+        for name, r in rows.items():
+            _teach(p, r, drafted=4, accepted=accepted[name], times=12)
+    a, b, c, d = rows.values()
+    # The same rows: the sums are used as they are.
+    pre.presum([a, b, c])
+    assert pre.step_draft_len([a, b, c]) == fresh.step_draft_len([a, b, c]) == 4
+    assert pre.wait_worth_s == fresh.wait_worth_s > 0
+    # b finished, d joined, c is three tokens from its end (one draft left of use).
+    pre.presum([a, b, c])
+    c.output_ids = [5] * (c.max_new_tokens - 2)
+    assert c.useful_drafts == 1
+    assert pre.step_draft_len([a, c, d]) == fresh.step_draft_len([a, c, d])
+    assert pre.wait_worth_s == pytest.approx(fresh.wait_worth_s, rel=1e-12)
+    # Without the corrections the price would differ: the check can fail.
+    stale = _drafting_policy()
+    for name, r in rows.items():
+        _teach(stale, r, drafted=4, accepted=accepted[name], times=12)
+    stale.step_draft_len([a, b])
+    assert stale.wait_worth_s != pytest.approx(fresh.wait_worth_s, rel=1e-6)

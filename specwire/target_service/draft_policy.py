@@ -176,6 +176,10 @@ class DraftLengthPolicy:
     _best: dict[int, str] = field(default_factory=dict)  # load -> the winner there
     _spec_idle: int = 0  # overlapped steps in a row in the speculative mode (k = 0)
     _planned: int = 0  # the load the current mode was chosen for
+    # `presum`'s sums for the next step, computed while the device ran the step before, and
+    # the (table, cap) each request added to them; `step_draft_len` corrects them for the
+    # requests that finished, arrived or changed caps since, and uses them.
+    _presummed: tuple | None = None  # (ids, caps, {id: (table, cap)}, sums)
     # The last drafting step's worth of waiting for its drafts (`wait_worth`), None when
     # the last step did not draft or nothing prices it (static policy).
     wait_worth_s: float | None = None
@@ -533,12 +537,13 @@ class DraftLengthPolicy:
         """`plain_until_window_ends`, for the scheduler about to skip `step_draft_len`: when
         True the next step prices no wait for drafts either (`wait_worth_s` cleared)."""
         if self.plain_until_window_ends:
-            self.wait_worth_s = None
+            self.wait_worth_s = self._presummed = None
             return True
         return False
 
     def step_draft_len(self, decode: list[Request], prefill_tokens: int = 0) -> int:
         """The draft length for a step whose decode rows are `decode` (caps still apply)."""
+        pre, self._presummed = self._presummed, None  # made for this step only
         if self.adaptive and self._window[2] == 0:
             self._start_window(len(decode) + (1 if prefill_tokens else 0))
         self.wait_worth_s = None
@@ -550,23 +555,16 @@ class DraftLengthPolicy:
             return 0
         K = self.max_draft_len
         rows = len(decode) + (1 if prefill_tokens else 0)
-        # Per request, (expected committed, tokens fed) at each k its cap allows (hot path:
-        # tables cached on the estimates, rebuilt only when an estimate moves).
-        tables = [
-            (table, min(r.useful_drafts, K))
-            for r, table in zip(decode, self.acceptance.tables(decode), strict=True)
-        ]
+        caps = [min(r.useful_drafts, K) for r in decode]
+        if pre is None:
+            sums = self._sums(decode, caps)
+        else:  # summed while the device ran the step before
+            sums = self._corrected(pre, decode, caps)
         host = self._host(rows)
         best_k, best, free_k, free = 0, -1.0, 0, -1.0
         per_k: list[tuple[float, int]] = []  # (expected committed, tokens fed) per k
-        for k in range(K + 1):
-            fed = float(prefill_tokens)
-            committed = 0.0
-            for table, cap in tables:
-                c, t = table[k if k < cap else cap]
-                committed += c
-                fed += t
-            tokens = math.ceil(fed - 1e-9)
+        for k, (committed, fed) in enumerate(zip(*sums, strict=True)):
+            tokens = math.ceil(fed + prefill_tokens - 1e-9)
             per_k.append((committed, tokens))
             if k == 0:
                 goodput = committed / max(self.plain_cost(rows, tokens), 1e-9)
@@ -578,7 +576,7 @@ class DraftLengthPolicy:
                 best_k, best = k, goodput
             if committed / max(gpu, 1e-9) > free * 1.0001:
                 free_k, free = k, committed / max(gpu, 1e-9)
-        if best_k == 0 and free_k > 0 and any(cap for _table, cap in tables):
+        if best_k == 0 and free_k > 0 and any(caps):
             # Plain wins only by the host time of a synchronous step at this load. That estimate
             # is refreshed only by such steps, so one stale high reading would keep drafting off
             # for good: every `host_refresh_every` such decisions, draft once to re-measure it
@@ -598,6 +596,72 @@ class DraftLengthPolicy:
             bare = self._host(rows, self.host_bare)
             self.wait_worth_s = self._wait_worth(bare, per_k[0], per_k[best_k])
         return best_k
+
+    def _sums(
+        self, decode: list[Request], caps: list[int], tables: list | None = None
+    ) -> tuple[list[float], list[float]]:
+        """Summed over `decode`, each request held to its cap: (expected committed tokens,
+        tokens fed) at each k = 0..K (hot path: the tables are cached on the estimates,
+        rebuilt only when an estimate moves — after every drafting step)."""
+        tables = list(zip(tables or self.acceptance.tables(decode), caps, strict=True))
+        committed, fed = [], []
+        for k in range(self.max_draft_len + 1):
+            c_sum = t_sum = 0.0
+            for table, cap in tables:
+                c, t = table[k if k < cap else cap]
+                c_sum += c
+                t_sum += t
+            committed.append(c_sum)
+            fed.append(t_sum)
+        return committed, fed
+
+    def presum(self, decode: list[Request]) -> None:
+        """While the device runs a drafting step: sum the tables of its decode rows, which
+        the next step decodes again unless they finish (the sums are a step's largest share
+        of `step_draft_len`: 27 of ~40 µs at 8 rows on the dev VM, bench/RESULTS.md round 50).
+        The next `step_draft_len` reuses them for the same requests and caps, so it prices the
+        drafts with estimates one step older: what the step in between taught is in the step
+        after."""
+        self._presummed = None
+        if not (self.adaptive and self.mode == "spec" and decode):
+            return
+        caps = [min(r.useful_drafts, self.max_draft_len) for r in decode]
+        tables = self.acceptance.tables(decode)
+        ids = [r.request_id for r in decode]
+        added = dict(zip(ids, zip(tables, caps, strict=True), strict=True))
+        self._presummed = (ids, caps, added, self._sums(decode, caps, tables))
+
+    def _corrected(
+        self, pre: tuple, decode: list[Request], caps: list[int]
+    ) -> tuple[list[float], list[float]]:
+        """`presum`'s sums for the rows `decode` at `caps`: less the requests that have
+        finished since, plus those that joined, each request whose cap moved (its last drafts:
+        `useful_drafts`) re-added at its new cap with the table it was summed with."""
+        ids, was_caps, added, (committed, fed) = pre
+        if caps == was_caps and ids == [r.request_id for r in decode]:
+            return committed, fed  # the same rows (the usual case)
+
+        def add(table: list, cap: int, sign: float) -> None:
+            for k in range(len(committed)):
+                c, t = table[k if k < cap else cap]
+                committed[k] += sign * c
+                fed[k] += sign * t
+
+        joined = []
+        for r, cap in zip(decode, caps, strict=True):
+            was = added.pop(r.request_id, None)
+            if was is None:
+                joined.append((r, cap))
+            elif was[1] != cap:
+                add(was[0], was[1], -1.0)
+                add(was[0], cap, 1.0)
+        for table, cap in added.values():  # finished (or not scheduled) since
+            add(table, cap, -1.0)
+        if joined:
+            new = [r for r, _ in joined]
+            for table, (_, cap) in zip(self.acceptance.tables(new), joined, strict=True):
+                add(table, cap, 1.0)
+        return committed, fed
 
     def _wait_worth(
         self, host: float, without: tuple[float, int], drafted: tuple[float, int]

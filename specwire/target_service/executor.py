@@ -405,6 +405,9 @@ class Executor(OverlappedSteps, TwoBatchSteps):
         self._admit_arrivals()
         if logits.graph is None:
             self.metrics.batched.add(self.metrics.eager_steps, 1)
+        # The policy's sums for the next step, which decodes these requests again unless they
+        # finish: priced while the device runs instead of on the next step's critical path.
+        self.scheduler.policy.presum([row.request for row in decode])
         self.drafts.device_running(self.runner, logits, self.step_no)
         self.runner.wait(logits)
         self._gpu_wait += time.perf_counter() - t0
