@@ -67,6 +67,16 @@ def test_drafter_cost_times_the_ngram_pool_and_a_service_message():
     assert re.search(r"drafter service, 4-sequence message: .* us per sequence", out), out
 
 
+def test_policy_cost_times_the_decision_with_and_without_presum():
+    out = _run("bench/policy_cost.py", "--rows", "1,8", "--steps", "50")
+    rows = re.findall(
+        r"^\| (\d+) \| (\d+\.\d) \| (\d+\.\d) \| \[([\d, ]+)\] \| \[([\d, ]+)\] \|$", out, re.M
+    )
+    assert [r[0] for r in rows] == ["1", "8"], out
+    for _rows, _cold, _warm, hist, hist_pre in rows:  # every step decided, k = 0..8
+        assert sum(map(int, hist.split(","))) == sum(map(int, hist_pre.split(","))) == 50
+
+
 def test_branch_replay_cost_and_index_comparison_run_on_tiny_random(tmp_path):
     outputs = tmp_path / "greedy.json"
     out = _run(
