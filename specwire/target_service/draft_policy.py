@@ -512,11 +512,20 @@ class DraftLengthPolicy:
         )
 
     # -- per-request acceptance (acceptance.py) ---------------------------------------------------
-    def observe(self, req: Request, drafted: int, accepted: int) -> None:
-        """`req` verified `drafted` drafts this step and accepted the first `accepted`."""
-        # Only the adaptive speculative mode's k = 0 is the estimate's doing (its recovery,
-        # acceptance.py); in the plain mode, or static, the estimates decide nothing.
-        self.acceptance.observe(req, drafted, accepted, self.adaptive and self.mode == "spec")
+    @property
+    def recovering(self) -> bool:
+        """Whether a step without a budget counts toward a request's recovery (acceptance.py):
+        only the adaptive speculative mode's k = 0 is the estimate's doing; in the plain mode,
+        or static, the estimates decide nothing."""
+        return self.adaptive and self.mode == "spec"
+
+    def observe(
+        self, req: Request, drafted: int, accepted: int, recovering: bool | None = None
+    ) -> None:
+        """`req` verified `drafted` drafts this step and accepted the first `accepted`
+        (`recovering`: `self.recovering` when the step ran, for an observation made later)."""
+        recovering = self.recovering if recovering is None else recovering
+        self.acceptance.observe(req, drafted, accepted, recovering)
 
     def expected_tokens(self, req: Request, k: int) -> tuple[float, float]:
         """(tokens `req` is expected to commit, tokens it feeds) in a step that lets it draft

@@ -123,9 +123,12 @@ class Executor(OverlappedSteps, TwoBatchSteps):
         self._draft_wait = 0.0  # seconds this step spent getting its drafts
         # Detokenising and streaming run on their own thread, off the step's critical path.
         self.output = OutputWorker(on_stopped=self._stopped)
-        # A synchronous step's metric updates (verified rows, inter-token latencies, tokens),
-        # held like its rendering until the next step is launched: off its critical path.
-        self._held_records: list[tuple[list[tuple[int, int]], list[float], int]] = []
+        # A synchronous step's records — its acceptance for the policy's estimates (of the
+        # requests going on), its metric updates (verified rows, inter-token latencies,
+        # tokens) —, held like its rendering until the next step is launched: off its
+        # critical path. The next step's k does not need them: it is priced with the sums made
+        # while this step ran (`DraftLengthPolicy.presum`).
+        self._held_records: list[tuple] = []
         self.on_death = None  # called (from the executor thread) with that exception
 
     # -- called from other threads -------------------------------------------------------------
@@ -430,7 +433,11 @@ class Executor(OverlappedSteps, TwoBatchSteps):
 
     def _record_held(self) -> None:
         held, self._held_records = self._held_records, []
-        for verified, itls, generated in held:
+        observe = self.scheduler.policy.observe
+        for observed, recovering, verified, itls, generated in held:
+            for req, drafted, accepted in observed:
+                if not req.finished:  # cancelled since: its estimate is gone
+                    observe(req, drafted, accepted, recovering)
             self.stats.record_many(verified)
             self.metrics.on_verified(verified)
             self.metrics.observe_itl(itls)
@@ -514,23 +521,25 @@ class Executor(OverlappedSteps, TwoBatchSteps):
         acceptance, the metrics, and the requests the finish rules ended are released. Returns
         the rows' rendering for the output thread (`OutputWorker.render_many`), which the
         caller hands over."""
-        rendered, verified, generated = [], [], 0
-        observe = self.scheduler.policy.observe
+        rendered, verified, observed, generated = [], [], [], 0
+        policy = self.scheduler.policy
         for row, toks, lps, (stream, kept, reason) in zip(
             rows, new_tokens, logprobs, appended, strict=True
         ):
             req = row.request
             drafted, acc = len(row.drafts), len(toks) - 1
             req.stats.record(drafted, acc)
-            observe(req, drafted, acc)
             verified.append((drafted, acc))
             generated += len(kept)
             rendered.append((stream, kept, reason, drafted, acc, self.step_no, lps))
-            if reason is not None:
+            if reason is None:
+                observed.append((req, drafted, acc))
+            else:  # observed before its estimate is forgotten
+                policy.observe(req, drafted, acc)
                 self._release(req)
         # Per step, not per row (and batched: `TargetMetrics.batched`), and held with the
         # rendering until a step is on the device (`_release_held`).
-        self._held_records.append((verified, itls, generated))
+        self._held_records.append((observed, policy.recovering, verified, itls, generated))
         self._generated += generated
         return rendered
 
