@@ -307,8 +307,10 @@ class TokenGraphs:
         for i, table in enumerate(step.tables):
             h_tables[i, : len(table)] = table
         drafted = None
-        if self.dd is not None:
-            lengths, caps, offsets = step.drafting or ([], [], [])
+        if self.dd is not None and step.drafting is None:
+            self.h_dd_cap[w][:] = 0  # no row drafts (a plain step): lengths, offsets unread
+        elif self.dd is not None:
+            lengths, caps, offsets = step.drafting
             self.h_dd_len[w][:b] = lengths
             self.h_dd_cap[w][:b] = caps
             self.h_dd_off[w][:b] = offsets

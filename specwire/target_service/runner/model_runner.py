@@ -203,8 +203,8 @@ class ModelRunner:
         `allow_graphs=False` forces the eager path (tests compare the two)."""
         if self.varlen:
             step = self.inputs.prepare_varlen(rows, tables)
-            if self.device_drafts is not None:
-                step.drafting = self._drafting(rows, step.cu_seqlens)
+            if self.device_drafts is not None and any(row.on_device for row in rows):
+                step.drafting = self._drafting(rows, step.cu_seqlens)  # else no row drafts
             key = self.graphs.select(step) if allow_graphs and self.graphs else None
             if key is not None:
                 logits, greedy, done, began, drafted = self.graphs.replay(key, step)
@@ -221,7 +221,7 @@ class ModelRunner:
         inputs = self.prepare(rows, tables)
         self._feed(inputs.input_ids, inputs.feed)
         drafted = None
-        if self.device_drafts is not None:
+        if self.device_drafts is not None:  # (the ids are stored even where no row drafts)
             starts = [0]
             for row in rows:
                 fed = row.num_committed + (len(row.drafts) + row.pad if row.decode else 0)
@@ -252,9 +252,9 @@ class ModelRunner:
         if dd is None:
             return None
         dd.store(ids, meta.slot_mapping)
-        lengths, caps, offsets = drafting
-        if not any(caps):
+        if drafting is None or not any(drafting[1]):
             return None
+        lengths, caps, offsets = drafting
         rows, dev = len(caps), ids.device
         drafts = torch.zeros(rows, dd.kmax, dtype=torch.long, device=dev)
         found = torch.zeros(rows, dtype=torch.bool, device=dev)
