@@ -626,11 +626,11 @@ class DraftLengthPolicy:
 
     def presum(self, decode: list[Request]) -> None:
         """While the device runs a drafting step: sum the tables of its decode rows, which
-        the next step decodes again unless they finish (the sums are a step's largest share
-        of `step_draft_len`: 27 of ~40 µs at 8 rows on the dev VM, bench/RESULTS.md round 50).
-        The next `step_draft_len` reuses them for the same requests and caps, so it prices the
-        drafts with estimates one step older: what the step in between taught is in the step
-        after."""
+        the next step decodes again unless they finish (the sums are most of
+        `step_draft_len`'s work: `bench/policy_cost.py`, bench/RESULTS.md round 50). The next
+        `step_draft_len` takes them, corrected for the rows that changed (`_corrected`), so it
+        prices the drafts with estimates one step older: what the step in between taught is
+        in the step after."""
         self._presummed = None
         if not (self.adaptive and self.mode == "spec" and decode):
             return

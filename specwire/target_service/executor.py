@@ -426,8 +426,9 @@ class Executor(OverlappedSteps, TwoBatchSteps):
         self._release_held()
 
     def _release_held(self) -> None:
-        """What a synchronous step held for the next launch goes now: its metric updates, then
-        its rendering (so a client that sees its stream end finds the step in the metrics)."""
+        """What a synchronous step held for the next launch goes now: its records (acceptance,
+        metrics), then its rendering (so a client that sees its stream end finds the step in
+        the metrics)."""
         self._record_held()
         self.output.release()
 
@@ -518,7 +519,8 @@ class Executor(OverlappedSteps, TwoBatchSteps):
         itls: list[float],
     ) -> list[tuple]:
         """Record a step whose tokens `_append` put on their streams (`appended`): the
-        acceptance, the metrics, and the requests the finish rules ended are released. Returns
+        requests the finish rules ended are released, and the acceptance and the metrics are
+        held until a step is on the device (`_release_held`). Returns
         the rows' rendering for the output thread (`OutputWorker.render_many`), which the
         caller hands over."""
         rendered, verified, observed, generated = [], [], [], 0
