@@ -8,19 +8,13 @@ Runs on a GPU, or on the CPU under Triton's interpreter:
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from triton_env import kernel_device
 
-pytest.importorskip("triton")
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-if not (torch.cuda.is_available() or INTERPRET):
-    pytest.skip("needs a GPU or TRITON_INTERPRET=1", allow_module_level=True)
+DEVICE = kernel_device()  # (skips this module where the kernels cannot run)
 
 from specwire.common.model import triton_argmax  # noqa: E402 (triton is known to be there)
-
-DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
 
 
 def _run(logits: torch.Tensor):

@@ -10,21 +10,16 @@ Skipped where Triton is missing (CI) or where there is neither a GPU nor TRITON_
 
 from __future__ import annotations
 
-import importlib.util
-import os
 from dataclasses import dataclass
 
 import pytest
 import torch
+from triton_env import INTERPRET, kernel_device
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-if importlib.util.find_spec("triton") is None or not (torch.cuda.is_available() or INTERPRET):
-    pytest.skip("needs Triton, and a GPU or TRITON_INTERPRET=1", allow_module_level=True)
+DEVICE = torch.device(kernel_device())  # (skips this module where the kernels cannot run)
 
 from specwire.common.model import triton_attention  # noqa: E402
 from specwire.common.model.triton_attention import paged_attention, store_kv  # noqa: E402
-
-DEVICE = torch.device("cpu" if INTERPRET else "cuda")
 
 
 def _patch_interpreter_bf16_dot() -> None:

@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 
 import pytest
 import torch
+from triton_env import kernel_device
 
-pytest.importorskip("triton")
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-if not (torch.cuda.is_available() or INTERPRET):
-    pytest.skip("needs a GPU or TRITON_INTERPRET=1", allow_module_level=True)
+DEVICE = kernel_device()  # (skips this module where the kernels cannot run)
 
 # noqa: E402 below: triton is known to be there
 from specwire.common.model import triton_base, triton_ops, triton_tiles  # noqa: E402
@@ -29,7 +26,6 @@ from specwire.common.model.ops import TritonOps  # noqa: E402
 from specwire.common.model.triton_attention import store_kv  # noqa: E402
 from specwire.common.model.triton_backend import TritonPagedAttention  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
 DTYPES = [torch.bfloat16, torch.float32]
 TOKENS = [1, 3, 5, 16]  # up to fused.MAX_TOKENS: one row tile
 # (N, K): masked N and K edges; a long K that takes the K split (see test_shapes_cover_k_split)

@@ -9,21 +9,17 @@ Runs on a GPU, or on the CPU under Triton's interpreter:
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
 import torch
+from triton_env import kernel_device
 
-pytest.importorskip("triton")
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-if not (torch.cuda.is_available() or INTERPRET):
-    pytest.skip("needs a GPU or TRITON_INTERPRET=1", allow_module_level=True)
+DEVICE = kernel_device()  # (skips this module where the kernels cannot run)
 
 from specwire.common.model.triton_ngram import ngram_drafts  # noqa: E402
 from specwire.target_service.runner.device_drafts import DeviceDrafts  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
 BS, KMAX = 4, 5
 
 

@@ -7,22 +7,17 @@ Runs on a GPU, or on the CPU under Triton's interpreter (small shapes):
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
+from triton_env import kernel_device
 
-pytest.importorskip("triton")
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-if not (torch.cuda.is_available() or INTERPRET):
-    pytest.skip("needs a GPU or TRITON_INTERPRET=1", allow_module_level=True)
+DEVICE = kernel_device()  # (skips this module where the kernels cannot run)
 
 from specwire.common.model import triton_ops as ops  # noqa: E402 (triton is known to be there)
 from specwire.common.model import triton_tiles as tiles  # noqa: E402
 from specwire.common.model.llama import Rotary  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
 DTYPES = [torch.bfloat16, torch.float32]
 BATCH_SIZES = [1, 3, 5, 16, 17, 64, 100]
 EPS = 1e-5
