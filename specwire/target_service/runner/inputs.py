@@ -50,7 +50,8 @@ class VarlenStep:
     # their ids here are placeholders, gathered on the device from that step's argmax.
     feed: list[tuple[int, int]]
     # Drafting on the device: per row (committed length, drafts to make, first draft's flat
-    # index); set by the runner when it drafts on the device (`ModelRunner._drafting`).
+    # index); set by the runner when a row of the step drafts on the device
+    # (`ModelRunner._drafting`); None for a step where none does.
     drafting: tuple[list[int], list[int], list[int]] | None = None
 
     @property
