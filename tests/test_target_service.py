@@ -138,6 +138,21 @@ def test_seeded_sampling_is_reproducible(client):
     assert a.token_ids == b.token_ids
 
 
+def test_a_finished_request_is_already_counted_when_its_client_hears(client):
+    """A synchronous step's records (acceptance, metrics) wait until the next launch, but are
+    made before its rendering is handed over: the moment a response completes, the engine's
+    counters already hold every one of its steps."""
+    for i in range(3):
+        before = client.model_info().speculation
+        res = client.generate(f"the cat sat on the mat. the cat sat on the {i}", max_new_tokens=24)
+        after = client.model_info().speculation
+        mine = res.speculation
+        assert mine["steps"] > 0 and mine["draft_tokens"] > 0  # it speculated
+        assert after.steps - before.steps >= mine["steps"]
+        assert after.draft_tokens - before.draft_tokens >= mine["draft_tokens"]
+        assert after.accepted_tokens - before.accepted_tokens >= mine["accepted_tokens"]
+
+
 def test_model_info_and_health(server, client):
     info = client.model_info()
     assert info.drafter == "ngram" and info.max_draft_len == 4
