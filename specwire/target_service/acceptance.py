@@ -91,6 +91,9 @@ class AcceptanceModel:
     _deeper_version: int = 0
     _deeper_counts: list[list[int]] = field(default_factory=list)
     _deeper_rows: int = 0
+    # `presum`'s sums for the next `sums` call and what each request added to them: (ids,
+    # caps, {id: (table, cap)}, (committed, fed)).
+    _presummed: tuple | None = None
 
     def __post_init__(self) -> None:
         self._deeper = [self._population.accept] * max(1, self.max_draft_len)
@@ -135,6 +138,59 @@ class AcceptanceModel:
             else:
                 out.append(e.per_k(K, deeper, version))
         return out
+
+    def sums(self, requests: list[Request], caps: list[int]) -> tuple[list[float], list[float]]:
+        """Summed over `requests`, each held to its draft cap: (expected committed tokens,
+        tokens fed) at each k = 0..K — `table` of each at min(k, cap), added up (a step's hot
+        path). From the sums `presum` made, if it did (they serve one call), less the requests
+        that have gone since, plus those that joined, each request whose cap moved (its last
+        drafts) re-added at its new cap with the table it was summed with."""
+        pre, self._presummed = self._presummed, None
+        if pre is None:
+            return self._sum(requests, caps)
+        ids, was_caps, added, (committed, fed) = pre
+        if caps == was_caps and ids == [r.request_id for r in requests]:
+            return committed, fed  # the same rows (the usual case)
+        joined = []
+        for r, cap in zip(requests, caps, strict=True):
+            was = added.pop(r.request_id, None)
+            if was is None:
+                joined.append((r, cap))
+            elif was[1] != cap:
+                _add(committed, fed, was[0], was[1], -1.0)
+                _add(committed, fed, was[0], cap, 1.0)
+        for table, cap in added.values():  # gone (or not scheduled) since
+            _add(committed, fed, table, cap, -1.0)
+        new = [r for r, _ in joined]
+        for table, (_, cap) in zip(self.tables(new), joined, strict=True):
+            _add(committed, fed, table, cap, 1.0)
+        return committed, fed
+
+    def presum(self, requests: list[Request], caps: list[int]) -> None:
+        """Make the next `sums` call's sums now (while the device runs a step), with the
+        estimates as they are now."""
+        tables = self.tables(requests)
+        ids = [r.request_id for r in requests]
+        added = dict(zip(ids, zip(tables, caps, strict=True), strict=True))
+        self._presummed = (ids, caps, added, self._sum(requests, caps, tables))
+
+    def drop_presum(self) -> None:
+        self._presummed = None
+
+    def _sum(
+        self, requests: list[Request], caps: list[int], tables: list | None = None
+    ) -> tuple[list[float], list[float]]:
+        rows = list(zip(tables or self.tables(requests), caps, strict=True))
+        committed, fed = [], []
+        for k in range(self.max_draft_len + 1):  # (faster k outer than row outer)
+            c_sum = t_sum = 0.0
+            for table, cap in rows:
+                c, t = table[k if k < cap else cap]
+                c_sum += c
+                t_sum += t
+            committed.append(c_sum)
+            fed.append(t_sum)
+        return committed, fed
 
     # -- learning ------------------------------------------------------------------------------
     def _new(self) -> Estimate:
@@ -202,3 +258,11 @@ class AcceptanceModel:
 
     def forget(self, req: Request) -> None:
         self._est.pop(req.request_id, None)
+
+
+def _add(committed: list[float], fed: list[float], table: list, cap: int, sign: float) -> None:
+    """Add (sign 1) or take away (-1) one request's `table` at its cap to/from a step's sums."""
+    for k in range(len(committed)):
+        c, t = table[k if k < cap else cap]
+        committed[k] += sign * c
+        fed[k] += sign * t

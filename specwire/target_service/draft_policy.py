@@ -176,10 +176,6 @@ class DraftLengthPolicy:
     _best: dict[int, str] = field(default_factory=dict)  # load -> the winner there
     _spec_idle: int = 0  # overlapped steps in a row in the speculative mode (k = 0)
     _planned: int = 0  # the load the current mode was chosen for
-    # `presum`'s sums for the next step, computed while the device ran the step before, and
-    # the (table, cap) each request added to them; `step_draft_len` corrects them for the
-    # requests that finished, arrived or changed caps since, and uses them.
-    _presummed: tuple | None = None  # (ids, caps, {id: (table, cap)}, sums)
     # The last drafting step's worth of waiting for its drafts (`wait_worth`), None when
     # the last step did not draft or nothing prices it (static policy).
     wait_worth_s: float | None = None
@@ -546,29 +542,25 @@ class DraftLengthPolicy:
         """`plain_until_window_ends`, for the scheduler about to skip `step_draft_len`: when
         True the next step prices no wait for drafts either (`wait_worth_s` cleared)."""
         if self.plain_until_window_ends:
-            self.wait_worth_s = self._presummed = None
+            self.wait_worth_s = None
+            self.acceptance.drop_presum()
             return True
         return False
 
     def step_draft_len(self, decode: list[Request], prefill_tokens: int = 0) -> int:
         """The draft length for a step whose decode rows are `decode` (caps still apply)."""
-        pre, self._presummed = self._presummed, None  # made for this step only
         if self.adaptive and self._window[2] == 0:
             self._start_window(len(decode) + (1 if prefill_tokens else 0))
         self.wait_worth_s = None
-        if not self.adaptive or (not decode and self.mode == "spec"):
-            # Static, or only prefills finishing this step (their drafts cost little next to
-            # the chunk): the maximum, which request caps then trim.
-            return self.max_draft_len
-        if self.mode == "plain":
-            return 0
+        if not self.adaptive or self.mode == "plain" or not decode:
+            self.acceptance.drop_presum()  # made for this step only
+            # Plain: none. Static, or only prefills finishing this step (their drafts cost
+            # little next to the chunk): the maximum, which request caps then trim.
+            return 0 if self.adaptive and self.mode == "plain" else self.max_draft_len
         K = self.max_draft_len
         rows = len(decode) + (1 if prefill_tokens else 0)
         caps = [min(r.useful_drafts, K) for r in decode]
-        if pre is None:
-            sums = self._sums(decode, caps)
-        else:  # summed while the device ran the step before
-            sums = self._corrected(pre, decode, caps)
+        sums = self.acceptance.sums(decode, caps)  # (from `presum`'s when it made them)
         host = self._host(rows)
         best_k, best, free_k, free = 0, -1.0, 0, -1.0
         per_k: list[tuple[float, int]] = []  # (expected committed, tokens fed) per k
@@ -606,71 +598,19 @@ class DraftLengthPolicy:
             self.wait_worth_s = self._wait_worth(bare, per_k[0], per_k[best_k])
         return best_k
 
-    def _sums(
-        self, decode: list[Request], caps: list[int], tables: list | None = None
-    ) -> tuple[list[float], list[float]]:
-        """Summed over `decode`, each request held to its cap: (expected committed tokens,
-        tokens fed) at each k = 0..K (hot path: the tables are cached on the estimates,
-        rebuilt only when an estimate moves — after every drafting step)."""
-        tables = list(zip(tables or self.acceptance.tables(decode), caps, strict=True))
-        committed, fed = [], []
-        for k in range(self.max_draft_len + 1):
-            c_sum = t_sum = 0.0
-            for table, cap in tables:
-                c, t = table[k if k < cap else cap]
-                c_sum += c
-                t_sum += t
-            committed.append(c_sum)
-            fed.append(t_sum)
-        return committed, fed
-
     def presum(self, decode: list[Request]) -> None:
         """While the device runs a drafting step: sum the tables of its decode rows, which
         the next step decodes again unless they finish (the sums are most of
         `step_draft_len`'s work: `bench/policy_cost.py`, bench/RESULTS.md round 50). The next
-        `step_draft_len` takes them, corrected for the rows that changed (`_corrected`), so it
-        prices the drafts with estimates one step older: what the step in between taught is
-        in the step after."""
-        self._presummed = None
-        if not (self.adaptive and self.mode == "spec" and decode):
-            return
-        caps = [min(r.useful_drafts, self.max_draft_len) for r in decode]
-        tables = self.acceptance.tables(decode)
-        ids = [r.request_id for r in decode]
-        added = dict(zip(ids, zip(tables, caps, strict=True), strict=True))
-        self._presummed = (ids, caps, added, self._sums(decode, caps, tables))
-
-    def _corrected(
-        self, pre: tuple, decode: list[Request], caps: list[int]
-    ) -> tuple[list[float], list[float]]:
-        """`presum`'s sums for the rows `decode` at `caps`: less the requests that have
-        finished since, plus those that joined, each request whose cap moved (its last drafts:
-        `useful_drafts`) re-added at its new cap with the table it was summed with."""
-        ids, was_caps, added, (committed, fed) = pre
-        if caps == was_caps and ids == [r.request_id for r in decode]:
-            return committed, fed  # the same rows (the usual case)
-
-        def add(table: list, cap: int, sign: float) -> None:
-            for k in range(len(committed)):
-                c, t = table[k if k < cap else cap]
-                committed[k] += sign * c
-                fed[k] += sign * t
-
-        joined = []
-        for r, cap in zip(decode, caps, strict=True):
-            was = added.pop(r.request_id, None)
-            if was is None:
-                joined.append((r, cap))
-            elif was[1] != cap:
-                add(was[0], was[1], -1.0)
-                add(was[0], cap, 1.0)
-        for table, cap in added.values():  # finished (or not scheduled) since
-            add(table, cap, -1.0)
-        if joined:
-            new = [r for r, _ in joined]
-            for table, (_, cap) in zip(self.acceptance.tables(new), joined, strict=True):
-                add(table, cap, 1.0)
-        return committed, fed
+        `step_draft_len` takes them, corrected for the rows that changed
+        (`AcceptanceModel.sums`), so it prices the drafts with estimates one step older: what
+        the step in between taught is in the step after."""
+        if self.adaptive and self.mode == "spec" and decode:
+            self.acceptance.presum(
+                decode, [min(r.useful_drafts, self.max_draft_len) for r in decode]
+            )
+        else:
+            self.acceptance.drop_presum()
 
     def _wait_worth(
         self, host: float, without: tuple[float, int], drafted: tuple[float, int]

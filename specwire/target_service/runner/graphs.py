@@ -309,7 +309,7 @@ class TokenGraphs:
         drafted = None
         if self.dd is not None and step.drafting is None:
             self.h_dd_cap[w][:] = 0  # no row drafts (a plain step): lengths, offsets unread
-        elif self.dd is not None:
+        elif self.dd is not None:  # (step.drafting is set only where the runner drafts)
             lengths, caps, offsets = step.drafting
             self.h_dd_len[w][:b] = lengths
             self.h_dd_cap[w][:b] = caps
