@@ -70,6 +70,7 @@ CONFIGS = {
     "ngram": "ngram",
     "ngram-sync": "ngram",
     "ngram-device": "ngram",  # --draft-on-device: the lookup inside the step
+    "ngram-pipe": "ngram",  # --draft-on-device --pipeline-drafts: drafting steps overlap too
     "ngram-2b": "ngram",
     "remote-ngram": "remote",
     "remote-ngram-unary": "remote",
@@ -273,8 +274,10 @@ def running_config(config: str, args: argparse.Namespace) -> Iterator[Server]:
         cmd = target_command(args, drafter, metrics_port)
         if config.endswith("-sync"):
             cmd.append("--no-overlap")
-        if config == "ngram-device":
+        if config in ("ngram-device", "ngram-pipe"):
             cmd.append("--draft-on-device")
+        if config == "ngram-pipe":
+            cmd.append("--pipeline-drafts")
         if "-unary" in config:
             cmd += ["--drafter-mode", "unary"]
         if "-relay" in config:

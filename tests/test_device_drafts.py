@@ -92,3 +92,99 @@ def test_gpu_drafts_on_the_device_are_the_host_drafters_and_lossless(graphs):
     assert host == plain and device == plain
     assert host_stats[2] > 0
     assert device_stats == host_stats
+
+
+def _pipelined_steps(eng) -> int:
+    """Overlapped steps that drafted: a step is counted when it is read with drafts in it."""
+    seen = {"drafted": 0}
+    complete = eng.executor._complete_drafted
+
+    def counted(done, verified):
+        seen["drafted"] += 1
+        complete(done, verified)
+
+    eng.executor._complete_drafted = counted
+    return seen
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"num_kv_blocks": 40, "max_num_tokens": 256},
+        {"max_batch_size": 3},
+    ],
+)
+def test_pipelined_drafting_steps_are_lossless(kw):
+    """`--pipeline-drafts`: a drafting step is launched before the step before it is read,
+    staged for "nothing accepted" and shifted by what was. 50 prompts at once (with 40 KV
+    blocks: preemption around the requests whose drafts are unread; 3 rows a step): plain
+    greedy output, drafts accepted, every block back."""
+    plain, _ = _run(_engine("none", **kw))
+    eng = _engine("ngram", draft_on_device=True, pipeline_drafts=True, **kw)
+    seen = _pipelined_steps(eng)
+    out, stats = _run(eng)
+    assert out == plain
+    assert stats[2] > 0  # drafts were accepted
+    assert seen["drafted"] > 0
+    assert counter(eng, "overlapped_steps") >= seen["drafted"]
+    assert len(eng.resources.get("device_ngram_seen")) == 0
+    if kw.get("num_kv_blocks"):
+        assert counter(eng, "preemptions") > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize(
+    "kw", [{"cuda_graphs": True}, {"cuda_graphs": False}, {"num_kv_blocks": 40}]
+)
+def test_gpu_pipelined_drafting_steps_are_lossless(kw):
+    """Pipelined drafting steps in the CUDA graphs (the rows shifted and the drafts counted
+    inside the graph), eagerly (shifted on the host) and with preemption: fp32, the output of
+    plain greedy decoding."""
+    kw = {"device": "cuda", "dtype": "float32", "draft_policy": "static", **kw}
+    if "num_kv_blocks" in kw:
+        kw["max_num_tokens"] = 256
+    plain, _ = _run(_engine("none", **kw))
+    eng = _engine("ngram", draft_on_device=True, pipeline_drafts=True, **kw)
+    seen = _pipelined_steps(eng)
+    out, stats = _run(eng)
+    assert out == plain
+    assert stats[2] > 0 and seen["drafted"] > 0
+
+
+def test_pipelined_drafting_needs_drafts_on_the_device_and_overlap():
+    with pytest.raises(UserError, match="--pipeline-drafts .* needs --draft-on-device"):
+        TargetConfig(model="tiny-random", drafter="ngram", pipeline_drafts=True, progress=False)
+    with pytest.raises(UserError, match="cannot be combined"):
+        TargetConfig(
+            model="tiny-random", drafter="ngram", draft_on_device=True, pipeline_drafts=True,
+            two_batch_rows=2, progress=False,
+        )  # fmt: skip
+
+
+def test_pipelined_drafting_up_to_the_end_of_the_context():
+    """Requests that fill the context: a row whose step in flight may end it there is not
+    run after it (its positions could pass the end), and the output is plain decoding's."""
+    ctx = 160
+    outs = []
+    for kw in ({}, {"draft_on_device": True, "pipeline_drafts": True}):
+        eng = _engine("none" if not kw else "ngram", max_context_len=ctx, **kw)
+        tok = eng.loaded.tokenizer
+        prompts = [ids for ids in map(tok.encode, PROMPTS) if len(ids) < 100][:16]
+        streams = [
+            eng.executor.submit(eng.new_request(ids, max_new_tokens=ctx - len(ids)))
+            for ids in prompts
+        ]
+        eng.executor.run_until_idle()
+        done = []
+        for s in streams:
+            events = []
+            while not s.events.empty():
+                events.append(s.events.get())
+            done.append((events[-1].token_ids, events[-1].finish_reason))
+        eng.resources.check_integrity()
+        assert eng.kv.num_free_blocks == eng.kv.num_blocks - 1
+        outs.append(done)
+    assert outs[0] == outs[1]
+    assert {reason for _, reason in outs[1]} == {"context"}

@@ -150,6 +150,26 @@ def test_lossless_fp32_with_cuda_graphs(loaded):
     assert eng.executor.stats.accepted_tokens > 0
 
 
+@pytest.mark.parametrize("policy", ["static", "adaptive"])
+def test_pipelined_drafting_lossless_fp32_with_cuda_graphs(loaded, policy):
+    """--draft-on-device --pipeline-drafts: a drafting step launched before the step before
+    it is read, shifted inside its graph by what that step accepted; the real model's output
+    equals plain decoding, 50 prompts at once."""
+    prompts = lossless_prompts(50)
+    base = _run(build_engine(_cfg(drafter="none"), loaded=loaded), prompts)
+    cfg = _cfg(draft_on_device=True, pipeline_drafts=True, draft_policy=policy)
+    eng = build_engine(cfg, loaded=loaded)
+    spec = _run(eng, prompts)
+    diff = _differing(base, spec)
+    stats = eng.executor.stats
+    print(
+        f"pipelined fp32+graphs ({policy}): {50 - len(diff)}/50 identical; accepted "
+        f"{stats.accepted_tokens}/{stats.draft_tokens} drafts"
+    )
+    assert not diff, f"prompts {diff} differ with pipelined drafting steps"
+    assert stats.accepted_tokens > 0
+
+
 def test_two_batch_overlap_lossless_fp32_with_cuda_graphs(loaded):
     """--two-batch-rows: halves launched while the other is unread, through the graphs' two
     staging twins; output equals plain decoding and steps really ran as halves."""

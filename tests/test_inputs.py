@@ -121,3 +121,64 @@ def test_steady_decode_rows_take_the_short_path_to_the_same_step() -> None:
         got = (step.ids, step.positions, step.slots, step.cu_seqlens, step.seq_lens, step.tables)
         got += (step.logit_rows, step.spans, step.feed)
         assert got == _reference_step(prep, rows, tables)
+
+
+def _shifted_on_device(step, rows, acc: list[int]):
+    """What a pipelined graph step does to its staged inputs (`pipeline.shift_rows`), on the
+    CPU: (positions, slots, context lengths, feed sources, lookup lengths)."""
+    import torch
+
+    from specwire.target_service.runner.model_runner import ModelRunner
+    from specwire.target_service.runner.pipeline import shift_rows
+
+    b, none = step.num_rows, 8  # 8 rows at most; entry 8 is the sentinel
+    src = torch.tensor([a if a >= 0 else none for a in step.after] + [none] * (none + 1 - b))
+    acc_t = torch.tensor(acc + [0] * (none + 1 - len(acc)))
+    tok_row = torch.repeat_interleave(torch.arange(b), torch.tensor(step.cu_seqlens).diff())
+    feed_row = tok_row[[dst for dst, _ in step.feed]]
+    width = max(len(t) for t in step.tables)
+    tables = torch.tensor([t + [0] * (width - len(t)) for t in step.tables], dtype=torch.int32)
+    pos, slots = torch.tensor(step.positions), torch.tensor(step.slots)
+    seq_lens = torch.tensor(step.seq_lens, dtype=torch.int32)
+    feed_src = torch.tensor([src for _, src in step.feed])
+    lookup = torch.tensor(ModelRunner._drafting(rows, step.cu_seqlens)[0])
+    shift_rows(acc_t, src, tok_row, feed_row, pos, slots, seq_lens, feed_src, tables, lookup, 4)
+    return pos.tolist(), slots.tolist(), seq_lens.tolist(), feed_src.tolist(), lookup.tolist()
+
+
+def test_a_pipelined_step_shifted_on_the_device_is_the_step_staged_with_its_shifts():
+    """A pipelined step is staged for "the step before accepted nothing"; moved on the
+    device by the accepted counts (`shift_rows`) it must be exactly the step the host would
+    stage knowing them (`prepare_varlen(..., shifts)`, the eager path), and its rows' tables
+    must cover the furthest shift (`Row.slack`)."""
+    from specwire.target_service.runner.model_runner import ModelRunner
+
+    prep = InputPreparer(block_size=4, max_blocks_per_seq=8, dummy_block=0, device="cpu")
+    chunk = _req("chunk", list(range(10, 20)), [], 0)  # a prefill chunk: never shifted
+    # Decode rows whose last token is the step in flight's (-1), 3 and 2 drafts unread there.
+    a = _req("a", [1, 2, 3, 4, 5], [6, -1], 6)
+    b = _req("b", [7, 8, 9], [-1], 3)
+    c = _req("c", [1, 1, 1, 1], [2], 4)  # not in the step in flight
+    rows = [
+        Row(chunk, 6, decode=False),
+        Row(a, 1, decode=True, feed_src=3, after=1, slack=3, drafts=[0, 0]),
+        Row(b, 1, decode=True, feed_src=7, after=2, slack=2, drafts=[0, 0, 0]),
+        Row(c, 1, decode=True, drafts=[5]),
+    ]
+    tables = [[1, 2, 3], [4, 5, 7], [6, 9, 12], [10, 11]]
+    for acc in ([0, 0, 0], [0, 3, 1], [0, 2, 2], [0, 1, 0]):
+        staged = prep.prepare_varlen(rows, tables)
+        staged.after = [r.after for r in rows]
+        shifts = [acc[r.after] if r.after >= 0 else 0 for r in rows]
+        want = prep.prepare_varlen(rows, tables, shifts)
+        got = _shifted_on_device(staged, rows, acc)
+        lookup = ModelRunner._drafting(rows, want.cu_seqlens, shifts)[0]
+        assert got == (
+            want.positions,
+            want.slots,
+            want.seq_lens,
+            [s for _, s in want.feed],
+            lookup,
+        ), acc
+        assert want.ids == staged.ids  # the ids do not move: gathered and drafted there
+    assert staged.tables[1] == [4, 5, 7] and staged.tables[2] == [6, 9, 12]  # up to the slack

@@ -39,6 +39,11 @@ ENGINE_FLAGS = {
         "ngram drafter, experimental: the lookup runs on the device inside the step (one"
         " Triton launch on CUDA), off the host's critical path; same drafts as on the host"
     ),
+    "pipeline_drafts": Flag(
+        "ngram drafter on the device, experimental: a drafting step is launched before the"
+        " one before it is read (greedy requests), its rows moved on the device by what that"
+        " step accepted; the host's work leaves the critical path"
+    ),
     "device": Flag("cpu | cuda[:N]"),
     "dtype": Flag(
         "float32 | bfloat16 | float16 (unset: float32 on CPU, bfloat16 on GPU)", default=None

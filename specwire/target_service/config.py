@@ -47,6 +47,9 @@ class TargetConfig:
     max_ngram: int = DEFAULT_MAX_NGRAM
     ngram_vote: int = VOTE  # n-gram: occurrences whose next token votes (1: the latest alone)
     draft_on_device: bool = False  # n-gram: the lookup runs on the device, inside the step
+    # With draft_on_device: drafting steps overlap as plain ones do (the next step is launched
+    # before this one is read, and shifted on the device by what it accepted).
+    pipeline_drafts: bool = False
     device: str = "cpu"
     dtype: str = "float32"
     cuda_graphs: bool = True
@@ -123,6 +126,13 @@ class TargetConfig:
                 f"--draft-on-device drafts with the n-gram lookup; it needs --drafter ngram, "
                 f"got --drafter {self.drafter}"
             )
+        if self.pipeline_drafts and not (self.draft_on_device and self.overlap):
+            raise UserError(
+                "--pipeline-drafts overlaps steps that draft on the device; it needs"
+                " --draft-on-device, and overlap on (not --no-overlap)"
+            )
+        if self.pipeline_drafts and self.two_batch_rows:
+            raise UserError("--pipeline-drafts and --two-batch-rows cannot be combined")
         if self.dtype not in DTYPES:
             raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if not (self.device == "cpu" or self.device.startswith("cuda")):

@@ -155,6 +155,9 @@ class DraftLengthPolicy:
     # learnt). For a GPU policy driven on the CPU, where a step's forward runs inside its host
     # time, so measured host times would price synchronous steps by the CPU's forward.
     measure_costs: bool = True
+    # Drafting steps overlap as plain ones do (`--pipeline-drafts`): a step of any k is
+    # priced as an overlapped one (`plain_cost`), no synchronous host time in it.
+    pipelined: bool = False
     mode: str = "spec"  # "spec" | "plain"
     # (mode, batch-size bucket) -> generated tokens per second per row (EMA over windows)
     rates: dict[tuple[str, int], float] = field(default_factory=dict)
@@ -561,7 +564,7 @@ class DraftLengthPolicy:
         rows = len(decode) + (1 if prefill_tokens else 0)
         caps = [min(r.useful_drafts, K) for r in decode]
         sums = self.acceptance.sums(decode, caps)  # (from `presum`'s when it made them)
-        host = self._host(rows)
+        host = 0.0 if self.pipelined else self._host(rows)
         best_k, best, free_k, free = 0, -1.0, 0, -1.0
         per_k: list[tuple[float, int]] = []  # (expected committed, tokens fed) per k
         for k, (committed, fed) in enumerate(zip(*sums, strict=True)):
@@ -572,6 +575,8 @@ class DraftLengthPolicy:
                 best, free = goodput, goodput
                 continue
             gpu = self._gpu(tokens)
+            if self.pipelined:
+                gpu = self.plain_cost(rows, tokens)
             goodput = committed / max(host + gpu, 1e-9)
             if goodput > best * 1.0001:  # ties go to the shorter draft
                 best_k, best = k, goodput

@@ -333,6 +333,7 @@ def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine
             dummy_block=KVCacheManager.DUMMY_BLOCK,
             cuda_graphs=cfg.cuda_graphs,
             max_num_tokens=cfg.max_num_tokens,
+            pipelined=cfg.pipeline_drafts,
         ),
         device_drafts=DeviceDrafts(
             num_blocks * cfg.block_size,
@@ -351,7 +352,9 @@ def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine
         {loaded.tokenizer.eos_token_id} if loaded.tokenizer.eos_token_id is not None else set()
     )
     # The draft-length policy: adaptive where a measured cost table exists (CUDA graphs).
-    policy = DraftLengthPolicy(k, adaptive=cfg.draft_policy == "adaptive")
+    policy = DraftLengthPolicy(
+        k, adaptive=cfg.draft_policy == "adaptive", pipelined=cfg.pipeline_drafts
+    )
     metrics = TargetMetrics(cfg.model)  # streams and the executor report to the same one
     if runner.graphs is not None:
         replay = runner.graphs.measure()
@@ -373,6 +376,7 @@ def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine
         metrics=metrics,
         overlap=cfg.overlap,
         two_batch_rows=cfg.two_batch_rows,
+        pipelined=cfg.pipeline_drafts,
     )
     log.info(
         "engine ready: model=%s device=%s drafter=%s K=%d graphs=%s attention=%s ops=%s exact=%s"

@@ -75,6 +75,7 @@ class Executor(OverlappedSteps, TwoBatchSteps):
         metrics: TargetMetrics | None = None,  # the one make_stream's streams report to
         overlap: bool = True,  # overlap plain greedy steps (see the module docstring)
         two_batch_rows: int = 0,  # speculative steps alternate two halves from this many rows
+        pipelined: bool = False,  # drafting steps (on the device) overlap too (overlap.py)
     ) -> None:
         self.scheduler = scheduler
         self.resources = resources
@@ -87,6 +88,7 @@ class Executor(OverlappedSteps, TwoBatchSteps):
         self.vocab_size = vocab_size
         self.overlap = overlap
         self.two_batch_rows = two_batch_rows
+        self.pipelined = pipelined and overlap and two_batch_rows == 0
         self._inflight: InFlight | None = None
         self._inflight_spec: InFlightSpec | None = None  # two-batch overlap
         # A plain step drained on entering the two-batch overlap: (tokens, seconds) that count
@@ -291,7 +293,11 @@ class Executor(OverlappedSteps, TwoBatchSteps):
             if not overlap:
                 self._finish_inflight(observe=False)  # drafting needs every token on the host
             t0 = time.perf_counter()
-            batch = self._schedule(0 if overlap else step_k)
+            if overlap and self.pipelined:  # drafts (on the device) need no token on the host
+                ending, pinned = self._in_flight_limits()
+                batch = self._schedule(step_k, ending, pinned=pinned)
+            else:
+                batch = self._schedule(0 if overlap else step_k)
             if batch is None:
                 return
             if overlap:
@@ -306,16 +312,22 @@ class Executor(OverlappedSteps, TwoBatchSteps):
         overlap = self.overlap and self._sync_requests <= 0
         step_k = self.scheduler.draft_len() if self.drafter is not None else 0
         if step_k and self.scheduler.wants_drafts(step_k):
-            overlap = False
+            overlap = overlap and self.pipelined
         return overlap, step_k
 
     def _schedule(
-        self, step_k: int, exclude: frozenset[str] = frozenset(), max_rows: int | None = None
+        self,
+        step_k: int,
+        exclude: frozenset[str] = frozenset(),
+        max_rows: int | None = None,
+        pinned: frozenset[str] = frozenset(),
     ) -> ScheduledBatch | None:
         """The next batch, or None when nothing can run (the step in flight is read: its
         finishing requests may hold the KV blocks needed)."""
         self._gpu_wait = self._draft_wait = 0.0
-        batch = self.scheduler.schedule(step_k=step_k, exclude=exclude, max_rows=max_rows)
+        batch = self.scheduler.schedule(
+            step_k=step_k, exclude=exclude, max_rows=max_rows, pinned=pinned
+        )
         if batch.preempted:
             self.metrics.preemptions.inc(len(batch.preempted))
         if not batch:

@@ -28,7 +28,7 @@ from specwire.target_service.events import (  # noqa: F401 - re-exported for cal
     deferred_wakeups,
 )
 from specwire.target_service.metrics import TargetMetrics
-from specwire.target_service.request import Request
+from specwire.target_service.request import PENDING, Request
 from specwire.target_service.verifier import TokenLogprob
 
 log = logging.getLogger(__name__)
@@ -144,6 +144,27 @@ class OutputStream:
         return (
             len(req.prompt_ids) + num_output >= self.max_context or num_output >= req.max_new_tokens
         )
+
+    def first_pending(self) -> int:
+        """The index of the first placeholder in `output_ids`: the oldest step in flight's
+        token (at most two steps are; a placeholder is among the last two tokens)."""
+        out = self.request.output_ids
+        return len(out) - 2 if len(out) >= 2 and out[-2] == PENDING else len(out) - 1
+
+    def resolve_many(
+        self, tokens: list[int], now: float, itls: list[float]
+    ) -> tuple[list[int], str | None]:
+        """`resolve` for a pipelined drafting step: its first placeholder becomes `tokens`
+        (the accepted drafts and the token after them), with the finish rules of `append`;
+        a later placeholder stays after them unless the request finished."""
+        out = self.request.output_ids
+        at = self.first_pending()
+        later = out[at + 1 :]
+        del out[at:]
+        kept, reason = self.append(tokens, itls, now)
+        if reason is None:
+            out.extend(later)
+        return kept, reason
 
     def resolve(
         self, index: int, token: int, now: float, itls: list[float]

@@ -3,7 +3,10 @@ state they use (`_inflight`, `_inflight_spec`, the scheduler, runner, streams an
 
 `OverlappedSteps`: a plain greedy step is committed optimistically (a placeholder token per
 decode row), launched, and only then is the step before it read; the next step feeds the
-placeholders from that step's argmax on the device.
+placeholders from that step's argmax on the device. With `--pipeline-drafts`, a step whose
+rows draft on the device runs the same way: committed as if no draft will be accepted, its
+drafts unread (`Request.unread_drafts`), and the next step's rows are shifted on the device
+by what it accepted (runner/pipeline.py).
 
 `TwoBatchSteps` (`--two-batch-rows`): speculative steps alternate two disjoint halves of the
 batch; a step schedules, drafts and launches the requests that are not in the step in flight,
@@ -40,6 +43,12 @@ class InFlight:
     may_draft: bool  # whether any of its requests may speculate at all (`ScheduledBatch`)
     generated: int = 0  # output tokens it committed (known once read)
     src: dict[str, int] = field(default_factory=dict)  # request id -> its logit row
+    # Pipelined drafting: request id -> its row in the step; the decode rows (as `pending`),
+    # whose drafts are verified when the step is read; whether any row drafted.
+    row_of: dict[str, int] = field(default_factory=dict)
+    decode: list[Row] = field(default_factory=list)
+    unread: list[int] = field(default_factory=list)  # per decode row: drafts fed (placeholders)
+    drafted: bool = False
 
 
 @dataclass
@@ -61,15 +70,20 @@ class OverlappedSteps:
     """Plain greedy steps launched before the previous step's tokens are read."""
 
     def _step_overlapped(self, batch: ScheduledBatch) -> None:
-        """Launch `batch` (no drafts), commit it optimistically, then read the step before it."""
+        """Launch `batch` (no drafts, or pipelined: drafted on the device), commit it
+        optimistically, then read the step before it."""
         prev = self._inflight
         t0 = time.perf_counter()
+        decode = batch.decode_rows
         if prev is not None:
-            for row in batch.rows:
-                if row.decode:
-                    row.feed_src = prev.src.get(row.request.request_id, -1)
+            for row in decode:
+                rid = row.request.request_id
+                row.feed_src = prev.src.get(rid, -1)
+                row.after = prev.row_of.get(rid, -1)
         try:
             self.resources.prepare(batch.requests)
+            if self.pipelined and any(r.request.draft_budget > 0 for r in decode):
+                self.drafts.prepare(decode, True, self.step_no, device_busy=prev is not None)
             logits = self.runner.forward(
                 batch.rows, [self.kv.block_table(r) for r in batch.requests]
             )
@@ -80,26 +94,32 @@ class OverlappedSteps:
             self._finish_inflight()
             rows = [r for r in batch.rows if not r.request.finished]
             for row in rows:
-                row.feed_src = -1
+                row.feed_src = row.after = -1
+                row.slack = 0
             self._gpu_wait = 0.0
             self._run_isolated(rows, draft=False)
             return
         if logits.graph is None:
             self.metrics.batched.add(self.metrics.eager_steps, 1)
         self.metrics.batched.add(self.metrics.overlapped_steps, 1)
-        tokens = sum(row.num_committed for row in batch.rows)
+        tokens = sum(row.num_committed + len(row.drafts) for row in batch.rows)
         launched = InFlight(
             self.step_no, logits, [], t0, len(batch.rows), tokens, may_draft=batch.may_draft
         )
-        for row in batch.rows:
+        for i, row in enumerate(batch.rows):
             req = row.request
             req.num_computed += row.num_committed
+            launched.row_of[req.request_id] = i
             if not row.decode:
                 continue
             req.state = RequestState.DECODE
             req.output_ids.append(PENDING)
+            req.unread_drafts += len(row.drafts)
+            launched.unread.append(len(row.drafts))
+            launched.drafted = launched.drafted or bool(row.drafts)
             off = logits.spans[len(launched.pending)][0]
             launched.pending.append((req, len(req.output_ids) - 1, off))
+            launched.decode.append(row)
             launched.src[req.request_id] = off
             if self.streams[req.request_id].ends_at(len(req.output_ids)):
                 self.scheduler.remove(req)  # its last token is in flight: never run it again
@@ -110,9 +130,25 @@ class OverlappedSteps:
             self._complete(prev)
             self._observed_plain(prev, t0 - prev.t_launch, steady=True)
 
+    def _in_flight_limits(self) -> tuple[frozenset[str], frozenset[str]]:
+        """Pipelined: (requests the step in flight may end, which the next step must not
+        schedule — their rows could run past the context —, requests whose drafts in it are
+        unread, which it must not preempt)."""
+        prev = self._inflight
+        if prev is None or not prev.drafted:
+            return frozenset(), frozenset()
+        ending, pinned = set(), set()
+        for req, _i, _o in prev.pending:
+            if req.unread_drafts and not req.finished:
+                pinned.add(req.request_id)
+                stream = self.streams[req.request_id]
+                if stream.ends_at(len(req.output_ids) + req.unread_drafts):
+                    ending.add(req.request_id)
+        return frozenset(ending), frozenset(pinned)
+
     def _finish_inflight(self, observe: bool = True) -> None:
-        """Read the step in flight, if any. `observe`: time it as a plain step (launch to
-        now); otherwise its wait is the caller's to account for."""
+        """Read the step in flight, if any. `observe`: time it as an overlapped step (launch
+        to now); otherwise its wait is the caller's to account for."""
         prev, self._inflight = self._inflight, None
         if prev is None:
             return
@@ -129,7 +165,8 @@ class OverlappedSteps:
         plain step costs while plain steps follow each other), so the policy may price plain
         steps by it; a drain (launch to read) is not such a period."""
         policy = self.scheduler.policy
-        policy.observe_rate(done.generated, period, done.rows, done.may_draft, overlapped=True)
+        plain = not done.drafted  # a pipelined drafting step is speculation's evidence
+        policy.observe_rate(done.generated, period, done.rows, done.may_draft, overlapped=plain)
         if steady:
             policy.observe_plain(done.rows, done.tokens, period)
         self._count_step(period)
@@ -145,6 +182,9 @@ class OverlappedSteps:
             self.runner.wait(done.logits)
             self._observe_gpu(done.logits)
             tokens = done.logits.tokens()
+            if done.drafted:
+                done.logits.device_drafts(done.decode)  # the real drafts
+                verified = self.verifier.verify(done.decode, done.logits).tokens
         except Exception as exc:  # the device failed this step: its requests' state is unknown
             log.exception("overlapped step %d failed", done.step_no)
             for req, _i, _o in done.pending:
@@ -152,15 +192,18 @@ class OverlappedSteps:
             return
         finally:
             self._gpu_wait += time.perf_counter() - t0
+        if done.drafted:
+            self._complete_drafted(done, verified)
+            return
         now = time.monotonic()
         rendered: list[tuple] = []
         itls: list[float] = []
         observe = self.scheduler.policy.observe
-        for req, index, off in done.pending:
+        for req, _index, off in done.pending:
             if req.finished:
                 continue  # cancelled, stopped or ended by EOS while this step ran
             stream = self.streams[req.request_id]
-            kept, reason = stream.resolve(index, tokens[off], now, itls)
+            kept, reason = stream.resolve(stream.first_pending(), tokens[off], now, itls)
             req.stats.record(0, 0)
             observe(req, 0, 0)
             rendered.append((stream, kept, reason, 0, 0, done.step_no, None))
@@ -181,6 +224,45 @@ class OverlappedSteps:
             self.drafts.submit(
                 [req for req, _i, _o in done.pending], done.step_no, self._device_busy
             )
+        self._render(rendered)
+
+    def _complete_drafted(self, done: InFlight, verified: list[list[int]]) -> None:
+        """Commit a pipelined drafting step once read: each row's accepted drafts and the
+        token after them replace its placeholder, and its cache keeps what the step in
+        flight after it may still fill."""
+        now = time.monotonic()
+        rendered: list[tuple] = []
+        itls: list[float] = []
+        rows: list[tuple[int, int]] = []
+        going_on: list[Request] = []
+        generated = 0
+        observe = self.scheduler.policy.observe
+        for (req, _i, _o), row, fed, toks in zip(
+            done.pending, done.decode, done.unread, verified, strict=True
+        ):
+            drafted, acc = len(row.drafts), len(toks) - 1
+            req.unread_drafts -= fed
+            if req.finished:
+                continue  # cancelled, stopped or ended by EOS while this step ran
+            req.num_computed += acc
+            stream = self.streams[req.request_id]
+            kept, reason = stream.resolve_many(toks, now, itls)
+            req.stats.record(drafted, acc)
+            observe(req, drafted, acc)
+            rows.append((drafted, acc))
+            generated += len(kept)
+            rendered.append((stream, kept, reason, drafted, acc, done.step_no, None))
+            if reason is not None:
+                self._release(req)
+            else:
+                going_on.append(req)
+        self.resources.update(going_on, {})  # rejected drafts' blocks go back
+        self.stats.record_many(rows)
+        self.metrics.on_verified(rows)
+        self.metrics.observe_itl(itls)
+        self.metrics.on_generated(generated)
+        done.generated = generated
+        self._generated += generated
         self._render(rendered)
 
 

@@ -139,6 +139,10 @@ class Request:
     output_ids: list[int] = field(default_factory=list)
     state: RequestState = RequestState.WAITING
     num_computed: int = 0  # tokens whose K/V are in the cache
+    # Pipelined drafting steps (`--pipeline-drafts`): the drafts of this request's step in
+    # flight, not read yet. Up to that many more of its tokens may already be computed, so
+    # its KV reservation and its later positions allow for them (`overlap.py`).
+    unread_drafts: int = 0
     # The drafter's output for this step (unpadded); the executor moves it to the Row.
     draft_tokens: list[int] = field(default_factory=list)
     # Optional per-draft-position sparse distributions: list of (ids, probs) pairs.
@@ -184,7 +188,7 @@ class Request:
     @property
     def useful_drafts(self) -> int:
         """Drafts that could be used at all (never past max_new_tokens)."""
-        out = len(self.output_ids)
+        out = len(self.output_ids) + self.unread_drafts  # (the worst case in flight)
         remaining = self.max_new_tokens - out - 1
         if self.max_context_len:
             # Verify positions never pass the end of the context: the last committed token

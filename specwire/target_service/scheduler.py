@@ -42,6 +42,11 @@ class Row:
     # Overlapped steps: the row's last committed token is still being computed by the step in
     # flight; it is that step's logit row `feed_src` (the runner gathers it on the device).
     feed_src: int = -1
+    # Pipelined drafting steps: this request's row in the step in flight, whose drafts are not
+    # read yet. Its accepted count, found on the device, shifts this row's positions (the
+    # host staged them for "none accepted"); `slack` is the most it can be.
+    after: int = -1
+    slack: int = 0
     # This step's drafts for a decode row, as the executor accepted them from the drafter
     # (real, unpadded), their distributions if any, and (SDPA backend only) how many padding
     # tokens follow them. Per-step values travel here, never on the Request.
@@ -132,11 +137,13 @@ class Scheduler:
         step_k: int | None = None,
         exclude: frozenset[str] | set[str] = frozenset(),
         max_rows: int | None = None,
+        pinned: frozenset[str] | set[str] = frozenset(),
     ) -> ScheduledBatch:
         """Plan the next step. `step_k` overrides the policy's draft length (0: no drafts).
         Two-batch overlap: requests in `exclude` (the step in flight) are neither scheduled
         nor preempted (the device may still write their cache blocks), and the step takes at
-        most `max_rows` rows."""
+        most `max_rows` rows. Requests in `pinned` (a pipelined step's, whose accepted
+        counts are not read yet) may be scheduled but are never preempted."""
         batch = ScheduledBatch()
         tokens_left = self.config.max_num_tokens
         free_blocks = self.kv.num_free_blocks
@@ -153,12 +160,14 @@ class Scheduler:
             req = queue.pop(0)
             row, cost, blocks = self._plan_row(req, tokens_left, step_k)
             while blocks > free_blocks and queue:
-                victim = queue.pop()  # youngest running request gives its blocks back
+                victim = self._victim(queue, pinned)
+                if victim is None:
+                    break
                 free_blocks += len(self.kv.block_table(victim))
                 self._preempt(victim, batch)
             if blocks > free_blocks:
                 if not exclude:
-                    if not batch.rows:
+                    if not batch.rows and req.request_id not in pinned:
                         # Alone and still too big: wait for blocks (never crash, never leak).
                         self._preempt(req, batch)
                     break
@@ -181,6 +190,14 @@ class Scheduler:
             free_blocks -= blocks
         return batch
 
+    @staticmethod
+    def _victim(queue: list[Request], pinned: frozenset[str] | set[str]) -> Request | None:
+        """The youngest running request in `queue` that may give its blocks back."""
+        for i in range(len(queue) - 1, -1, -1):
+            if queue[i].request_id not in pinned:
+                return queue.pop(i)
+        return None
+
     def _plan_row(self, req: Request, tokens_left: int, step_k: int) -> tuple[Row, int, int]:
         remaining = req.num_tokens - req.num_computed
         k = self.policy.request_cap(req, step_k) if step_k > 0 else 0
@@ -191,12 +208,13 @@ class Scheduler:
             row, cost = Row(req, remaining, decode=True), remaining
         else:
             row, cost = Row(req, tokens_left, decode=False), tokens_left
-        slots = req.num_computed + cost
+        slots = req.num_computed + req.unread_drafts + cost
         return row, cost, self.kv.blocks_needed(req, slots)
 
     def _commit(self, row: Row, cost: int, blocks: int, batch: ScheduledBatch) -> None:
         req = row.request
-        self.kv.plan(req, req.num_computed + cost)
+        self.kv.plan(req, req.num_computed + req.unread_drafts + cost)
+        row.slack = req.unread_drafts
         # The scheduler's budget also caps the drafts the drafter may propose this step.
         req.step_draft_cap = cost - row.num_committed if row.decode else 0
         batch.rows.append(row)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from specwire.target_service.drafters.base import Drafter
-from specwire.target_service.request import Request
+from specwire.target_service.request import PENDING, Request
 from specwire.target_service.resources.base import ResourceManager, ResourceRegistry
 
 PLACEHOLDER = 0  # any id inside the vocabulary: overwritten on the device before it is read
@@ -31,14 +31,16 @@ class SeenTokens(ResourceManager):
         self._seen: dict[str, tuple[set[int], int]] = {}  # request id -> (tokens[:n], n)
 
     def repeats_last(self, req: Request) -> bool:
-        """Whether the request's last committed token occurred before it."""
+        """Whether the request's last committed token occurred before it; True when it is
+        not known yet (a pipelined step in flight computes it: `PENDING`)."""
         total = req.num_tokens
         seen, n = self._seen.get(req.request_id, (set(), 0))
         if n < total - 1:
             seen.update(req.tokens_between(n, total - 1))
             n = total - 1
         self._seen[req.request_id] = (seen, n)
-        return total >= 2 and req.token_at(total - 1) in seen
+        last = req.token_at(total - 1)
+        return total >= 2 and (last == PENDING or last in seen)
 
     def free(self, request: Request) -> None:
         self._seen.pop(request.request_id, None)

@@ -78,10 +78,11 @@ class KVCacheManager(ResourceManager):
         self._tables.setdefault(request.request_id, []).extend(got)
 
     def update(self, batch: Sequence[Request], accepted: dict[str, int]) -> None:
-        # Keep only the blocks that hold valid KV (rejected drafts' slots are dropped).
+        # Keep only the blocks that hold valid KV (rejected drafts' slots are dropped), and
+        # those a pipelined step in flight may still fill (its drafts, not read yet).
         for req in batch:
             if not req.finished:
-                self.rewind(req, req.num_computed)
+                self.rewind(req, req.num_computed + req.unread_drafts)
 
     def rewind(self, request: Request, num_tokens: int) -> None:
         """Shrink the request's table to the blocks that cover its first `num_tokens` tokens."""

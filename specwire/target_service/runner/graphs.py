@@ -28,10 +28,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 
+import numpy as np
 import torch
 
 from specwire.common.model.attention import AttentionMetadata
 from specwire.target_service.runner.inputs import VarlenStep
+from specwire.target_service.runner.pipeline import accepted_counts, shift_rows
 
 # One graph replay in this many is timed (its device time feeds `specwire_step_gpu_seconds`).
 TIMING_EVERY = 8
@@ -87,9 +89,14 @@ class TokenGraphs:
         vocab_size: int,
         device: torch.device,
         device_drafts=None,  # runner.device_drafts.DeviceDrafts: draft inside the graph
+        block_size: int = 16,
+        pipelined: bool = False,  # shift rows by the step before's accepted drafts (pipeline.py)
+        max_draft_len: int = 0,
     ) -> None:
         self.forward = forward
         self.dd = device_drafts
+        self.block_size = block_size
+        self.pipelined = pipelined
         self.max_rows = max_rows
         self.max_logit_rows = max_logit_rows
         self.buckets = token_buckets(max_tokens)
@@ -109,6 +116,14 @@ class TokenGraphs:
                 "dd_len": (max_rows,),
                 "dd_cap": (max_rows,),
                 "dd_off": (max_rows,),
+                # pipelined: each row's row in the step before (max_rows: none; one more entry,
+                # the sentinel's), each token's and each fed entry's row, what verifying needs
+                "shift_src": (max_rows + 1,),
+                "tok_row": (t,),
+                "feed_row": (max_rows,),
+                "v_first": (max_rows,),
+                "v_logit": (max_rows,),
+                "v_drafts": (max_rows,),
             },
             torch.long,
             d,
@@ -128,6 +143,16 @@ class TokenGraphs:
         self.dd_len, self.h_dd_len = self.longs.field("dd_len")
         self.dd_cap, self.h_dd_cap = self.longs.field("dd_cap")
         self.dd_off, self.h_dd_off = self.longs.field("dd_off")
+        self.shift_src, self.h_shift_src = self.longs.field("shift_src")
+        self.tok_row, self.h_tok_row = self.longs.field("tok_row")
+        self.feed_row, self.h_feed_row = self.longs.field("feed_row")
+        self.v_first, self.h_v_first = self.longs.field("v_first")
+        self.v_logit, self.h_v_logit = self.longs.field("v_logit")
+        self.v_drafts, self.h_v_drafts = self.longs.field("v_drafts")
+        # Pipelined: each row's accepted drafts, counted inside the graph; the next step's
+        # shifts read it before this one overwrites it. acc[max_rows] stays 0 (no shift).
+        self.acc = torch.zeros(max_rows + 1, dtype=torch.long, device=d)
+        self.kidx = torch.arange(max(1, max_draft_len), device=d)
         if device_drafts is not None:  # the drafts and which rows have any, for the host
             kmax = device_drafts.kmax
             self.dd_drafts = torch.zeros(max_rows, kmax, dtype=torch.long, device=d)
@@ -206,6 +231,12 @@ class TokenGraphs:
             context_lens=self.seq_lens[:rows],
             cu_seqlens_q=self.cu[: rows + 1],
         )
+        if self.pipelined:  # rows move by the step before's accepted drafts, first
+            shift_rows(
+                self.acc, self.shift_src, self.tok_row[:bucket], self.feed_row, self.pos[:bucket],
+                self.slots[:bucket], self.seq_lens[:rows], self.feed_src, self.tables[:rows],
+                self.dd_len[:rows] if self.dd is not None else None, self.block_size,
+            )  # fmt: skip
         # Tokens the previous step computed and this one feeds: gathered from its argmax
         # (still in `self.argmax`) before this step overwrites it; unused entries hit scratch.
         self.ids_ext.index_copy_(0, self.feed_dst, self.argmax.index_select(0, self.feed_src))
@@ -225,6 +256,15 @@ class TokenGraphs:
             self.logits[:n_logits].copy_(out)
             torch.argmax(self.logits[:n_logits], dim=-1, out=self.argmax[:n_logits])
         self.h_argmax[twin][:n_logits].copy_(self.argmax[:n_logits], non_blocking=True)
+        if self.pipelined:  # each row's accepted drafts, for the next step's shifts
+            drafts = self.v_drafts[:rows]
+            if self.dd is not None:  # a row drafted on the device without a match has none
+                missed = (self.dd_cap[:rows] > 0) & ~self.dd_found[:rows]
+                drafts = torch.where(missed, torch.zeros_like(drafts), drafts)
+            self.acc[:rows] = accepted_counts(
+                self.ids_ext, self.argmax, self.v_first[:rows], self.v_logit[:rows], drafts,
+                self.kidx,
+            )  # fmt: skip
         return self.logits[:n_logits]
 
     def capture(self, buckets: Iterable[int] | None = None, progress=None) -> None:
@@ -270,8 +310,32 @@ class TokenGraphs:
             self.longs.host[twin].zero_()
             self.h_slots[twin][:] = -1
             self.h_feed_dst[twin][:] = self.scratch
+            self.h_shift_src[twin][:] = self.max_rows
+            self.h_tok_row[twin][:] = self.max_rows
+            self.h_feed_row[twin][:] = self.max_rows
             self.ints.host[twin].zero_()
         torch.cuda.synchronize()
+
+    def _stage_pipeline(self, w: int, step: VarlenStep, bucket: int) -> None:
+        """Stage a pipelined step's shift sources, token rows and verification inputs."""
+        t, b, none = step.num_tokens, step.num_rows, self.max_rows
+        src = self.h_shift_src[w]
+        src[:b] = step.after
+        src[:b][src[:b] < 0] = none
+        src[b:] = none
+        tok_row = self.h_tok_row[w]
+        tok_row[:t] = np.repeat(np.arange(b), np.diff(step.cu_seqlens))
+        tok_row[t:bucket] = none
+        f = len(step.feed)
+        feed_row = self.h_feed_row[w]
+        if f:
+            feed_row[:f] = tok_row[[dst for dst, _ in step.feed]]
+        feed_row[f:] = none
+        first, logit, drafts = step.verify
+        self.h_v_first[w][:b] = first
+        self.h_v_logit[w][:b] = logit
+        self.h_v_drafts[w][:b] = drafts
+        self.h_v_drafts[w][b:] = 0
 
     def replay(self, bucket: int, step: VarlenStep):
         """Stage the step's inputs (padded to `bucket`) in the next host twin and replay that
@@ -306,6 +370,8 @@ class TokenGraphs:
         h_seq_lens[b:] = 0
         for i, table in enumerate(step.tables):
             h_tables[i, : len(table)] = table
+        if self.pipelined:
+            self._stage_pipeline(w, step, bucket)
         drafted = None
         if self.dd is not None and step.drafting is None:
             self.h_dd_cap[w][:] = 0  # no row drafts (a plain step): lengths, offsets unread

@@ -53,6 +53,11 @@ class VarlenStep:
     # index); set by the runner when a row of the step drafts on the device
     # (`ModelRunner._drafting`); None for a step where none does.
     drafting: tuple[list[int], list[int], list[int]] | None = None
+    # Pipelined drafting steps (`RunnerConfig.pipelined`): per row, its row in the step
+    # before whose accepted count shifts it (-1: none), and what verifying it needs on the
+    # device (flat index of its first draft, its first logit row, its drafts).
+    after: list[int] | None = None
+    verify: tuple[list[int], list[int], list[int]] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -80,7 +85,12 @@ class InputPreparer:
             toks = toks + row.drafts + [0] * row.pad
         return toks, start
 
-    def prepare(self, rows: list[Row], tables: list[list[int]]) -> PreparedInputs:
+    def prepare(
+        self, rows: list[Row], tables: list[list[int]], shifts: list[int] | None = None
+    ) -> PreparedInputs:
+        """Rows -> the SDPA layout. `shifts`: per row, positions to move its tokens by (a
+        pipelined step's rows, for the accepted counts of the step before: their ids stay,
+        their positions, slots and context move; see `ModelRunner.forward`)."""
         ids: list[int] = []
         pos: list[int] = []
         slots: list[int] = []
@@ -90,10 +100,12 @@ class InputPreparer:
         logit_rows: list[int] = []
         feed: list[tuple[int, int]] = []
         bs = self.block_size
-        for row, table in zip(rows, tables, strict=False):
+        for r, (row, table) in enumerate(zip(rows, tables, strict=False)):
             toks, start = self.row_tokens(row)
+            shift = shifts[r] if shifts else 0
+            start += shift
             if row.feed_src >= 0:
-                feed.append((len(ids) + row.num_committed - 1, row.feed_src))
+                feed.append((len(ids) + row.num_committed - 1, row.feed_src + shift))
             ids.extend(toks)
             for p in range(start, start + len(toks)):
                 blk = table[p // bs] if p // bs < len(table) else self.dummy_block
@@ -145,11 +157,15 @@ class InputPreparer:
             feed=feed,
         )
 
-    def prepare_varlen(self, rows: list[Row], tables: list[list[int]]) -> VarlenStep:
+    def prepare_varlen(
+        self, rows: list[Row], tables: list[list[int]], shifts: list[int] | None = None
+    ) -> VarlenStep:
         """Rows -> the varlen layout (for backends that take rows of any lengths).
 
         Each decode row feeds its uncached committed tokens and its REAL drafts only: nothing
-        is padded per row (the runner pads the step's token count to a captured graph)."""
+        is padded per row (the runner pads the step's token count to a captured graph).
+        `shifts` as in `prepare`; without them a row's table still covers its `slack` (the
+        device may shift it that far)."""
         ids: list[int] = []
         pos: list[int] = []
         slots: list[int] = []
@@ -160,15 +176,16 @@ class InputPreparer:
         spans: list[tuple[int, int]] = []
         feed: list[tuple[int, int]] = []
         bs = self.block_size
-        for row, table in zip(rows, tables, strict=True):
+        for r, (row, table) in enumerate(zip(rows, tables, strict=True)):
+            shift = shifts[r] if shifts else 0
             if row.decode and row.num_committed == 1 and not row.pad:
                 # A steady decode row (most rows of a loaded step): its last committed token,
                 # then its drafts; logits at every one of them.
                 req, i = row.request, len(ids)
-                p = req.num_computed
                 if row.feed_src >= 0:
-                    feed.append((i, row.feed_src))
-                ids.append(req.token_at(p))
+                    feed.append((i, row.feed_src + shift))
+                ids.append(req.token_at(req.num_computed))
+                p = req.num_computed + shift
                 drafts = row.drafts
                 if drafts:
                     n = 1 + len(drafts)
@@ -183,19 +200,20 @@ class InputPreparer:
                     logit_rows.append(i)
                 cu.append(i + n)
                 seq_lens.append(p + n)
-                row_tables.append(table[: (p + n - 1) // bs + 1])
+                row_tables.append(table[: (p + n - 1 + row.slack - shift) // bs + 1])
                 spans.append((len(logit_rows) - n, n))
                 continue
             toks, start = self.row_tokens(row)
+            start += shift
             n = len(toks)
             if row.feed_src >= 0:
-                feed.append((len(ids) + row.num_committed - 1, row.feed_src))
+                feed.append((len(ids) + row.num_committed - 1, row.feed_src + shift))
             ids.extend(toks)
             pos.extend(range(start, start + n))
             slots.extend(slots_of(table, start, n, bs))
             cu.append(cu[-1] + n)
             seq_lens.append(start + n)
-            row_tables.append(table[: blocks_for(start + n, bs)])
+            row_tables.append(table[: blocks_for(start + n + row.slack - shift, bs)])
             if row.decode:
                 m = 1 + len(row.drafts)
                 spans.append((len(logit_rows), m))

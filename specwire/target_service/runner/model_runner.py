@@ -26,6 +26,7 @@ from specwire.common.model.paged import blocks_for
 from specwire.target_service.runner.device_drafts import DeviceDrafts
 from specwire.target_service.runner.graphs import TokenGraphs
 from specwire.target_service.runner.inputs import InputPreparer, PreparedInputs
+from specwire.target_service.runner.pipeline import accepted_counts
 from specwire.target_service.scheduler import Row
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,9 @@ class RunnerConfig:
     dummy_block: int
     cuda_graphs: bool = True
     max_num_tokens: int = 1024
+    # Pipelined drafting steps (`--pipeline-drafts`): every step counts its rows' accepted
+    # drafts on the device, and a row may be shifted by the step before's (runner/pipeline.py).
+    pipelined: bool = False
 
     @property
     def max_blocks_per_seq(self) -> int:
@@ -111,6 +115,9 @@ class ModelRunner:
         # The argmax of the last step's logit rows, on the device: where the next step's
         # `feed` finds tokens computed by a step whose results the host has not read yet.
         self.last_argmax: torch.Tensor | None = None
+        # Pipelined: the last step's accepted drafts per row, on the device (`pipeline.py`).
+        self.last_acc: torch.Tensor | None = None
+        self._kidx = torch.arange(max(1, config.max_draft_len), device=self.device)
         self.graphs: TokenGraphs | None = None
         if config.cuda_graphs and self.device.type == "cuda" and model.attention.graphs:
             self.graphs = TokenGraphs(
@@ -122,6 +129,9 @@ class ModelRunner:
                 vocab_size=model.cfg.vocab_size,
                 device=self.device,
                 device_drafts=device_drafts,
+                block_size=config.block_size,
+                pipelined=config.pipelined,
+                max_draft_len=config.max_draft_len,
             )
 
     @property
@@ -190,8 +200,10 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
 
-    def prepare(self, rows: list[Row], tables: list[list[int]]) -> PreparedInputs:
-        return self.inputs.prepare(rows, tables)
+    def prepare(
+        self, rows: list[Row], tables: list[list[int]], shifts: list[int] | None = None
+    ) -> PreparedInputs:
+        return self.inputs.prepare(rows, tables, shifts)
 
     @torch.inference_mode()
     def forward(
@@ -201,49 +213,120 @@ class ModelRunner:
         Nothing waits for the device: `wait(result)` before reading it.
 
         `allow_graphs=False` forces the eager path (tests compare the two)."""
+        pipelined = self.config.pipelined
         if self.varlen:
-            step = self.inputs.prepare_varlen(rows, tables)
-            if self.device_drafts is not None and any(row.on_device for row in rows):
-                step.drafting = self._drafting(rows, step.cu_seqlens)  # else no row drafts
+            step = self._varlen(rows, tables, None)
             key = self.graphs.select(step) if allow_graphs and self.graphs else None
-            if key is not None:
+            if key is not None:  # (the graph shifts the rows on the device)
                 logits, greedy, done, began, drafted = self.graphs.replay(key, step)
                 self.last_argmax = self.graphs.argmax
+                if pipelined:
+                    self.last_acc = self.graphs.acc
                 return StepLogits(
                     logits, step.spans, key, greedy, done=done, began=began, drafted=drafted
                 )
+            shifts = self._host_shifts(rows)
+            if shifts is not None:
+                step = self._varlen(rows, tables, shifts)
             ids, pos, meta, index = self.inputs.varlen_tensors(step)
             self._feed(ids, step.feed)
             drafted = self._draft_eager(ids, meta, step.drafting)
             result = self._eager_result(self._forward_logits(ids, pos, meta, index), step.spans)
             result.drafted = drafted
+            if pipelined:
+                self._accept_eager(rows, ids, result.argmax, step.verify, drafted)
             return result
-        inputs = self.prepare(rows, tables)
+        shifts = self._host_shifts(rows)
+        inputs = self.prepare(rows, tables, shifts)
         self._feed(inputs.input_ids, inputs.feed)
         drafted = None
+        starts = [0]
+        for row in rows:
+            fed = row.num_committed + (len(row.drafts) + row.pad if row.decode else 0)
+            starts.append(starts[-1] + fed)
         if self.device_drafts is not None:  # (the ids are stored even where no row drafts)
-            starts = [0]
-            for row in rows:
-                fed = row.num_committed + (len(row.drafts) + row.pad if row.decode else 0)
-                starts.append(starts[-1] + fed)
-            drafted = self._draft_eager(inputs.input_ids, inputs.meta, self._drafting(rows, starts))
+            drafting = self._drafting(rows, starts, shifts)
+            drafted = self._draft_eager(inputs.input_ids, inputs.meta, drafting)
         logits = self._forward_logits(
             inputs.input_ids, inputs.positions, inputs.meta, inputs.logits_index
         )
         result = self._eager_result(logits, inputs.logit_spans)
         result.drafted = drafted
+        if pipelined:
+            verify = self._verify_inputs(rows, starts, inputs.logit_spans)
+            self._accept_eager(rows, inputs.input_ids, result.argmax, verify, drafted)
         return result
 
+    def _varlen(self, rows: list[Row], tables: list[list[int]], shifts: list[int] | None):
+        step = self.inputs.prepare_varlen(rows, tables, shifts)
+        if self.device_drafts is not None and any(row.on_device for row in rows):
+            step.drafting = self._drafting(rows, step.cu_seqlens, shifts)  # else no row drafts
+        if self.config.pipelined:
+            step.after = [row.after for row in rows]
+            step.verify = self._verify_inputs(rows, step.cu_seqlens, step.spans)
+        return step
+
     @staticmethod
-    def _drafting(rows: list[Row], starts: list[int]) -> tuple[list[int], list[int], list[int]]:
+    def _drafting(
+        rows: list[Row], starts: list[int], shifts: list[int] | None = None
+    ) -> tuple[list[int], list[int], list[int]]:
         """Per row (committed tokens in the cache once this step's are stored, drafts to make
         on the device — 0 for a row that does not —, flat index of its first draft)."""
         lengths, caps, offsets = [], [], []
-        for row, start in zip(rows, starts, strict=False):
-            lengths.append(row.request.num_computed + row.num_committed)
+        for r, (row, start) in enumerate(zip(rows, starts, strict=False)):
+            shift = shifts[r] if shifts else 0
+            lengths.append(row.request.num_computed + row.num_committed + shift)
             caps.append(len(row.drafts) if row.on_device else 0)
             offsets.append(start + row.num_committed)
         return lengths, caps, offsets
+
+    @staticmethod
+    def _verify_inputs(rows: list[Row], starts: list[int], spans: list[tuple[int, int]]):
+        """Per row (flat index of its first draft, its first logit row, its real drafts),
+        for counting its accepted drafts on the device (`pipeline.accepted_counts`)."""
+        first_draft, first_logit, drafts = [], [], []
+        spans_left = iter(spans)
+        for row, start in zip(rows, starts, strict=False):
+            if row.decode:
+                first_draft.append(start + row.num_committed)
+                first_logit.append(next(spans_left)[0])
+                drafts.append(len(row.drafts))
+            else:
+                first_draft.append(0)
+                first_logit.append(0)
+                drafts.append(0)
+        return first_draft, first_logit, drafts
+
+    def _host_shifts(self, rows: list[Row]) -> list[int] | None:
+        """Pipelined eager steps: each row's shift, read from the step before's accepted
+        counts (a graph step shifts its rows on the device instead); None when no row has
+        one."""
+        if not self.config.pipelined or all(row.after < 0 for row in rows):
+            return None
+        if self.last_acc is None:
+            raise RuntimeError("a step is shifted by a previous step that never ran")
+        acc = self.last_acc.tolist()
+        return [acc[row.after] if row.after >= 0 else 0 for row in rows]
+
+    def _accept_eager(self, rows, ids, argmax, verify, drafted) -> None:
+        """An eager step's accepted counts (`last_acc`; and in the graphs' buffer, where the
+        next step may be a graph's). A row drafted on the device without a match has none."""
+        first_draft, first_logit, drafts = verify
+        if drafted is not None:
+            found = drafted[1].tolist()
+            drafts = [
+                0 if row.on_device and not found[r] else k
+                for r, (row, k) in enumerate(zip(rows, drafts, strict=True))
+            ]
+        dev = ids.device
+        as_tensor = lambda v: torch.tensor(v, dtype=torch.long, device=dev)  # noqa: E731
+        acc = accepted_counts(
+            ids, argmax, as_tensor(first_draft), as_tensor(first_logit), as_tensor(drafts),
+            self._kidx,
+        )  # fmt: skip
+        self.last_acc = acc
+        if self.graphs is not None:
+            self.graphs.acc[: len(acc)].copy_(acc)
 
     def _draft_eager(self, ids: torch.Tensor, meta: AttentionMetadata, drafting):
         """Store the step's ids in the token cache and draft the rows that draft on the device
