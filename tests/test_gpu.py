@@ -170,6 +170,23 @@ def test_pipelined_drafting_lossless_fp32_with_cuda_graphs(loaded, policy):
     assert stats.accepted_tokens > 0
 
 
+def test_pipelined_drafting_in_the_exact_mode_equals_plain_decoding_bf16():
+    """Pipelined drafting steps in bf16 with the exact mode: rows shifted on the device keep
+    every row's logits those of plain decoding, 50 prompts at once (32 rows a step)."""
+    loaded = _bf16_loaded()
+    prompts = lossless_prompts(50)
+    cfg = dict(dtype="bfloat16", exact="on", max_batch_size=32)
+    base = _run(build_engine(_cfg(drafter="none", **cfg), loaded=loaded), prompts, 48)
+    eng = build_engine(_cfg(draft_on_device=True, pipeline_drafts=True, **cfg), loaded=loaded)
+    diff = _differing(base, _run(eng, prompts, 48))
+    stats = eng.executor.stats
+    print(
+        f"pipelined bf16 exact: {50 - len(diff)}/50 identical at once; accepted "
+        f"{stats.accepted_tokens}/{stats.draft_tokens}"
+    )
+    assert not diff and stats.accepted_tokens > 0, diff
+
+
 def test_two_batch_overlap_lossless_fp32_with_cuda_graphs(loaded):
     """--two-batch-rows: halves launched while the other is unread, through the graphs' two
     staging twins; output equals plain decoding and steps really ran as halves."""

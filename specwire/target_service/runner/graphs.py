@@ -191,6 +191,16 @@ class TokenGraphs:
             copy_argmax = None
             self.triton_argmax = False
         self._copy_argmax = copy_argmax
+        # Pipelined: the shifts and the counts as one Triton launch each (PyTorch's ops are
+        # ~20 small kernels a step, which plain steps pay too), else `runner/pipeline.py`'s.
+        self._shift_rows, self._accept_triton = shift_rows, None
+        if pipelined and copy_argmax is not None:
+            from specwire.common.model.triton_pipeline import (
+                accepted_counts_triton,
+                shift_rows_triton,
+            )
+
+            self._shift_rows, self._accept_triton = shift_rows_triton, accepted_counts_triton
 
     def _logit_rows_for(self, bucket: int) -> int:
         return min(bucket, self.max_logit_rows)
@@ -232,7 +242,7 @@ class TokenGraphs:
             cu_seqlens_q=self.cu[: rows + 1],
         )
         if self.pipelined:  # rows move by the step before's accepted drafts, first
-            shift_rows(
+            self._shift_rows(
                 self.acc, self.shift_src, self.tok_row[:bucket], self.feed_row, self.pos[:bucket],
                 self.slots[:bucket], self.seq_lens[:rows], self.feed_src, self.tables[:rows],
                 self.dd_len[:rows] if self.dd is not None else None, self.block_size,
@@ -257,14 +267,7 @@ class TokenGraphs:
             torch.argmax(self.logits[:n_logits], dim=-1, out=self.argmax[:n_logits])
         self.h_argmax[twin][:n_logits].copy_(self.argmax[:n_logits], non_blocking=True)
         if self.pipelined:  # each row's accepted drafts, for the next step's shifts
-            drafts = self.v_drafts[:rows]
-            if self.dd is not None:  # a row drafted on the device without a match has none
-                missed = (self.dd_cap[:rows] > 0) & ~self.dd_found[:rows]
-                drafts = torch.where(missed, torch.zeros_like(drafts), drafts)
-            self.acc[:rows] = accepted_counts(
-                self.ids_ext, self.argmax, self.v_first[:rows], self.v_logit[:rows], drafts,
-                self.kidx,
-            )  # fmt: skip
+            self._count_accepted(rows)
         return self.logits[:n_logits]
 
     def capture(self, buckets: Iterable[int] | None = None, progress=None) -> None:
@@ -315,6 +318,25 @@ class TokenGraphs:
             self.h_feed_row[twin][:] = self.max_rows
             self.ints.host[twin].zero_()
         torch.cuda.synchronize()
+
+    def _count_accepted(self, rows: int) -> None:
+        """Each row's accepted drafts into `acc` (inside the graph, after the argmax); a row
+        drafted on the device without a match has none."""
+        first, logit, drafts = self.v_first[:rows], self.v_logit[:rows], self.v_drafts[:rows]
+        cap = found = None
+        if self.dd is not None:
+            cap, found = self.dd_cap[:rows], self.dd_found[:rows]
+        if self._accept_triton is not None:
+            k = self.kidx.numel()
+            self._accept_triton(
+                self.ids_ext, self.argmax, first, logit, drafts, k, self.acc, cap, found
+            )
+            return
+        if cap is not None:
+            drafts = torch.where((cap > 0) & ~found, torch.zeros_like(drafts), drafts)
+        self.acc[:rows] = accepted_counts(
+            self.ids_ext, self.argmax, first, logit, drafts, self.kidx
+        )
 
     def _stage_pipeline(self, w: int, step: VarlenStep, bucket: int) -> None:
         """Stage a pipelined step's shift sources, token rows and verification inputs."""
