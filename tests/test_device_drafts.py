@@ -188,3 +188,52 @@ def test_pipelined_drafting_up_to_the_end_of_the_context():
         outs.append(done)
     assert outs[0] == outs[1]
     assert {reason for _, reason in outs[1]} == {"context"}
+
+
+def test_pipelined_steps_with_a_sampled_arrival_and_a_cancel_mid_flight():
+    """A sampled request arriving while pipelined drafting steps run makes the next steps
+    synchronous (the step in flight is read first) and a request cancelled while its drafts
+    are unread is released: the other greedy requests' output is plain decoding's, the
+    sampled one completes, every block comes back."""
+    from specwire.target_service.output import Complete
+    from specwire.target_service.request import SamplingConfig
+
+    prompts = PROMPTS[:12]
+    plain, _ = _run_prompts(_engine("none"), prompts)
+    eng = _engine("ngram", draft_on_device=True, pipeline_drafts=True)
+    seen = _pipelined_steps(eng)
+    ex, tok = eng.executor, eng.loaded.tokenizer
+    streams = [ex.submit(eng.new_request(tok.encode(p), max_new_tokens=24)) for p in prompts]
+    for _ in range(12):
+        ex._drain_inbox()
+        ex.step()
+    assert ex._inflight is not None and ex._inflight.drafted  # drafts unread right now
+    victim = next(r for r, _i, _o in ex._inflight.pending if r.unread_drafts)
+    sampled = ex.submit(
+        eng.new_request(
+            tok.encode("a sampled neighbour"),
+            max_new_tokens=8,
+            sampling=SamplingConfig(temperature=0.8, seed=3),
+        )
+    )
+    ex.cancel(victim.request_id)
+    ex.run_until_idle()
+    for i, s in enumerate([*streams, sampled]):
+        events = []
+        while not s.events.empty():
+            events.append(s.events.get())
+        assert isinstance(events[-1], Complete), events[-1]
+        if i == len(streams):
+            assert len(events[-1].token_ids) > 0
+        elif s.request is victim:
+            assert events[-1].finish_reason == "cancelled"
+        else:
+            assert events[-1].token_ids == plain[i]
+    assert seen["drafted"] > 0
+    eng.resources.check_integrity()
+    assert eng.kv.num_free_blocks == eng.kv.num_blocks - 1
+
+
+def _run_prompts(eng, prompts):
+    out = [c.token_ids for c in run_to_completion(eng, prompts)]
+    return out, eng.executor.stats
