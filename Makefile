@@ -43,7 +43,8 @@ TRITON_CPU := .triton-cpu
 test-interpret: setup
 	test -d $(TRITON_CPU) || $(PIP) install -q --target $(TRITON_CPU) "$(TRITON_PIN)"
 	TRITON_INTERPRET=1 PYTHONPATH=$(TRITON_CPU) $(VENV)/bin/pytest -q -ra \
-	    tests/test_triton_ops.py tests/test_triton_fused.py tests/test_triton_attention.py
+	    tests/test_triton_ops.py tests/test_triton_fused.py tests/test_triton_attention.py \
+	    tests/test_triton_ngram.py tests/test_triton_argmax.py tests/test_triton_pipeline.py
 
 # Build both images with podman and compare a generation through them with the repo's
 # processes; prints SKIP with the reason (exit 0) where podman cannot run.
