@@ -64,6 +64,7 @@ from prompt_pool import Prompt, build_pool  # noqa: E402
 from serving_plan import plan_passes  # noqa: E402
 from sim_device import DeviceClock  # noqa: E402
 
+from specwire.common.ngram import NGramIndex  # noqa: E402
 from specwire.target_service.config import TargetConfig  # noqa: E402
 from specwire.target_service.engine import build_engine  # noqa: E402
 from specwire.target_service.params import GenerationParams  # noqa: E402
@@ -113,7 +114,14 @@ class StubForward:
     the host as on the GPU path; the next token at a logit row is `table[id]` (`alt[id]` at
     every 5th position) of the id fed there — or, with `truths` (`Replay`), the recorded
     continuation's token after that position. Tokens the step in flight computes are gathered
-    from the previous call's outputs (`feed`), as the graph does on the device."""
+    from the previous call's outputs (`feed`), as the graph does on the device.
+
+    With `--draft-on-device` (needs `--replay`) the "device" also drafts: a row's placeholders
+    become what `NGramIndex` proposes over its committed tokens, which are the recording's (a
+    greedy replay commits exactly those). On a GPU that lookup is device time; here it runs on
+    the executor thread, so its time is counted apart (`lookup_s`) and reported. With
+    `--pipeline-drafts` the stub moves each row by the step before's accepted drafts and counts
+    this step's, as the graph does (`runner/pipeline.py`)."""
 
     def __init__(
         self,
@@ -123,39 +131,107 @@ class StubForward:
         device: DeviceClock | None,
         span: int = 512,
         truths: dict[str, list[int]] | None = None,
+        runner_ngram: tuple[int, int] = (8, 8),  # the engine's --max-ngram, --ngram-vote
     ) -> None:
         self.inputs = runner.inputs
+        self.runner = runner
         self.device = device
         self.truths = truths
+        self.last_acc = np.zeros(0, np.int64)  # pipelined: the last step's accepted drafts
+        self.lookup_s = 0.0  # thread time of the stub's "device" lookups
+        self._indexes: dict[str, tuple] = {}  # request id -> (NGramIndex, tokens in it)
         rng = np.random.default_rng(0)
         span = min(span, vocab - 3)
         self.table = rng.integers(3, 3 + span, vocab)
         self.alt = rng.integers(3, 3 + span, vocab)
         self.last = np.zeros(0, np.int64)
+        self.max_ngram, self.vote = runner_ngram
         shape = (max_tokens,)
         self.h_ids, self.h_pos, self.h_slots = (np.zeros(shape, np.int64) for _ in range(3))
 
     def __call__(self, rows, tables, allow_graphs: bool = True) -> StepLogits:
-        step = self.inputs.prepare_varlen(rows, tables)
-        t = step.num_tokens
+        step = self.runner._varlen(rows, tables, None)  # (+ drafting, shift inputs: the GPU's)
+        t, b = step.num_tokens, step.num_rows
         self.h_ids[:t] = step.ids
         self.h_pos[:t] = step.positions
         self.h_slots[:t] = step.slots
+        pipelined = step.after is not None
+        if pipelined:  # the host staging `TokenGraphs._stage_pipeline` does
+            tok_row = np.repeat(np.arange(b), np.diff(step.cu_seqlens))
+            after = np.array(step.after, np.int64)
+            feed_rows = tok_row[[dst for dst, _ in step.feed]] if step.feed else None
+            np.array(step.verify, np.int64)  # (staged as the graph's verification inputs)
         ids = self.h_ids[:t].copy()  # the "device" part from here on
+        pos = self.h_pos[:t].copy()
+        shift = np.zeros(b, np.int64)
+        if pipelined and (after >= 0).any():
+            shift = np.where(after >= 0, self.last_acc[np.maximum(after, 0)], 0)
+            pos += shift[tok_row]
         if step.feed:
             dst, src = np.array(step.feed, np.int64).T
+            if pipelined:
+                src = src + shift[feed_rows]
             ids[dst] = self.last[src]
+        drafted = self._draft(rows, step, ids, shift) if step.drafting is not None else None
         at = np.array(step.logit_rows, np.int64)
-        fed, pos = ids[at], self.h_pos[at]
-        self.last = np.where(pos % 5 == 4, self.alt[fed], self.table[fed])
+        fed, lpos = ids[at], pos[at]
+        self.last = np.where(lpos % 5 == 4, self.alt[fed], self.table[fed])
         if self.truths is not None:
-            self._replay(rows, pos)
+            self._replay(rows, lpos)
+        if pipelined:
+            self.last_acc = self._accepted(step, ids, drafted)
         done = None
         if self.device is not None:
             kind = "drafted" if any(row.drafts for row in rows) else "plain"
             done = self.device.launch(t, kind if all(row.decode for row in rows) else None)
         greedy = torch.from_numpy(self.last)
-        return StepLogits(torch.empty(0), step.spans, "stub", greedy=greedy, done=done)
+        out = StepLogits(torch.empty(0), step.spans, "stub", greedy=greedy, done=done)
+        out.drafted = drafted
+        return out
+
+    def _draft(self, rows, step, ids: np.ndarray, shift: np.ndarray):
+        """The device's n-gram lookup for the rows that draft there: (drafts, found)."""
+        t0 = time.thread_time()
+        lengths, caps, offsets = step.drafting
+        kmax = max(1, self.runner.config.max_draft_len)
+        drafts = np.zeros((len(caps), kmax), np.int64)
+        found = np.zeros(len(caps), bool)
+        for r, (row, n, cap, off) in enumerate(zip(rows, lengths, caps, offsets, strict=False)):
+            if cap <= 0:
+                continue
+            got = self._lookup(row.request, n + int(shift[r]), cap)
+            if got:
+                drafts[r, :cap] = got
+                found[r] = True
+                ids[off : off + cap] = got
+        self.lookup_s += time.thread_time() - t0
+        return torch.from_numpy(drafts), torch.from_numpy(found)
+
+    def _lookup(self, req, length: int, cap: int) -> list[int]:
+        """`NGramIndex.propose(cap)` over the request's first `length` tokens (the
+        recording's), one index per request grown as it goes."""
+        truth = self.truths[req.client_id]
+        index, n = self._indexes.get(req.request_id, (None, 0))
+        if index is None or n > length:  # (a preempted request's re-feed starts again)
+            index, n = NGramIndex(self.max_ngram, vote=self.vote), 0
+        index.extend(truth[n:length])
+        self._indexes[req.request_id] = (index, length)
+        return index.propose(cap)
+
+    def _accepted(self, step, ids: np.ndarray, drafted) -> np.ndarray:
+        """Each row's accepted drafts (`pipeline.accepted_counts`' rule)."""
+        first, logit, drafts = step.verify
+        caps = step.drafting[1] if step.drafting is not None else None
+        found = drafted[1].numpy() if drafted is not None else None
+        acc = np.zeros(len(first), np.int64)
+        for r, (f, g, k) in enumerate(zip(first, logit, drafts, strict=True)):
+            if caps is not None and caps[r] > 0 and not found[r]:
+                continue
+            a = 0
+            while a < k and ids[f + a] == self.last[g + a]:
+                a += 1
+            acc[r] = a
+        return acc
 
     def _replay(self, rows, pos: np.ndarray) -> None:
         """Each decode row's logit rows (in row order, 1 + drafts + pad each) take the
@@ -206,6 +282,16 @@ def main() -> int:
         " this CPU target and 20 on a GPU's (pass 20, with --pin, to poll as a GPU host does)",
     )
     ap.add_argument("--max-draft-len", type=int, default=4)
+    ap.add_argument(
+        "--draft-on-device",
+        action="store_true",
+        help="ngram: the stub's 'device' drafts (needs --replay; its lookups are timed apart)",
+    )
+    ap.add_argument(
+        "--pipeline-drafts",
+        action="store_true",
+        help="with --draft-on-device: drafting steps launched before the one before is read",
+    )
     ap.add_argument("--two-batch-rows", type=int, default=0)
     ap.add_argument(
         "--device-ms",
@@ -242,6 +328,8 @@ def main() -> int:
         " a core of its own, as on a GPU host, instead of both fighting over the dev VM's two",
     )
     args = ap.parse_args()
+    if args.draft_on_device and not args.replay:
+        ap.error("--draft-on-device needs --replay (the stub drafts from the recordings)")
     sys.setswitchinterval(5e-4)  # as `specwire target` sets it
     if args.pin:
         os.sched_setaffinity(0, {0})  # this process (the target's threads) on CPU 0
@@ -271,6 +359,8 @@ def main() -> int:
         drafter_max_inflight=args.drafter_max_inflight,
         drafter_spin_ms=args.drafter_spin_ms,
         max_draft_len=args.max_draft_len,
+        draft_on_device=args.draft_on_device,
+        pipeline_drafts=args.pipeline_drafts,
         two_batch_rows=args.two_batch_rows,
         max_batch_size=args.max_batch_size,
         max_num_tokens=1024,
@@ -295,7 +385,15 @@ def main() -> int:
     if args.replay:
         replay = Replay(args.replay, vocab, engine.loaded.tokenizer.eos_token_id)
     truths = replay.truths if replay is not None else None
-    runner.forward = StubForward(runner, vocab, cfg.max_num_tokens, device, truths=truths)
+    stub = StubForward(
+        runner,
+        vocab,
+        cfg.max_num_tokens,
+        device,
+        truths=truths,
+        runner_ngram=(cfg.max_ngram, cfg.ngram_vote),
+    )
+    runner.forward = stub
     engine.executor.drafts.pads = False  # as on the GPU's varlen backends: real drafts only
     cpu = StepCPU(engine.executor)
     lengths = DraftLengths(engine.executor.drafts) if args.draft_lengths else None
@@ -345,6 +443,8 @@ def main() -> int:
         label += f" spin={args.drafter_spin_ms:g}"
         label += f" wait={args.drafter_wait_rule}"
     label += f" two-batch>={args.two_batch_rows}" if args.two_batch_rows else ""
+    label += " device-drafts" if args.draft_on_device else ""
+    label += " pipelined" if args.pipeline_drafts else ""
 
     metrics = engine.executor.metrics
 
@@ -356,6 +456,7 @@ def main() -> int:
         for plan in plans:
             t0 = time.perf_counter()
             cpu.reset()
+            stub.lookup_s = 0.0
             if device is not None:
                 device.idle.clear()  # from this pass on
             halves = two_batch_steps()
@@ -367,7 +468,12 @@ def main() -> int:
                 f"{plan.name}: {rec['tokens']} tokens in "
                 f"{rec['wall_s']:.2f}s ({rec['tok_per_s']:.0f} tok/s), chunks {rec['chunks']}, "
                 f"errors {rec['errors']}; executor CPU {cpu.seconds * 1e6 / cpu.steps:.0f} us/step"
-                f" over {cpu.steps} steps ({halves:.0f} two-batch), "
+                + (
+                    f" (of which the stub's device lookups {stub.lookup_s * 1e6 / cpu.steps:.0f})"
+                    if args.draft_on_device
+                    else ""
+                )
+                + f" over {cpu.steps} steps ({halves:.0f} two-batch), "
                 f"{cpu.seconds * 1e6 / max(rec['tokens'], 1):.1f} us/token "
                 f"[{time.perf_counter() - t0:.1f}s]"
                 + (f"; {checked} completions equal their recordings" if replay else "")

@@ -142,18 +142,22 @@ def test_host_only_drafts_through_a_remote_drafter_service(tmp_path):
 def test_host_only_replays_recorded_outputs_through_the_drafters(tmp_path):
     """--replay: the stub model gives recorded greedy outputs (here tiny-random's own), and
     every completion must equal its recording (the script exits non-zero otherwise), with
-    drafting in process and through a drafter service."""
+    drafting in process, through a drafter service and in pipelined steps drafted by the
+    stub's "device" (`--draft-on-device --pipeline-drafts`)."""
     outputs = tmp_path / "greedy.json"
     _run(
         "bench/branch_replay.py", "--model", "tiny-random", "--per-kind", "5",
         "--max-new-tokens", "24", "--save-outputs", str(outputs),
     )  # fmt: skip
-    for drafter in ("ngram", "remote-ngram"):
+    pipelined = ["--draft-on-device", "--pipeline-drafts"]
+    for drafter, extra in (("ngram", []), ("remote-ngram", []), ("ngram", pipelined)):
         out = _run(
             "bench/host_only.py", "--replay", str(outputs), "--concurrency", "2",
             "--pass-factor", "1", "--min-prompts", "2", "--max-new-tokens", "24",
-            "--drafter", drafter, "--device-ms", "0.2",
+            "--drafter", drafter, "--device-ms", "0.2", *extra,
         )  # fmt: skip
+        if extra:
+            assert "device-drafts pipelined c=2" in out and "device lookups" in out, out
         passes = re.findall(
             rf"host-only {drafter} replay.* (\S+): (\d+) tokens .* errors 0; .*; "
             r"(\d+) completions equal their recordings",
