@@ -32,13 +32,16 @@ def run_to_completion(engine, prompts, max_new_tokens=24, speculate=True) -> lis
         for p in prompts
     ]
     engine.executor.run_until_idle()
-    results = []
-    for s in streams:
-        events = []
-        while not s.events.empty():
-            events.append(s.events.get())
-        assert isinstance(events[-1], Complete), events[-1]
-        results.append(events[-1])
+    results = [completion(s) for s in streams]
     engine.kv.check_integrity()
     assert engine.kv.num_free_blocks == engine.kv.num_blocks - 1, "KV blocks leaked"
     return results
+
+
+def completion(stream) -> Complete:
+    """The Complete event that ended a finished stream (its queue drained)."""
+    events = []
+    while not stream.events.empty():
+        events.append(stream.events.get())
+    assert isinstance(events[-1], Complete), events[-1]
+    return events[-1]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_driver import counter, run_to_completion
+from engine_driver import completion, counter, run_to_completion
 from lossless_prompts import lossless_prompts
 
 from specwire.common.errors import UserError
@@ -177,12 +177,7 @@ def test_pipelined_drafting_up_to_the_end_of_the_context():
             for ids in prompts
         ]
         eng.executor.run_until_idle()
-        done = []
-        for s in streams:
-            events = []
-            while not s.events.empty():
-                events.append(s.events.get())
-            done.append((events[-1].token_ids, events[-1].finish_reason))
+        done = [(c.token_ids, c.finish_reason) for c in map(completion, streams)]
         eng.resources.check_integrity()
         assert eng.kv.num_free_blocks == eng.kv.num_blocks - 1
         outs.append(done)
@@ -195,7 +190,6 @@ def test_pipelined_steps_with_a_sampled_arrival_and_a_cancel_mid_flight():
     synchronous (the step in flight is read first) and a request cancelled while its drafts
     are unread is released: the other greedy requests' output is plain decoding's, the
     sampled one completes, every block comes back."""
-    from specwire.target_service.output import Complete
     from specwire.target_service.request import SamplingConfig
 
     prompts = PROMPTS[:12]
@@ -219,16 +213,13 @@ def test_pipelined_steps_with_a_sampled_arrival_and_a_cancel_mid_flight():
     ex.cancel(victim.request_id)
     ex.run_until_idle()
     for i, s in enumerate([*streams, sampled]):
-        events = []
-        while not s.events.empty():
-            events.append(s.events.get())
-        assert isinstance(events[-1], Complete), events[-1]
+        done = completion(s)
         if i == len(streams):
-            assert len(events[-1].token_ids) > 0
+            assert len(done.token_ids) > 0
         elif s.request is victim:
-            assert events[-1].finish_reason == "cancelled"
+            assert done.finish_reason == "cancelled"
         else:
-            assert events[-1].token_ids == plain[i]
+            assert done.token_ids == plain[i]
     assert seen["drafted"] > 0
     eng.resources.check_integrity()
     assert eng.kv.num_free_blocks == eng.kv.num_blocks - 1
