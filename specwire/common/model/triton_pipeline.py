@@ -25,18 +25,6 @@ _BLOCK = 256
 
 
 @triton.jit
-def _shift_of(acc_ptr, src_ptr, row, ok):
-    """Each row's shift: the step before's accepted count at its row there (0: none)."""
-    return tl.load(acc_ptr + tl.load(src_ptr + row, mask=ok, other=0), mask=ok, other=0)
-
-
-@triton.jit
-def _add_shift(ptr, at, shift, ok):
-    value = tl.load(ptr + at, mask=ok, other=0)
-    tl.store(ptr + at, value + shift.to(value.dtype), mask=ok)
-
-
-@triton.jit
 def _shift_kernel(
     acc_ptr, src_ptr, tok_row_ptr, feed_row_ptr, pos_ptr, slots_ptr, seq_lens_ptr, feed_src_ptr,
     tables_ptr, lookup_ptr, n_tokens, n_rows, n_feed, table_stride, max_col,
@@ -47,20 +35,24 @@ def _shift_kernel(
     for r0 in range(0, _index(n_rows), BLOCK):
         r = r0 + offs
         ok = r < n_rows
-        shift = _shift_of(acc_ptr, src_ptr, r, ok)
-        _add_shift(seq_lens_ptr, r, shift, ok)
+        shift = tl.load(acc_ptr + tl.load(src_ptr + r, mask=ok, other=0), mask=ok, other=0)
+        seq = tl.load(seq_lens_ptr + r, mask=ok, other=0)
+        tl.store(seq_lens_ptr + r, seq + shift.to(seq.dtype), mask=ok)
         if HAS_LOOKUP:
-            _add_shift(lookup_ptr, r, shift, ok)
+            n = tl.load(lookup_ptr + r, mask=ok, other=0)
+            tl.store(lookup_ptr + r, n + shift, mask=ok)
     for f0 in range(0, _index(n_feed), BLOCK):
         f = f0 + offs
         ok = f < n_feed
         row = tl.load(feed_row_ptr + f, mask=ok, other=0)
-        _add_shift(feed_src_ptr, f, _shift_of(acc_ptr, src_ptr, row, ok), ok)
+        shift = tl.load(acc_ptr + tl.load(src_ptr + row, mask=ok, other=0), mask=ok, other=0)
+        src = tl.load(feed_src_ptr + f, mask=ok, other=0)
+        tl.store(feed_src_ptr + f, src + shift, mask=ok)
     for t0 in range(0, _index(n_tokens), BLOCK):
         t = t0 + offs
         ok = t < n_tokens
         row = tl.load(tok_row_ptr + t, mask=ok, other=0)
-        shift = _shift_of(acc_ptr, src_ptr, row, ok)
+        shift = tl.load(acc_ptr + tl.load(src_ptr + row, mask=ok, other=0), mask=ok, other=0)
         p = tl.load(pos_ptr + t, mask=ok, other=0) + shift
         tl.store(pos_ptr + t, p, mask=ok)
         moved = ok & (shift > 0)
