@@ -74,16 +74,31 @@ def requests(draw) -> pb.GenerateRequest:
     return req
 
 
-@pytest.fixture(scope="module")
-def target(tiny):
+@pytest.fixture(scope="module", params=["synchronous", "pipelined"])
+def target(tiny, request):
+    """A target on loopback: the in-process n-gram drafter's synchronous steps, or drafting
+    on the device in pipelined steps (`--pipeline-drafts`: a step launched before the step
+    before it is read; the CPU runs the same executor path)."""
     assert tiny.config.vocab_size == VOCAB
     srv = TargetServer("127.0.0.1", 0)
     srv.start()
+    pipelined = request.param == "pipelined"
     cfg = TargetConfig(
         model="tiny-random", drafter="ngram", max_draft_len=4, progress=False,
         max_context_len=256, max_batch_size=4, max_stop_strings=4,
+        draft_on_device=pipelined, pipeline_drafts=pipelined,
     )  # fmt: skip
-    srv.attach(build_engine(cfg, loaded=tiny))
+    engine = build_engine(cfg, loaded=tiny)
+    srv.drafted_steps = [0]  # pipelined drafting steps read (the pipelined target's)
+    complete = engine.executor._complete_drafted
+
+    def counted(done, verified):
+        srv.drafted_steps[0] += 1
+        complete(done, verified)
+
+    engine.executor._complete_drafted = counted
+    srv.attach(engine)
+    srv.pipelined = pipelined
     channel = grpc.insecure_channel(f"127.0.0.1:{srv.port}")
     yield srv, channel
     channel.close()
@@ -164,9 +179,10 @@ def fuzz_beside_bystanders(target, alone, batch):
 
 
 def test_bystanders_finish_as_if_alone_beside_concurrent_fuzz(target):
-    _, channel = target
+    srv, channel = target
     alone = {p: _bystander(channel, p) for p in BYSTANDERS}
     fuzz_beside_bystanders(target, alone)
+    assert (srv.drafted_steps[0] > 0) == srv.pipelined  # the pipelined path really ran
     wait_until(
         lambda: (i := _info(channel)).kv_blocks_free == i.kv_blocks_total - 1,
         30,
