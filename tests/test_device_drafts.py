@@ -94,19 +94,6 @@ def test_gpu_drafts_on_the_device_are_the_host_drafters_and_lossless(graphs):
     assert device_stats == host_stats
 
 
-def _pipelined_steps(eng) -> int:
-    """Overlapped steps that drafted: a step is counted when it is read with drafts in it."""
-    seen = {"drafted": 0}
-    complete = eng.executor._complete_drafted
-
-    def counted(done, verified):
-        seen["drafted"] += 1
-        complete(done, verified)
-
-    eng.executor._complete_drafted = counted
-    return seen
-
-
 @pytest.mark.parametrize(
     "kw",
     [
@@ -122,12 +109,11 @@ def test_pipelined_drafting_steps_are_lossless(kw):
     greedy output, drafts accepted, every block back."""
     plain, _ = _run(_engine("none", **kw))
     eng = _engine("ngram", draft_on_device=True, pipeline_drafts=True, **kw)
-    seen = _pipelined_steps(eng)
     out, stats = _run(eng)
     assert out == plain
     assert stats[2] > 0  # drafts were accepted
-    assert seen["drafted"] > 0
-    assert counter(eng, "overlapped_steps") >= seen["drafted"]
+    assert counter(eng, "pipelined_steps") > 0
+    assert counter(eng, "overlapped_steps") >= counter(eng, "pipelined_steps")
     assert len(eng.resources.get("device_ngram_seen")) == 0
     if kw.get("num_kv_blocks"):
         assert counter(eng, "preemptions") > 0
@@ -147,10 +133,9 @@ def test_gpu_pipelined_drafting_steps_are_lossless(kw):
         kw["max_num_tokens"] = 256
     plain, _ = _run(_engine("none", **kw))
     eng = _engine("ngram", draft_on_device=True, pipeline_drafts=True, **kw)
-    seen = _pipelined_steps(eng)
     out, stats = _run(eng)
     assert out == plain
-    assert stats[2] > 0 and seen["drafted"] > 0
+    assert stats[2] > 0 and counter(eng, "pipelined_steps") > 0
 
 
 def test_pipelined_drafting_needs_drafts_on_the_device_and_overlap():
@@ -195,14 +180,10 @@ def test_pipelined_steps_with_a_sampled_arrival_and_a_cancel_mid_flight():
     prompts = PROMPTS[:12]
     plain, _ = _run_prompts(_engine("none"), prompts)
     eng = _engine("ngram", draft_on_device=True, pipeline_drafts=True)
-    seen = _pipelined_steps(eng)
     ex, tok = eng.executor, eng.loaded.tokenizer
     streams = [ex.submit(eng.new_request(tok.encode(p), max_new_tokens=24)) for p in prompts]
-    for _ in range(12):
-        ex._drain_inbox()
-        ex.step()
-    assert ex._inflight is not None and ex._inflight.drafted  # drafts unread right now
-    victim = next(r for r, _i, _o in ex._inflight.pending if r.unread_drafts)
+    ex.run_until_idle(max_steps=12)  # stops with a pipelined step in flight
+    victim = next(s.request for s in streams if s.request.unread_drafts)
     sampled = ex.submit(
         eng.new_request(
             tok.encode("a sampled neighbour"),
@@ -220,7 +201,7 @@ def test_pipelined_steps_with_a_sampled_arrival_and_a_cancel_mid_flight():
             assert done.finish_reason == "cancelled"
         else:
             assert done.token_ids == plain[i]
-    assert seen["drafted"] > 0
+    assert counter(eng, "pipelined_steps") > 0
     eng.resources.check_integrity()
     assert eng.kv.num_free_blocks == eng.kv.num_blocks - 1
 

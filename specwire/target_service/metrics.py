@@ -183,7 +183,14 @@ class TargetMetrics:
         self.overlapped_steps = family(
             Counter,
             "specwire_overlapped_steps",
-            "Steps launched before the previous step's tokens were read (plain greedy steps)",
+            "Steps launched before the previous step's tokens were read (plain greedy steps,"
+            " and drafting steps with --pipeline-drafts)",
+        )
+        self.pipelined_steps = family(
+            Counter,
+            "specwire_pipelined_steps",
+            "Drafting steps launched before the previous step was read, shifted on the device "
+            "by its accepted drafts (--pipeline-drafts; also counted as overlapped)",
         )
         self.two_batch_steps = family(
             Counter,

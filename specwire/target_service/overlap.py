@@ -106,23 +106,28 @@ class OverlappedSteps:
         launched = InFlight(
             self.step_no, logits, [], t0, len(batch.rows), tokens, may_draft=batch.may_draft
         )
+        pipelined = self.pipelined  # (its bookkeeping only where steps may draft)
         for i, row in enumerate(batch.rows):
             req = row.request
             req.num_computed += row.num_committed
-            launched.row_of[req.request_id] = i
+            if pipelined:
+                launched.row_of[req.request_id] = i
             if not row.decode:
                 continue
             req.state = RequestState.DECODE
             req.output_ids.append(PENDING)
-            req.unread_drafts += len(row.drafts)
-            launched.unread.append(len(row.drafts))
-            launched.drafted = launched.drafted or bool(row.drafts)
+            if pipelined:
+                req.unread_drafts += len(row.drafts)
+                launched.unread.append(len(row.drafts))
+                launched.decode.append(row)
+                launched.drafted = launched.drafted or bool(row.drafts)
             off = logits.spans[len(launched.pending)][0]
             launched.pending.append((req, len(req.output_ids) - 1, off))
-            launched.decode.append(row)
             launched.src[req.request_id] = off
             if self.streams[req.request_id].ends_at(len(req.output_ids)):
                 self.scheduler.remove(req)  # its last token is in flight: never run it again
+        if launched.drafted:
+            self.metrics.batched.add(self.metrics.pipelined_steps, 1)
         self.resources.update(batch.requests, {})
         self._inflight = launched
         if prev is not None:
