@@ -63,7 +63,9 @@ from specwire.target_service.drafters.remote_relay import SPIN_ENV  # noqa: E402
 # the drafts' reply (--drafter-branches-at reply; before round 37 the only way) and
 # "-socket-atlaunch" for the socket with every question held for the launch (round 38's
 # proxy: +5 % at one stream, +10 % at 8; round 39's H100: level) and "-socket-nobranch" for the
-# socket asking for no branches (round 42), to measure them side by side.
+# socket asking for no branches (round 42), "-pipe" for a remote drafter in pipelined drafting
+# steps (--pipeline-drafts: drafts on the hypothesis that the step in flight follows the
+# proposal; "-pipe-p0": never waiting for a reply), to measure them side by side.
 CONFIGS = {
     "none": "none",
     "none-sync": "none",
@@ -98,6 +100,9 @@ CONFIGS = {
     "remote-ngram-socket-brreply": "remote",
     "remote-ngram-socket-atlaunch": "remote",
     "remote-ngram-socket-nobranch": "remote",
+    "remote-ngram-socket-pipe": "remote",
+    "remote-ngram-socket-pipe-p0": "remote",
+    "remote-ngram-pipe": "remote",
     "none-proc": "none",
     "ngram-proc": "ngram",
     "remote-ngram-proc": "remote",
@@ -137,6 +142,9 @@ REMOTE_DRAFTERS = {  # service --drafter
     "remote-ngram-socket-brreply": "ngram",
     "remote-ngram-socket-atlaunch": "ngram",
     "remote-ngram-socket-nobranch": "ngram",
+    "remote-ngram-socket-pipe": "ngram",
+    "remote-ngram-socket-pipe-p0": "ngram",
+    "remote-ngram-pipe": "ngram",
     "remote-ngram-proc": "ngram",
     "remote-ngram-inproc": "ngram",
     "remote-ngram-exact": "ngram",
@@ -276,7 +284,7 @@ def running_config(config: str, args: argparse.Namespace) -> Iterator[Server]:
             cmd.append("--no-overlap")
         if config in ("ngram-device", "ngram-pipe"):
             cmd.append("--draft-on-device")
-        if config == "ngram-pipe":
+        if config == "ngram-pipe" or "-pipe" in config and config.startswith("remote"):
             cmd.append("--pipeline-drafts")
         if "-unary" in config:
             cmd += ["--drafter-mode", "unary"]

@@ -40,9 +40,10 @@ ENGINE_FLAGS = {
         " Triton launch on CUDA), off the host's critical path; same drafts as on the host"
     ),
     "pipeline_drafts": Flag(
-        "ngram drafter on the device, experimental: a drafting step is launched before the"
-        " one before it is read (greedy requests), its rows moved on the device by what that"
-        " step accepted; the host's work leaves the critical path"
+        "ngram drafter on the device or a remote drafter, experimental: a drafting step is"
+        " launched before the one before it is read (greedy requests), its rows moved on the"
+        " device by what that step accepted; the host's work (and a remote drafter's round"
+        " trip) leaves the critical path"
     ),
     "device": Flag("cpu | cuda[:N]"),
     "dtype": Flag(

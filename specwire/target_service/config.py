@@ -126,10 +126,11 @@ class TargetConfig:
                 f"--draft-on-device drafts with the n-gram lookup; it needs --drafter ngram, "
                 f"got --drafter {self.drafter}"
             )
-        if self.pipeline_drafts and not (self.draft_on_device and self.overlap):
+        remote = self.drafter.startswith("grpc://")
+        if self.pipeline_drafts and not ((self.draft_on_device or remote) and self.overlap):
             raise UserError(
-                "--pipeline-drafts overlaps steps that draft on the device; it needs"
-                " --draft-on-device, and overlap on (not --no-overlap)"
+                "--pipeline-drafts overlaps drafting steps; it needs --draft-on-device or a"
+                " remote drafter (grpc://), and overlap on (not --no-overlap)"
             )
         if self.pipeline_drafts and self.two_batch_rows:
             raise UserError("--pipeline-drafts and --two-batch-rows cannot be combined")

@@ -80,15 +80,18 @@ class DraftIntake:
         step_no: int,
         device_busy: bool = False,
         wait_worth_s: float | None = None,
+        device_done=None,
     ) -> bool:
         """Ask the drafter (unpadded), check its drafts into the rows, then (SDPA) pad every
         row to one length for the whole step. Whether the drafter was asked. `device_busy`:
         another step runs on the device meanwhile (the two-batch overlap), so waiting for the
         drafter costs little, and the drafter is told (`Drafter.device_busy`); so is what a
-        wait for drafts is worth this step (`Drafter.wait_worth_s`)."""
+        wait for drafts is worth this step (`Drafter.wait_worth_s`). `device_done`: a pipelined
+        step's, whether the step in flight is done (`Drafter.device_step_done`)."""
         if self.drafter is not None:
             self.drafter.device_busy = device_busy
             self.drafter.wait_worth_s = wait_worth_s
+            self.drafter.device_step_done = device_done
         requests = [row.request for row in rows]
         for req in requests:
             req.draft_tokens, req.draft_probs = [], None

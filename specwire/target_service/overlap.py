@@ -83,7 +83,10 @@ class OverlappedSteps:
         try:
             self.resources.prepare(batch.requests)
             if self.pipelined and any(r.request.draft_budget > 0 for r in decode):
-                self.drafts.prepare(decode, True, self.step_no, device_busy=prev is not None)
+                done = None if prev is None else (lambda: self.runner.ready(prev.logits))
+                self.drafts.prepare(
+                    decode, True, self.step_no, device_busy=prev is not None, device_done=done
+                )
             logits = self.runner.forward(
                 batch.rows, [self.kv.block_table(r) for r in batch.requests]
             )
@@ -118,6 +121,7 @@ class OverlappedSteps:
             req.output_ids.append(PENDING)
             if pipelined:
                 req.unread_drafts += len(row.drafts)
+                req.drafts_in_flight = row.drafts
                 launched.unread.append(len(row.drafts))
                 launched.decode.append(row)
                 launched.drafted = launched.drafted or bool(row.drafts)
@@ -262,6 +266,10 @@ class OverlappedSteps:
             else:
                 going_on.append(req)
         self.resources.update(going_on, {})  # rejected drafts' blocks go back
+        if self.drafts.hears_steps:
+            # A drafter off the critical path (remote) hears the outcome at once: its reply is
+            # due when the step after the one in flight is staged (`RemoteSessions`' hypothesis).
+            self.drafts.submit(going_on, done.step_no, device_busy=True)
         self.stats.record_many(rows)
         self.metrics.on_verified(rows)
         self.metrics.observe_itl(itls)

@@ -143,6 +143,11 @@ class Request:
     # flight, not read yet. Up to that many more of its tokens may already be computed, so
     # its KV reservation and its later positions allow for them (`overlap.py`).
     unread_drafts: int = 0
+    # ... and, while its last output token is a pipelined step's placeholder (`PENDING`), the
+    # drafts that step feeds after it (host drafters' tokens: a remote drafter drafts the step
+    # after on the hypothesis that the target continues its proposal through them). None
+    # outside pipelined steps.
+    drafts_in_flight: list[int] | None = None
     # The drafter's output for this step (unpadded); the executor moves it to the Row.
     draft_tokens: list[int] = field(default_factory=list)
     # Optional per-draft-position sparse distributions: list of (ids, probs) pairs.

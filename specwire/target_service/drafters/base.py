@@ -35,6 +35,11 @@ class Drafter(ABC):
     # (`DraftLengthPolicy.wait_worth_s`; None when nothing prices it). The remote drafter's
     # `--drafter-wait-rule gain` waits for a reply on its way at most this long.
     wait_worth_s: float | None = None
+    # Set by the executor before each `prepare_draft_tokens`: for a pipelined step, staged while
+    # the step before still runs, whether that step is done (`ModelRunner.ready`, never
+    # blocks); None otherwise. The remote drafter's auto patience waits for a reply on its way
+    # only while it is not (waiting then delays nothing).
+    device_step_done: Callable[[], bool] | None = None
 
     def __init__(self, max_draft_len: int) -> None:
         if max_draft_len < 0:

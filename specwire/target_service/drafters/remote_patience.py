@@ -191,6 +191,11 @@ class Patience:
         else:
             self.rtt_s = _ema(self.rtt_s, seconds)
 
+    @property
+    def auto(self) -> bool:
+        """Whether the patience is auto (no `--drafter-patience-ms`)."""
+        return self._patience_s is None
+
     def wait_s(
         self, sent_at: float, now: float, device_busy: bool, at_launch: bool = False
     ) -> float | None:

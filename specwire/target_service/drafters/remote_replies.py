@@ -117,12 +117,13 @@ class PrefetchReplies:
     def _covering(self, requests) -> tuple[Prefetch | None, set[str]]:
         """The newest question in flight that was asked for some of `requests` at their
         current length, and those requests (the stream answers in order: the older questions'
-        replies come first, and `_take_answered` keeps them)."""
+        replies come first, and `_take_answered` keeps them). A pipelined step's request is
+        asked about at its settled length (the step in flight's token is not known)."""
         for pre in reversed(self._pending):
             covered = {
                 r.request_id
                 for r in requests
-                if pre.sent.get(r.request_id, (-1,))[0] == r.num_tokens
+                if pre.sent.get(r.request_id, (-1,))[0] == r.num_settled_tokens
             }
             if covered:
                 return pre, covered
@@ -138,6 +139,20 @@ class PrefetchReplies:
             return False
         self._keep_prefetched(pre, reply)
         return True
+
+    def _use_prefetch_while(self, pre: Prefetch, busy) -> bool:
+        """`_use_prefetch`, waiting for the reply only while `busy()` (the step in flight
+        still runs on the device: a pipelined step is staged meanwhile, so waiting costs
+        nothing until the device is done; after that the rows go without these drafts and
+        the reply serves the step after)."""
+        while True:
+            reply = self._collect(pre, DEVICE_POLL_S)
+            if reply is not _PENDING:
+                self._keep_prefetched(pre, reply)
+                return True
+            if not busy():
+                self._count("deferred")
+                return False
 
     def _keep_prefetched(self, pre: Prefetch, reply: Reply | None) -> None:
         """The `submit` is over: keep its reply's proposals (None: late or failed)."""

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from specwire.target_service.request import Request
+from specwire.target_service.request import PENDING, Request
 from specwire.target_service.resources.base import ResourceManager
 
 # Branches are asked at the first BRANCH_POSITIONS draft positions: where the first draft is
@@ -205,12 +205,24 @@ class RemoteSessions(ResourceManager):
         prefix of one of its branches, and enough of it is left; None when the drafter must be
         asked. Where: "asked" (the proposal's start), "lookahead" (further along it) or
         "branch". Unless `peek`, a proposal the target left is dropped, or replaced by the
-        branch it took."""
+        branch it took.
+
+        A pipelined step (`Request.drafts_in_flight`) is staged before the step in flight is
+        read: its drafts then continue the proposal on the hypothesis that the target follows
+        it through that step — accepting its drafts as far as they agree with the proposal,
+        then the proposal's next token as the bonus. The device moves the row by what was
+        really accepted; where the hypothesis fails the drafts are verified and rejected
+        (lossless either way)."""
         rid = request.request_id
         run = self.runs.get(rid)
         if run is None:
             return None
         n, budget = request.num_tokens, request.draft_budget
+        in_flight = request.drafts_in_flight
+        if in_flight is not None and n and request.token_at(n - 1) == PENDING:
+            n -= 1  # committed: the tokens before the placeholder
+        else:
+            in_flight = None
         m = n - run.anchor  # tokens committed since the proposal
         if m < 0:
             if not peek:
@@ -231,6 +243,11 @@ class RemoteSessions(ResourceManager):
                 if not peek:
                     self.runs[rid] = run
                 m, where = n - run.anchor, "branch"
+        if in_flight is not None:  # past the step in flight, as the proposal says it goes
+            ahead = run.tokens[m : m + len(in_flight)]
+            m += _first_difference(in_flight, ahead) + 1
+            where = "lookahead" if where == "asked" else where
+        if m:
             rest = len(run.tokens) - m
             if rest <= 0 or (rest < budget and not run.complete):
                 return None  # used up: a fresh proposal drafts further
