@@ -248,6 +248,45 @@ def test_remote_drafter_with_branches_lossless_fp32_with_cuda_graphs(loaded, mod
         server.stop(None)
 
 
+@pytest.mark.parametrize("mode", ["stream", "socket"])
+def test_remote_drafter_in_pipelined_steps_lossless_fp32_with_cuda_graphs(loaded, mode, tmp_path):
+    """--pipeline-drafts with a drafter service: each step staged before the one in flight is
+    read, its drafts taken from the kept proposal on the hypothesis that the target follows
+    it, the rows moved inside the graph by what was really accepted; auto patience (waiting
+    only while the step in flight runs). Output equal to plain decoding, 50 prompts at once."""
+    from engine_driver import counter
+
+    from specwire.drafter_service.config import DrafterServiceConfig
+    from specwire.drafter_service.server import serve
+
+    sock = str(tmp_path / "d.sock") if mode == "socket" else ""
+    server = serve(DrafterServiceConfig(host="127.0.0.1", port=0, max_draft_len=48, socket=sock))
+    try:
+        prompts = lossless_prompts(50)
+        base = _run(build_engine(_cfg(drafter="none"), loaded=loaded), prompts)
+        cfg = _cfg(
+            drafter=f"grpc://{server.address}",
+            drafter_mode=mode,
+            drafter_socket=sock,
+            pipeline_drafts=True,
+            draft_policy="static",
+        )
+        eng = build_engine(cfg, loaded=loaded)
+        diff, c = _remote_run(eng, base, prompts)
+        stats = eng.executor.stats
+        print(
+            f"remote ({mode}) pipelined fp32+graphs: {50 - len(diff)}/50 identical; accepted "
+            f"{stats.accepted_tokens}/{stats.draft_tokens} drafts; look-ahead "
+            f"{c['lookahead']}, deferred {c['deferred']}, pipelined steps "
+            f"{counter(eng, 'pipelined_steps'):.0f}"
+        )
+        assert not diff, f"prompts {diff} differ with the remote drafter in pipelined steps"
+        assert c["failed"] == c["stale"] == c["unknown_request"] == 0
+        assert stats.accepted_tokens > 0 and counter(eng, "pipelined_steps") > 0
+    finally:
+        server.stop(None)
+
+
 def test_remote_drafter_gain_wait_rule_lossless_fp32_with_the_adaptive_policy(loaded):
     """--drafter-wait-rule gain under the GPU's adaptive policy: the policy prices each
     drafting step's wait from its measured costs, the relay-held drafter waits by it; output

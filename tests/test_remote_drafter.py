@@ -28,6 +28,7 @@ from specwire.common.errors import UserError
 from specwire.common.protogen import drafter_pb2, drafter_pb2_grpc
 from specwire.drafter_service.drafters import NGramDrafter
 from specwire.target_service.drafters.remote import RemoteSessions
+from specwire.target_service.request import PENDING
 
 # -- handshake ------------------------------------------------------------------------------------
 
@@ -215,6 +216,36 @@ def test_a_proposal_from_an_older_prefix_never_replaces_a_newer_one():
     assert sessions.runs["a"].anchor == 12 and sessions.runs["a"].tokens == [5, 6]
     sessions.keep("gone", 3, [1], None, asked=1)  # not held: freed meanwhile
     assert "gone" not in sessions.runs
+
+
+def test_a_pipelined_step_drafts_past_the_step_in_flight_as_the_proposal_goes():
+    """A pipelined step is staged while the step before is unread (its token `PENDING`, its
+    drafts `drafts_in_flight`): its drafts continue the kept proposal past that step as far
+    as the step's drafts agree with it, then past the proposal's next token (the bonus it
+    foresees). Too short a proposal, or one the committed tokens left, drafts nothing."""
+    sessions = RemoteSessions()
+    req = make_request("a", [1, 2, 3], k=3)
+    sessions.synced["a"] = 3
+    sessions.keep("a", 3, [10, 11, 12, 13, 14, 15, 16, 17, 18, 19], None, asked=10)
+    req.output_ids = [PENDING]
+    req.drafts_in_flight = [10, 11, 12]  # all as proposed: 13 is the bonus foreseen
+    assert sessions.drafts_from_run(req, peek=True)[0] == [14, 15, 16]
+    req.drafts_in_flight = [10, 99, 12]  # it leaves the proposal at the second: 11 the bonus
+    assert sessions.drafts_from_run(req, peek=True)[0] == [12, 13, 14]
+    req.drafts_in_flight = []  # a 1-token row in flight: 10 the bonus
+    assert sessions.drafts_from_run(req, peek=True)[:2] == ([11, 12, 13], None)
+    # Committed since the proposal (10, 11), then a row in flight that drafted 12..14.
+    req.output_ids = [10, 11, PENDING]
+    req.drafts_in_flight = [12, 13, 14]
+    assert sessions.drafts_from_run(req, peek=True)[0] == [16, 17, 18]
+    req.drafts_in_flight = [12, 13, 14, 15, 16, 17]  # past the proposal's end: ask again
+    assert sessions.drafts_from_run(req, peek=True) is None
+    # Outside pipelined steps the placeholder is just a token the proposal did not foresee.
+    req.drafts_in_flight = None
+    assert sessions.drafts_from_run(req, peek=True) is None
+    req.output_ids = [10, 7, PENDING]  # the target left the proposal: dropped
+    req.drafts_in_flight = []
+    assert sessions.drafts_from_run(req) is None and "a" not in sessions.runs
 
 
 # -- fail-open, reconnect, resync -------------------------------------------------------------
