@@ -74,6 +74,23 @@ def _count_misses(eng) -> dict[str, int]:
     return seen
 
 
+def test_pipelined_drafting_steps_need_drafts_the_host_need_not_read():
+    """Pipelined steps draft on the device or from a remote drafter's kept proposals; the host
+    n-gram drafter (which drafts from the tokens the step in flight computes) is refused in
+    one line, and so is --no-overlap."""
+    with pytest.raises(UserError, match="--pipeline-drafts .* needs --draft-on-device or a remote"):
+        TargetConfig(model="tiny-random", drafter="ngram", pipeline_drafts=True, progress=False)
+    with pytest.raises(UserError, match="overlap on"):
+        TargetConfig(
+            model="tiny-random", drafter="grpc://127.0.0.1:1", pipeline_drafts=True,
+            overlap=False, progress=False,
+        )  # fmt: skip
+    cfg = TargetConfig(
+        model="tiny-random", drafter="grpc://127.0.0.1:1", pipeline_drafts=True, progress=False
+    )
+    assert cfg.pipeline_drafts
+
+
 def test_draft_on_device_needs_the_ngram_drafter():
     with pytest.raises(UserError, match="--draft-on-device .* needs --drafter ngram, got"):
         TargetConfig(model="tiny-random", drafter="none", draft_on_device=True, progress=False)

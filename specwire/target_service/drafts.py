@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from specwire.target_service.drafters.base import Drafter
 from specwire.target_service.request import Request, SpecStats
@@ -80,7 +80,7 @@ class DraftIntake:
         step_no: int,
         device_busy: bool = False,
         wait_worth_s: float | None = None,
-        device_done=None,
+        device_done: Callable[[], bool] | None = None,
     ) -> bool:
         """Ask the drafter (unpadded), check its drafts into the rows, then (SDPA) pad every
         row to one length for the whole step. Whether the drafter was asked. `device_busy`:

@@ -143,10 +143,10 @@ class Request:
     # flight, not read yet. Up to that many more of its tokens may already be computed, so
     # its KV reservation and its later positions allow for them (`overlap.py`).
     unread_drafts: int = 0
-    # ... and, while its last output token is a pipelined step's placeholder (`PENDING`), the
-    # drafts that step feeds after it (host drafters' tokens: a remote drafter drafts the step
-    # after on the hypothesis that the target continues its proposal through them). None
-    # outside pipelined steps.
+    # ... and the drafts its latest pipelined step fed (set at each launch; read only while its
+    # last output token is that step's placeholder, `PENDING`): a remote drafter drafts the
+    # step after on the hypothesis that the target continues its proposal through them. None
+    # until a pipelined step ran.
     drafts_in_flight: list[int] | None = None
     # The drafter's output for this step (unpadded); the executor moves it to the Row.
     draft_tokens: list[int] = field(default_factory=list)
