@@ -842,3 +842,15 @@ def test_remote_drafter_in_pipelined_steps_is_lossless(tiny, baseline, drafters,
     stats = eng.executor.stats
     assert 0 < stats.accepted_tokens <= stats.draft_tokens
     _nothing_lost(eng, server)
+
+
+def test_a_pipelined_target_warns_of_a_drafter_without_look_ahead(tiny, baseline, drafters, caplog):
+    """A model drafter is asked without a look-ahead (auto), so its proposals never reach past
+    a step in flight: the target says so at start-up, naming the flag; output unchanged."""
+    server = drafters(drafter="model:tiny-random")
+    with caplog.at_level("WARNING", logger="specwire.target_service.engine"):
+        eng = engine(tiny, f"grpc://{server.address}", pipeline_drafts=True)
+    assert "--drafter-lookahead" in caplog.text and "model:tiny-random" in caplog.text
+    results = run_all(eng, PROMPTS[:8])
+    assert [c.token_ids for c in results] == baseline["short"][:8]
+    _nothing_lost(eng, server)

@@ -91,7 +91,7 @@ def make_drafter(cfg: TargetConfig, loaded: LoadedModel) -> Drafter | None:
             spin_ms=cfg.drafter_spin_ms,
             startup_wait_s=cfg.drafter_wait_s,
         )
-        return RemoteDrafter(
+        drafter = RemoteDrafter(
             remote,
             max_draft_len=cfg.max_draft_len,
             vocab_size=loaded.config.vocab_size,
@@ -100,6 +100,17 @@ def make_drafter(cfg: TargetConfig, loaded: LoadedModel) -> Drafter | None:
             lookahead=cfg.drafter_lookahead,
             branches=cfg.drafter_branches,
         )
+        if cfg.pipeline_drafts and drafter.lookahead <= cfg.max_draft_len:
+            # A pipelined step drafts past the step in flight (its drafts and bonus token): a
+            # proposal of just the drafts asked for never reaches that far.
+            log.warning(
+                "--pipeline-drafts drafts from the drafter's look-ahead, which is %d tokens"
+                " (%s); with less than --max-draft-len + 1 pipelined steps rarely draft: set"
+                " --drafter-lookahead",
+                drafter.lookahead,
+                drafter.info.name,
+            )
+        return drafter
     if ":" in spec:
         return load_plugin_drafter(spec, cfg.max_draft_len)
     raise UserError(
