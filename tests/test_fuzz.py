@@ -19,6 +19,8 @@ from procs import wait_until
 
 from specwire.common.protogen import generation_pb2 as pb
 from specwire.common.protogen import generation_pb2_grpc as pb_grpc
+from specwire.drafter_service.config import DrafterServiceConfig
+from specwire.drafter_service.server import serve
 from specwire.target_service.config import TargetConfig
 from specwire.target_service.engine import build_engine
 from specwire.target_service.server import TargetServer
@@ -74,19 +76,26 @@ def requests(draw) -> pb.GenerateRequest:
     return req
 
 
-@pytest.fixture(scope="module", params=["synchronous", "pipelined"])
+@pytest.fixture(scope="module", params=["synchronous", "pipelined", "remote-pipelined"])
 def target(tiny, request):
-    """A target on loopback: the in-process n-gram drafter's synchronous steps, or drafting
-    on the device in pipelined steps (`--pipeline-drafts`: a step launched before the step
-    before it is read; the CPU runs the same executor path)."""
+    """A target on loopback: the in-process n-gram drafter's synchronous steps, drafting on
+    the device in pipelined steps (`--pipeline-drafts`: a step launched before the step
+    before it is read; the CPU runs the same executor path), or a drafter service's n-gram
+    drafter in pipelined steps (drafts on the hypothesis that the target follows its
+    proposal)."""
     assert tiny.config.vocab_size == VOCAB
     srv = TargetServer("127.0.0.1", 0)
     srv.start()
-    pipelined = request.param == "pipelined"
+    pipelined = request.param != "synchronous"
+    drafter = "ngram"
+    service = None
+    if request.param == "remote-pipelined":
+        service = serve(DrafterServiceConfig(host="127.0.0.1", port=0, drafter="ngram"))
+        drafter = f"grpc://{service.address}"
     cfg = TargetConfig(
-        model="tiny-random", drafter="ngram", max_draft_len=4, progress=False,
+        model="tiny-random", drafter=drafter, max_draft_len=4, progress=False,
         max_context_len=256, max_batch_size=4, max_stop_strings=4,
-        draft_on_device=pipelined, pipeline_drafts=pipelined,
+        draft_on_device=request.param == "pipelined", pipeline_drafts=pipelined,
     )  # fmt: skip
     srv.attach(build_engine(cfg, loaded=tiny))
     srv.pipelined = pipelined
@@ -94,6 +103,8 @@ def target(tiny, request):
     yield srv, channel
     channel.close()
     srv.stop(0)
+    if service is not None:
+        service.stop(None)
 
 
 def _info(channel) -> pb.GetModelInfoResponse:
