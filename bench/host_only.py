@@ -130,6 +130,10 @@ def main() -> int:
     ap.add_argument("--profile", choices=("executor", "output"), default=None)
     ap.add_argument("--profile-rows", type=int, default=30, help="functions --profile prints")
     ap.add_argument(
+        "--profile-sort", choices=("tottime", "cumulative"), default="tottime",
+        help="--profile's order: own time, or with what the function calls",
+    )  # fmt: skip
+    ap.add_argument(
         "--draft-lengths",
         action="store_true",
         help="print how many drafts each drafting row got (0 = a step that went without)",
@@ -312,7 +316,7 @@ def main() -> int:
         if service is not None:
             stop_service(service)
     if profiler is not None:
-        pstats.Stats(profiler).sort_stats("tottime").print_stats(args.profile_rows)
+        pstats.Stats(profiler).sort_stats(args.profile_sort).print_stats(args.profile_rows)
     return 0
 
 
