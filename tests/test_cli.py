@@ -289,7 +289,7 @@ def test_a_target_waits_for_a_drafter_started_after_it() -> None:
     target = SPECWIRE + ["target", "--model", "tiny-random", "--port", "0", "--no-progress"]
     # Every reply waited for: whether a step drafts must not depend on how loaded the machine
     # is (auto patience skips replies that are slow to come; under a busy CI none came in time).
-    target += ["--drafter", f"grpc://127.0.0.1:{dport}", "--drafter-patience-ms", "2000"]
+    target += ["--drafter", f"grpc://127.0.0.1:{dport}", "--drafter-patience-ms", "50"]
     proc, _ = start_service(target + ["--drafter-wait-s", "120"], None, None, timeout=120)
     try:
         wait_until(lambda: "is not reachable yet" in output_tail(proc), 120, what="the wait")
