@@ -283,9 +283,8 @@ class RemoteDrafter(PrefetchReplies, FinishedNotices, Drafter):
             # late reply costs them this step's drafts, not a second question). With a
             # patience shorter than the deadline, a reply not there by then is still kept
             # when it comes: the steps after use it if this step commits its first tokens.
-            done = self.device_step_done
-            if done is not None and self.patience.auto:
-                got = self._use_prefetch_while(pre, lambda: not done())
+            if self.device_step_done is not None and self.patience.auto:
+                got = self._use_prefetch_until(pre, self.device_step_done)
             else:
                 now = time.monotonic()
                 wait = self.patience.wait_s(pre.since, now, self.device_busy, pre.at_launch)

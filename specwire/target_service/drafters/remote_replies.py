@@ -140,17 +140,17 @@ class PrefetchReplies:
         self._keep_prefetched(pre, reply)
         return True
 
-    def _use_prefetch_while(self, pre: Prefetch, busy) -> bool:
-        """`_use_prefetch`, waiting for the reply only while `busy()` (the step in flight
-        still runs on the device: a pipelined step is staged meanwhile, so waiting costs
-        nothing until the device is done; after that the rows go without these drafts and
-        the reply serves the step after)."""
+    def _use_prefetch_until(self, pre: Prefetch, done) -> bool:
+        """`_use_prefetch`, waiting for the reply only until `done()` (the step in flight has
+        finished on the device: a pipelined step is staged meanwhile, so waiting costs nothing
+        until then; after that the rows go without these drafts and the reply serves the step
+        after)."""
         while True:
             reply = self._collect(pre, DEVICE_POLL_S)
             if reply is not _PENDING:
                 self._keep_prefetched(pre, reply)
                 return True
-            if not busy():
+            if done():
                 self._count("deferred")
                 return False
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from specwire.target_service.request import PENDING, Request
+from specwire.target_service.request import Request
 from specwire.target_service.resources.base import ResourceManager
 
 # Branches are asked at the first BRANCH_POSITIONS draft positions: where the first draft is
@@ -219,8 +219,8 @@ class RemoteSessions(ResourceManager):
             return None
         n, budget = request.num_tokens, request.draft_budget
         in_flight = request.drafts_in_flight
-        if in_flight is not None and n and request.token_at(n - 1) == PENDING:
-            n -= 1  # committed: the tokens before the placeholder
+        if in_flight is not None and request.num_settled_tokens < n:
+            n -= 1  # committed: the tokens before the step in flight's placeholder
         else:
             in_flight = None
         m = n - run.anchor  # tokens committed since the proposal
