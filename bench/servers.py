@@ -71,7 +71,10 @@ CONFIGS = {
     "none-sync": "none",
     "ngram": "ngram",
     "ngram-sync": "ngram",
-    "ngram-device": "ngram",  # --draft-on-device: the lookup inside the step
+    # On CUDA "ngram" is "ngram-pipe" since round 53 (the defaults' auto): "ngram-host" is the
+    # host's lookup (--no-draft-on-device), the default before.
+    "ngram-host": "ngram",
+    "ngram-device": "ngram",  # --draft-on-device --no-pipeline-drafts: the lookup inside the step
     "ngram-pipe": "ngram",  # --draft-on-device --pipeline-drafts: drafting steps overlap too
     "ngram-2b": "ngram",
     "remote-ngram": "remote",
@@ -284,6 +287,10 @@ def running_config(config: str, args: argparse.Namespace) -> Iterator[Server]:
             cmd.append("--no-overlap")
         if config in ("ngram-device", "ngram-pipe"):
             cmd.append("--draft-on-device")
+        if config == "ngram-device":
+            cmd.append("--no-pipeline-drafts")
+        if config == "ngram-host":
+            cmd.append("--no-draft-on-device")
         if config == "ngram-pipe" or "-pipe" in config and config.startswith("remote"):
             cmd.append("--pipeline-drafts")
         if "-unary" in config:

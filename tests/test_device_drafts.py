@@ -6,12 +6,16 @@ replacing the placeholders); on a GPU (marked `gpu`) the Triton kernel inside th
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
+
 import pytest
 import torch
 from engine_driver import completion, counter, run_to_completion
 from lossless_prompts import lossless_prompts
 
 from specwire.common.errors import UserError
+from specwire.target_service.cli import add_engine_flags, config_from_args
 from specwire.target_service.config import TargetConfig
 from specwire.target_service.engine import build_engine
 
@@ -94,6 +98,60 @@ def test_pipelined_drafting_steps_need_drafts_the_host_need_not_read():
 def test_draft_on_device_needs_the_ngram_drafter():
     with pytest.raises(UserError, match="--draft-on-device .* needs --drafter ngram, got"):
         TargetConfig(model="tiny-random", drafter="none", draft_on_device=True, progress=False)
+
+
+def test_the_device_lookup_and_pipelined_steps_are_the_default_on_cuda_only(monkeypatch):
+    """`draft_on_device` and `pipeline_drafts` left unset (auto) resolve on for the n-gram
+    drafter on CUDA, off on the CPU and wherever the rest of the config rules them out; an
+    explicit choice stands. There is no GPU here: CUDA's presence and Triton's are faked, so
+    this checks the resolution (the GPU tests run the default config on a real one)."""
+
+    def resolved(**kw):
+        cfg = TargetConfig(model="tiny-random", progress=False, **kw)
+        return cfg.draft_on_device, cfg.pipeline_drafts
+
+    assert resolved() == (False, False)  # the CPU
+    assert resolved(draft_on_device=True) == (True, False)  # asked for: pipelining stays off
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    real_find_spec = importlib.util.find_spec
+    triton = {"present": True}
+
+    def find_spec(name, *args):
+        if name == "triton":
+            return object() if triton["present"] else None
+        return real_find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    cuda = {"device": "cuda", "dtype": "bfloat16"}
+    assert resolved(**cuda) == (True, True)
+    assert resolved(**cuda, overlap=False) == (True, False)
+    assert resolved(**cuda, two_batch_rows=8) == (True, False)
+    assert resolved(**cuda, pipeline_drafts=False) == (True, False)
+    assert resolved(**cuda, draft_on_device=False) == (False, False)
+    assert resolved(**cuda, drafter="none") == (False, False)
+    assert resolved(**cuda, max_draft_len=0) == (False, False)
+    # A remote drafter's pipelined steps stay opt-in (experimental).
+    assert resolved(**cuda, drafter="grpc://127.0.0.1:1") == (False, False)
+    assert resolved(**cuda, drafter="grpc://127.0.0.1:1", pipeline_drafts=True) == (False, True)
+    triton["present"] = False
+    assert resolved(**cuda) == (False, False)
+    # The flags: neither (auto), --x, --no-x; the environment the same way.
+    triton["present"] = True
+    parser = argparse.ArgumentParser()
+    add_engine_flags(parser)
+
+    def from_flags(*argv):
+        cfg = config_from_args(parser.parse_args(["--device", "cuda", *argv]))
+        return cfg.draft_on_device, cfg.pipeline_drafts
+
+    assert from_flags() == (True, True)
+    assert from_flags("--no-pipeline-drafts") == (True, False)
+    assert from_flags("--no-draft-on-device") == (False, False)
+    monkeypatch.setenv("SPECWIRE_DRAFT_ON_DEVICE", "0")
+    parser = argparse.ArgumentParser()
+    add_engine_flags(parser)
+    assert from_flags() == (False, False)
+    assert from_flags("--draft-on-device") == (True, True)
 
 
 @pytest.mark.gpu

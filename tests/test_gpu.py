@@ -134,17 +134,24 @@ def test_no_eager_steps_in_steady_state(loaded):
     assert steps > 0 and eager == 0
 
 
-def test_lossless_fp32_with_cuda_graphs(loaded):
+@pytest.mark.parametrize("lookup", ["default", "host"])
+def test_lossless_fp32_with_cuda_graphs(loaded, lookup):
+    """The n-gram drafter as configured by default on CUDA (the lookup on the device, in
+    pipelined drafting steps) and on the host (`--no-draft-on-device`)."""
     prompts = lossless_prompts(50)
     base = _run(build_engine(_cfg(drafter="none"), loaded=loaded), prompts)
-    eng = build_engine(_cfg(), loaded=loaded)
+    kw = {} if lookup == "default" else {"draft_on_device": False}
+    eng = build_engine(_cfg(**kw), loaded=loaded)
     assert eng.executor.max_draft_len == AUTO_DRAFT_LEN_GPU  # the auto K on a CUDA device
+    on_device = lookup == "default"
+    assert (eng.config.draft_on_device, eng.config.pipeline_drafts) == (on_device, on_device)
     spec = _run(eng, prompts)
     pairs = enumerate(zip(base, spec, strict=True))
     diff = [i for i, (a, b) in pairs if a.token_ids != b.token_ids]
     print(
-        f"fp32+graphs, K={eng.executor.max_draft_len}: {50 - len(diff)}/50 identical; accepted "
-        f"{eng.executor.stats.accepted_tokens}/{eng.executor.stats.draft_tokens} drafts"
+        f"fp32+graphs, {lookup} lookup, K={eng.executor.max_draft_len}: {50 - len(diff)}/50 "
+        f"identical; accepted {eng.executor.stats.accepted_tokens}/"
+        f"{eng.executor.stats.draft_tokens} drafts"
     )
     assert not diff, f"prompts {diff} differ with speculation"
     assert eng.executor.stats.accepted_tokens > 0

@@ -108,6 +108,16 @@ def add_config_flags(
             continue
         flag = spec.flag or f"--{name.replace('_', '-')}"
         env = spec.env or PREFIX + flag[2:].replace("-", "_").upper()
+        if kind is bool and field.default is None:
+            # Three states: --flag (on), --no-flag (off), neither (None: the config's auto).
+            parser.add_argument(
+                flag,
+                action=argparse.BooleanOptionalAction,
+                dest=name,
+                default=env_value(env, None, bool),
+                help=f"{spec.help} [env {env}=1|0; default auto]",
+            )
+            continue
         add_env_flag(parser, flag, env, default, spec.help, kind, dest=name, choices=spec.choices)
 
 

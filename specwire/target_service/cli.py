@@ -36,14 +36,15 @@ ENGINE_FLAGS = {
         " alone)"
     ),
     "draft_on_device": Flag(
-        "ngram drafter, experimental: the lookup runs on the device inside the step (one"
-        " Triton launch on CUDA), off the host's critical path; same drafts as on the host"
+        "ngram drafter: the lookup runs on the device inside the step (one Triton launch on"
+        " CUDA), off the host's critical path; same drafts as on the host (auto: on for CUDA)"
     ),
     "pipeline_drafts": Flag(
-        "ngram drafter on the device or a remote drafter, experimental: a drafting step is"
-        " launched before the one before it is read (greedy requests), its rows moved on the"
-        " device by what that step accepted; the host's work (and a remote drafter's round"
-        " trip) leaves the critical path"
+        "ngram drafter on the device or a remote drafter: a drafting step is launched before"
+        " the one before it is read (greedy requests), its rows moved on the device by what"
+        " that step accepted; the host's work (and a remote drafter's round trip) leaves the"
+        " critical path (auto: on CUDA where the lookup runs on the device; a remote drafter's"
+        " pipelined steps are experimental)"
     ),
     "device": Flag("cpu | cuda[:N]"),
     "dtype": Flag(

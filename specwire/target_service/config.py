@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -46,10 +47,14 @@ class TargetConfig:
     max_draft_len: int = -1
     max_ngram: int = DEFAULT_MAX_NGRAM
     ngram_vote: int = VOTE  # n-gram: occurrences whose next token votes (1: the latest alone)
-    draft_on_device: bool = False  # n-gram: the lookup runs on the device, inside the step
-    # With draft_on_device: drafting steps overlap as plain ones do (the next step is launched
-    # before this one is read, and shifted on the device by what it accepted).
-    pipeline_drafts: bool = False
+    # n-gram: the lookup runs on the device, inside the step. None = auto: on for the n-gram
+    # drafter on CUDA (with Triton), off elsewhere (`_resolve_auto_drafting`).
+    draft_on_device: bool | None = None
+    # Drafting steps overlap as plain ones do (the next step is launched before this one is
+    # read, and shifted on the device by what it accepted): with draft_on_device or a remote
+    # drafter. None = auto: on CUDA wherever draft_on_device resolved on (and overlap is on, and
+    # no --two-batch-rows); a remote drafter's stays opt-in.
+    pipeline_drafts: bool | None = None
     device: str = "cpu"
     dtype: str = "float32"
     cuda_graphs: bool = True
@@ -121,6 +126,7 @@ class TargetConfig:
         for flag, value in (("--max-ngram", self.max_ngram), ("--ngram-vote", self.ngram_vote)):
             if value < 1:
                 raise UserError(f"{flag} must be >= 1, got {value}")
+        self._resolve_auto_drafting()
         if self.draft_on_device and self.drafter != "ngram":
             raise UserError(
                 f"--draft-on-device drafts with the n-gram lookup; it needs --drafter ngram, "
@@ -216,6 +222,24 @@ class TargetConfig:
                 raise UserError(f"{flag} must be >= 1, got {value}")
         if self.max_stop_strings < 0 or self.max_queue < 0:
             raise UserError("--max-stop-strings and --max-queue must be >= 0")
+
+    def _resolve_auto_drafting(self) -> None:
+        """`draft_on_device` and `pipeline_drafts` left at None (auto) become bools. On the
+        H200 and H100 the device lookup with pipelined steps ran 1.00-1.23x the host n-gram
+        drafter at 1-64 streams and 1.2-2.0x no drafter (bench/RESULTS.md, rounds 51 and 53);
+        on the CPU there is no device to hide the host behind, so it stays off there."""
+        if self.draft_on_device is None:
+            on = (
+                self.drafter == "ngram"
+                and self.max_draft_len != 0
+                and self.device.startswith("cuda")
+                and importlib.util.find_spec("triton") is not None
+            )
+            object.__setattr__(self, "draft_on_device", on)
+        if self.pipeline_drafts is None:
+            cuda = self.device.startswith("cuda")
+            on = cuda and self.draft_on_device and self.overlap and not self.two_batch_rows
+            object.__setattr__(self, "pipeline_drafts", bool(on))
 
     def _auto_draft_len(self) -> int:
         """`max_draft_len` -1: a longer K where the adaptive policy chooses each step's k (it

@@ -391,7 +391,7 @@ def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine
     )
     log.info(
         "engine ready: model=%s device=%s drafter=%s K=%d graphs=%s attention=%s ops=%s exact=%s"
-        " policy=%s overlap=%s two-batch-rows=%d",
+        " policy=%s overlap=%s two-batch-rows=%d draft-on-device=%s pipeline-drafts=%s",
         cfg.model,
         cfg.device,
         cfg.drafter,
@@ -403,5 +403,7 @@ def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine
         "adaptive" if policy.adaptive else "static",
         cfg.overlap,
         cfg.two_batch_rows,
+        cfg.draft_on_device,
+        cfg.pipeline_drafts,
     )
     return Engine(cfg, loaded, kv, resources, drafter, runner, executor)
