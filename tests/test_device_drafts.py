@@ -162,8 +162,10 @@ def test_gpu_drafts_on_the_device_are_the_host_drafters_and_lossless(graphs):
     plain greedy decoding and the host drafter's steps and acceptance."""
     kw = {"device": "cuda", "dtype": "float32", "cuda_graphs": graphs, "draft_policy": "static"}
     plain, _ = _run(_engine("none", **kw))
-    host, host_stats = _run(_engine("ngram", **kw))
-    device, device_stats = _run(_engine("ngram", draft_on_device=True, **kw))
+    host, host_stats = _run(_engine("ngram", draft_on_device=False, **kw))
+    eng = _engine("ngram", pipeline_drafts=False, **kw)  # the device lookup: CUDA's default
+    assert eng.config.draft_on_device
+    device, device_stats = _run(eng)
     assert host == plain and device == plain
     assert host_stats[2] > 0
     assert device_stats == host_stats
@@ -207,7 +209,8 @@ def test_gpu_pipelined_drafting_steps_are_lossless(kw):
     if "num_kv_blocks" in kw:
         kw["max_num_tokens"] = 256
     plain, _ = _run(_engine("none", **kw))
-    eng = _engine("ngram", draft_on_device=True, pipeline_drafts=True, **kw)
+    eng = _engine("ngram", **kw)  # CUDA's default: the device lookup in pipelined steps
+    assert eng.config.draft_on_device and eng.config.pipeline_drafts
     out, stats = _run(eng)
     assert out == plain
     assert stats[2] > 0 and counter(eng, "pipelined_steps") > 0
