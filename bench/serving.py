@@ -240,6 +240,8 @@ class ServerRun:
                     "deferred",
                     "at_launch",
                     "probes",
+                    "hypotheses_held",
+                    "hypotheses_failed",
                 )
             },
             # the remote drafter's auto-patience EMAs at the pass's end, ms (None: not

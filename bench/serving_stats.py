@@ -228,8 +228,9 @@ def drafting_table(passes: list[dict]) -> str:
         "ask after the commit ms/sync step | "
         "sync steps | ms/sync step | look-ahead hits | branch hits | prefetched replies | "
         "deferred | late | failed | sent at launch (probes) | "
+        "pipelined hypotheses held / failed | "
         "EMAs rtt / step / gap / launch rtt / launch-to-commit ms |",
-        "|---" * 15 + "|",
+        "|---" * 16 + "|",
     ]
     for p in passes:
         n, s, total = p.get("draft_steps"), p.get("draft_s"), p.get("step_s")
@@ -246,7 +247,8 @@ def drafting_table(passes: list[dict]) -> str:
             f"{_f(p.get('sync_ms'), '.3f')} | {_delta(d.get('lookahead'))} | "
             f"{_delta(d.get('branched'))} | {_delta(d.get('prefetched'))} | "
             f"{_delta(d.get('deferred'))} | {_delta(d.get('late'))} | {_delta(d.get('failed'))} | "
-            f"{_delta(d.get('at_launch'))} ({_delta(d.get('probes'))}) | {emas} |"
+            f"{_delta(d.get('at_launch'))} ({_delta(d.get('probes'))}) | "
+            f"{_delta(d.get('hypotheses_held'))} / {_delta(d.get('hypotheses_failed'))} | {emas} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -308,7 +310,9 @@ def config_markdown(rec: dict) -> str:
             f"device time, {g:.3f} ms mean, measured while serving) = {1e3 / g:.0f} tok/s; "
             f"GPU busy {_busy(solo)} of the pass\n"
         )
-    if m["drafter"] != "none" and any(p.get("draft_steps") for p in timed):
+    if m["drafter"] != "none" and any(
+        p.get("draft_steps") or any((p.get("drafter") or {}).values()) for p in timed
+    ):  # synchronous drafting steps, or a remote drafter's (pipelined ones have none of those)
         out.append("\n" + drafting_table(timed) + "\n")
     if any(p.get("policy") for p in timed):
         out.append("\nThe draft-length policy per pass:\n\n" + policy_table(timed) + "\n")

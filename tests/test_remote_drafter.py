@@ -248,6 +248,50 @@ def test_a_pipelined_step_drafts_past_the_step_in_flight_as_the_proposal_goes():
     assert sessions.drafts_from_run(req) is None and "a" not in sessions.runs
 
 
+def test_a_pipelined_steps_hypothesis_is_counted_once_the_step_in_flight_is_read():
+    """Each pipelined step staged from a kept proposal assumes the step in flight's outcome;
+    the request's next staging (that step read by then) counts the assumption held or
+    failed: exactly the proposal's tokens up to the bonus it foresaw, or anything else. A
+    peek counts nothing; a request not staged right after goes uncounted."""
+    sessions = RemoteSessions()
+    req = make_request("a", [1, 2, 3], k=2)
+    sessions.synced["a"] = 3
+    sessions.keep("a", 3, list(range(10, 30)), None, asked=20)
+
+    def counts():
+        return sessions.hypotheses_held, sessions.hypotheses_failed
+
+    req.output_ids, req.drafts_in_flight = [PENDING], [10, 11]
+    assert sessions.drafts_from_run(req, peek=True)[0] == [13, 14]
+    assert not sessions.hypotheses  # a peek assumes nothing
+    assert sessions.drafts_from_run(req)[0] == [13, 14]  # assumes: 10, 11 accepted, 12 bonus
+    # That step committed as assumed; the next (drafts 13, 14) is in flight.
+    req.output_ids = [10, 11, 12, PENDING]
+    req.stats.record(2, 2)
+    req.drafts_in_flight = [13, 14]
+    assert sessions.drafts_from_run(req)[0] == [16, 17]
+    assert counts() == (1, 0)
+    # It accepted 13 only, and its bonus was not the proposal's 15.
+    req.output_ids = [10, 11, 12, 13, 99, PENDING]
+    req.stats.record(2, 1)
+    req.drafts_in_flight = []
+    assert sessions.drafts_from_run(req) is None  # the target left the proposal
+    assert counts() == (1, 1)
+    # A new proposal; its hypothesis is followed by two steps before the next staging.
+    sessions.keep("a", 8, list(range(40, 60)), None, asked=20)
+    req.output_ids = [10, 11, 12, 13, 99, PENDING]
+    req.drafts_in_flight = []
+    assert sessions.drafts_from_run(req)[0] == [41, 42]
+    req.output_ids = [10, 11, 12, 13, 99, 40, 41, PENDING]
+    req.stats.record(0, 0)
+    req.stats.record(1, 1)
+    req.drafts_in_flight = []
+    sessions.drafts_from_run(req)
+    assert counts() == (1, 1)  # not knowable: uncounted
+    sessions.free(req)
+    assert not sessions.hypotheses
+
+
 # -- fail-open, reconnect, resync -------------------------------------------------------------
 
 

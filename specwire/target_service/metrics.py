@@ -70,6 +70,8 @@ DRAFTER_COUNTERS = {
     "branched": "Requests drafted from a kept branch: another way the drafter foresaw, unasked",
     "at_launch": "Questions held back at a step's commit and sent once the next step launched",
     "probes": "Questions sent at a launch only to time the launch's round trip (in at_launch)",
+    "hypotheses_held": "Pipelined steps whose drafts assumed the step in flight's outcome rightly",
+    "hypotheses_failed": "Pipelined steps whose drafts assumed the step in flight's outcome amiss",
 }
 
 # The remote drafter's timings() keys (its auto patience's EMAs), exported as

@@ -390,12 +390,15 @@ class RemoteDrafter(PrefetchReplies, FinishedNotices, Drafter):
 
     def counters(self) -> dict[str, int]:
         """`COUNTERS`, as metrics.DRAFTER_COUNTERS describes them (reconnects: the first
-        connection counts; probes: `Patience.at_launch`'s, counted in at_launch too)."""
+        connection counts; probes: `Patience.at_launch`'s, counted in at_launch too), and the
+        pipelined steps' hypotheses settled (`RemoteSessions._settle`)."""
         with self._cv:
             counts = dict(self._counters)
             counts["reconnects"] = self.connection.connections
             counts["probes"] = self.patience.probes
-            return counts
+        counts["hypotheses_held"] = self.sessions.hypotheses_held
+        counts["hypotheses_failed"] = self.sessions.hypotheses_failed
+        return counts
 
     def close(self) -> None:
         self._held = None

@@ -146,6 +146,13 @@ class RemoteSessions(ResourceManager):
         self.finished: list[str] = []  # freed requests the drafter has not been told about
         self.runs: dict[str, Run] = {}  # request_id -> the latest proposal received
         self.on_finished = on_finished
+        # A pipelined step's hypothesis about the step in flight, per request: (the request's
+        # committed steps when it was made, the proposal's anchor, its tokens, how many of
+        # them the step in flight commits if it holds); settled at the request's next staging
+        # (`_settle`), into `hypotheses_held` / `hypotheses_failed`.
+        self.hypotheses: dict[str, tuple[int, int, Sequence[int], int]] = {}
+        self.hypotheses_held = 0
+        self.hypotheses_failed = 0
 
     def synced_len(self, request_id: str) -> int:
         return self.synced.get(request_id, 0)
@@ -160,6 +167,7 @@ class RemoteSessions(ResourceManager):
 
     def free(self, request: Request) -> None:
         self.runs.pop(request.request_id, None)
+        self.hypotheses.pop(request.request_id, None)
         if self.synced.pop(request.request_id, None) is not None:
             self.finished.append(request.request_id)
             if self.on_finished is not None:
@@ -214,6 +222,8 @@ class RemoteSessions(ResourceManager):
         really accepted; where the hypothesis fails the drafts are verified and rejected
         (lossless either way)."""
         rid = request.request_id
+        if not peek and rid in self.hypotheses:
+            self._settle(request)
         run = self.runs.get(rid)
         if run is None:
             return None
@@ -251,8 +261,27 @@ class RemoteSessions(ResourceManager):
             rest = len(run.tokens) - m
             if rest <= 0 or (rest < budget and not run.complete):
                 return None  # used up: a fresh proposal drafts further
+        if in_flight is not None and not peek:
+            self.hypotheses[rid] = (request.stats.steps, run.anchor, run.tokens, m)
         probs = None if run.probs is None else run.probs[m : m + budget]
         return run.tokens[m : m + budget], probs, where
+
+    def _settle(self, request: Request) -> None:
+        """Count whether the step that was in flight when `request`'s last pipelined step
+        was staged committed what that step's hypothesis said (exactly the proposal's tokens
+        up to its foreseen bonus). Known only while that step is the one committed since; a
+        request not staged meanwhile (no drafting step) goes uncounted."""
+        steps, anchor, tokens, m = self.hypotheses.pop(request.request_id)
+        if request.stats.steps != steps + 1:
+            return
+        end = anchor + m
+        held = request.num_settled_tokens == end and request.tokens_between(anchor, end) == list(
+            tokens[:m]
+        )
+        if held:
+            self.hypotheses_held += 1
+        else:
+            self.hypotheses_failed += 1
 
     def write_updates(
         self, msg: Any, asks: Sequence[tuple[Request, int]], per_position: int
