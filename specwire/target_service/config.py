@@ -225,8 +225,8 @@ class TargetConfig:
 
     def _resolve_auto_drafting(self) -> None:
         """`draft_on_device` and `pipeline_drafts` left at None (auto) become bools. On the
-        H200 and H100 the device lookup with pipelined steps ran 1.00-1.23x the host n-gram
-        drafter at 1-64 streams and 1.2-2.0x no drafter (bench/RESULTS.md, rounds 51 and 53);
+        H100 the device lookup with pipelined steps ran 0.99-1.23x the host n-gram drafter at
+        1-64 streams, and on the H200 1.2-2.0x no drafter (bench/RESULTS.md, rounds 51 and 53);
         on the CPU there is no device to hide the host behind, so it stays off there."""
         if self.draft_on_device is None:
             on = (
