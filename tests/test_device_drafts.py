@@ -126,6 +126,7 @@ def test_the_device_lookup_and_pipelined_steps_are_the_default_on_cuda_only(monk
     assert resolved(**cuda) == (True, True)
     assert resolved(**cuda, overlap=False) == (True, False)
     assert resolved(**cuda, two_batch_rows=8) == (True, False)
+    assert resolved(**cuda, cuda_graphs=False) == (True, False)
     assert resolved(**cuda, pipeline_drafts=False) == (True, False)
     assert resolved(**cuda, draft_on_device=False) == (False, False)
     assert resolved(**cuda, drafter="none") == (False, False)
@@ -147,11 +148,24 @@ def test_the_device_lookup_and_pipelined_steps_are_the_default_on_cuda_only(monk
     assert from_flags() == (True, True)
     assert from_flags("--no-pipeline-drafts") == (True, False)
     assert from_flags("--no-draft-on-device") == (False, False)
+    for env, value, want in (
+        ("SPECWIRE_DRAFT_ON_DEVICE", "0", (False, False)),
+        ("SPECWIRE_DRAFT_ON_DEVICE", "auto", (True, True)),
+        ("SPECWIRE_DRAFT_ON_DEVICE", "", (True, True)),
+        ("SPECWIRE_PIPELINE_DRAFTS", "0", (True, False)),
+    ):
+        monkeypatch.setenv(env, value)
+        parser = argparse.ArgumentParser()
+        add_engine_flags(parser)
+        assert from_flags() == want, (env, value)
+        monkeypatch.delenv(env)
     monkeypatch.setenv("SPECWIRE_DRAFT_ON_DEVICE", "0")
     parser = argparse.ArgumentParser()
     add_engine_flags(parser)
-    assert from_flags() == (False, False)
-    assert from_flags("--draft-on-device") == (True, True)
+    assert from_flags("--draft-on-device") == (True, True)  # the flag wins over the variable
+    monkeypatch.setenv("SPECWIRE_PIPELINE_DRAFTS", "maybe")
+    with pytest.raises(UserError, match="SPECWIRE_PIPELINE_DRAFTS"):
+        add_engine_flags(argparse.ArgumentParser())
 
 
 @pytest.mark.gpu

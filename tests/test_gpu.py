@@ -194,18 +194,25 @@ def test_pipelined_drafting_in_the_exact_mode_equals_plain_decoding_bf16():
     assert not diff and stats.accepted_tokens > 0, diff
 
 
-def test_two_batch_overlap_lossless_fp32_with_cuda_graphs(loaded):
+@pytest.mark.parametrize("on_device", [True, False], ids=["device-lookup", "host-lookup"])
+def test_two_batch_overlap_lossless_fp32_with_cuda_graphs(loaded, on_device):
     """--two-batch-rows: halves launched while the other is unread, through the graphs' two
-    staging twins; output equals plain decoding and steps really ran as halves."""
+    staging twins; output equals plain decoding and steps really ran as halves. With the
+    n-gram lookup on the device (CUDA's default; pipelining is off with two-batch rows) and
+    on the host."""
     from engine_driver import counter
 
     prompts = lossless_prompts(50)
     base = _run(build_engine(_cfg(drafter="none"), loaded=loaded), prompts)
-    eng = build_engine(_cfg(two_batch_rows=2), loaded=loaded)
+    eng = build_engine(_cfg(two_batch_rows=2, draft_on_device=on_device), loaded=loaded)
+    assert not eng.config.pipeline_drafts
     spec = _run(eng, prompts)
     diff = _differing(base, spec)
     halves = counter(eng, "two_batch_steps")
-    print(f"two-batch fp32+graphs: {50 - len(diff)}/50 identical; {halves:.0f} two-batch steps")
+    print(
+        f"two-batch fp32+graphs, lookup on the {'device' if on_device else 'host'}: "
+        f"{50 - len(diff)}/50 identical; {halves:.0f} two-batch steps"
+    )
     assert not diff, f"prompts {diff} differ with the two-batch overlap"
     assert halves > 0 and eng.executor.stats.accepted_tokens > 0
 

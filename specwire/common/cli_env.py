@@ -8,7 +8,9 @@ which wins over the dataclass default.
 
 A field `max_draft_len` becomes `--max-draft-len` and `SPECWIRE_MAX_DRAFT_LEN` unless its
 `Flag` names others; the type and default come from the dataclass. A bool field that defaults
-to True becomes `--no-<name>` / `SPECWIRE_NO_<NAME>` (it turns a default-on feature off).
+to True becomes `--no-<name>` / `SPECWIRE_NO_<NAME>` (it turns a default-on feature off); one
+that defaults to None (`bool | None`: the config decides, "auto") becomes the pair `--<name>` /
+`--no-<name>`, its variable 1/0 (unset, empty or `auto`: auto).
 `--help` shows each flag's variable and default.
 """
 
@@ -110,12 +112,14 @@ def add_config_flags(
         env = spec.env or PREFIX + flag[2:].replace("-", "_").upper()
         if kind is bool and field.default is None:
             # Three states: --flag (on), --no-flag (off), neither (None: the config's auto).
+            raw = os.environ.get(env, "")
+            auto = raw.strip().lower() in ("", "auto")
             parser.add_argument(
                 flag,
                 action=argparse.BooleanOptionalAction,
                 dest=name,
-                default=env_value(env, None, bool),
-                help=f"{spec.help} [env {env}=1|0; default auto]",
+                default=None if auto else env_value(env, None, bool),
+                help=f"{spec.help} [env {env}=1|0|auto; default auto]",
             )
             continue
         add_env_flag(parser, flag, env, default, spec.help, kind, dest=name, choices=spec.choices)
