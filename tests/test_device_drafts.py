@@ -262,6 +262,39 @@ def test_pipelined_drafting_up_to_the_end_of_the_context():
     assert {reason for _, reason in outs[1]} == {"context"}
 
 
+_CUDA_DEFAULT = pytest.param(
+    {"device": "cuda", "dtype": "float32"},
+    marks=[
+        pytest.mark.gpu,
+        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    ],
+    id="cuda-default",
+)
+
+
+_CPU_PIPELINED = pytest.param({"draft_on_device": True, "pipeline_drafts": True}, id="cpu")
+
+
+@pytest.mark.parametrize("kw", [_CPU_PIPELINED, _CUDA_DEFAULT])
+def test_pipelined_steps_with_a_prompt_prefilled_in_chunks_alone(kw):
+    """A prompt longer than a step's token budget, alone at first: its first steps hold only
+    prefill chunks that do not end it (no logit row, so no row verifies anything). The step
+    that counts accepted drafts must count none (it failed every request in the step), and
+    the output is plain decoding's. On CUDA: the default (pipelined, graphs)."""
+    prompts = [" ".join(PROMPTS[:8]), PROMPTS[9]]
+    kw = {"max_num_tokens": 64, "draft_policy": "static", **kw}
+    base = {k: v for k, v in kw.items() if k not in ("draft_on_device", "pipeline_drafts")}
+    plain, _ = _run_prompts(_engine("none", **base), prompts)
+    eng = _engine("ngram", **kw)
+    assert eng.config.pipeline_drafts
+    assert len(eng.loaded.tokenizer.encode(prompts[0])) > 3 * kw["max_num_tokens"]
+    out, stats = _run_prompts(eng, prompts)
+    assert out == plain
+    assert stats.accepted_tokens > 0 and counter(eng, "pipelined_steps") > 0
+    eng.resources.check_integrity()
+    assert eng.kv.num_free_blocks == eng.kv.num_blocks - 1
+
+
 def test_pipelined_steps_with_a_sampled_arrival_and_a_cancel_mid_flight():
     """A sampled request arriving while pipelined drafting steps run makes the next steps
     synchronous (the step in flight is read first) and a request cancelled while its drafts

@@ -319,11 +319,14 @@ class ModelRunner:
                 for r, (row, k) in enumerate(zip(rows, drafts, strict=True))
             ]
         dev = ids.device
-        as_tensor = lambda v: torch.tensor(v, dtype=torch.long, device=dev)  # noqa: E731
-        acc = accepted_counts(
-            ids, argmax, as_tensor(first_draft), as_tensor(first_logit), as_tensor(drafts),
-            self._kidx,
-        )  # fmt: skip
+        if argmax.numel() == 0:  # only prefill chunks that do not end their prompts: no row
+            acc = torch.zeros(len(rows), dtype=torch.long, device=dev)  # verifies anything
+        else:
+            as_tensor = lambda v: torch.tensor(v, dtype=torch.long, device=dev)  # noqa: E731
+            acc = accepted_counts(
+                ids, argmax, as_tensor(first_draft), as_tensor(first_logit), as_tensor(drafts),
+                self._kidx,
+            )  # fmt: skip
         self.last_acc = acc
         if self.graphs is not None:
             self.graphs.acc[: len(acc)].copy_(acc)
