@@ -46,9 +46,11 @@ messages = st.lists(
 @st.composite
 def requests(draw) -> pb.GenerateRequest:
     req = pb.GenerateRequest(request_id=draw(st.sampled_from(["", "a", "b"])))
-    kind = draw(st.sampled_from(["prompt", "ids", "chat", "none"]))
+    kind = draw(st.sampled_from(["prompt", "long", "ids", "chat", "none"]))
     if kind == "prompt":
         req.prompt = draw(texts)
+    elif kind == "long":  # over a step's token budget (--max-num-tokens 64): prefilled in chunks
+        req.prompt = draw(st.text(min_size=20, max_size=80)) * draw(st.integers(2, 8))
     elif kind == "ids":
         req.prompt_token_ids.ids.extend(draw(st.lists(st.integers(-3, VOCAB + 3), max_size=40)))
     elif kind == "chat":
@@ -94,7 +96,7 @@ def target(tiny, request):
         drafter = f"grpc://{service.address}"
     cfg = TargetConfig(
         model="tiny-random", drafter=drafter, max_draft_len=4, progress=False,
-        max_context_len=256, max_batch_size=4, max_stop_strings=4,
+        max_context_len=256, max_batch_size=4, max_stop_strings=4, max_num_tokens=64,
         draft_on_device=request.param == "pipelined", pipeline_drafts=pipelined,
     )  # fmt: skip
     srv.attach(build_engine(cfg, loaded=tiny))
