@@ -26,6 +26,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from prompt_pool import build_pool  # noqa: E402
 from serving_plan import plan_passes  # noqa: E402
+from thread_profile import add_profile_flags, print_profile, profile_thread  # noqa: E402
 
 from specwire.target_service.config import TargetConfig  # noqa: E402
 from specwire.target_service.engine import build_engine  # noqa: E402
@@ -101,6 +102,7 @@ async def main_async(args) -> list[dict]:
     engine = build_engine(cfg)
     gc.collect()  # as `specwire target` does once warm
     gc.freeze()
+    profiler = profile_thread(engine, args.profile)
     engine.executor.start()
     pool = futures.ThreadPoolExecutor(4, "tokenize")
     prompts, _source = build_pool(True)
@@ -121,6 +123,7 @@ async def main_async(args) -> list[dict]:
     finally:
         engine.shutdown()
         pool.shutdown()
+    print_profile(profiler, args)
     return out
 
 
@@ -144,6 +147,7 @@ def main() -> int:
         help="every request's max_draft_len (0: a server with a drafter that never drafts)",
     )
     ap.add_argument("--json", default=None)
+    add_profile_flags(ap)
     ap.add_argument("--gil-switch-interval", type=float, default=5e-4, help="as the target's")
     args = ap.parse_args()
     sys.setswitchinterval(args.gil_switch_interval)

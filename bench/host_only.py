@@ -38,13 +38,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import cProfile
 import gc
 import os
-import pstats
 import sys
 import tempfile
-import threading
 import time
 from concurrent import futures
 from pathlib import Path
@@ -59,6 +56,7 @@ from prompt_pool import build_pool  # noqa: E402
 from serving_plan import plan_passes  # noqa: E402
 from sim_device import DeviceClock  # noqa: E402
 from stub_model import Replay, StubForward  # noqa: E402
+from thread_profile import add_profile_flags, print_profile, profile_thread  # noqa: E402
 
 from specwire.target_service.config import TargetConfig  # noqa: E402
 from specwire.target_service.engine import build_engine  # noqa: E402
@@ -127,12 +125,7 @@ def main() -> int:
         metavar="OUTPUTS.json[.gz]",
         help="recorded greedy outputs (branch_replay.py --save-outputs) as the stub's model",
     )
-    ap.add_argument("--profile", choices=("executor", "output"), default=None)
-    ap.add_argument("--profile-rows", type=int, default=30, help="functions --profile prints")
-    ap.add_argument(
-        "--profile-sort", choices=("tottime", "cumulative"), default="tottime",
-        help="--profile's order: own time, or with what the function calls",
-    )  # fmt: skip
+    add_profile_flags(ap)
     ap.add_argument(
         "--draft-lengths",
         action="store_true",
@@ -221,31 +214,7 @@ def main() -> int:
     gc.freeze()
     if args.gc_threshold is not None:
         gc.set_threshold(args.gc_threshold, *gc.get_threshold()[1:])
-    profiler = cProfile.Profile() if args.profile else None
-    if profiler is not None:  # profile the chosen thread from its start
-        name = {"executor": "specwire-executor", "output": "specwire-output"}[args.profile]
-        real_start = threading.Thread.start
-
-        def start(thread):
-            if thread.name == name:
-                run = thread.run
-
-                def profiled():
-                    profiler.enable()
-                    try:
-                        run()
-                    finally:
-                        profiler.disable()
-
-                thread.run = profiled
-            real_start(thread)
-
-        threading.Thread.start = start
-        if args.profile == "output":  # already running: restart it under the profiler
-            engine.executor.output.close()
-            from specwire.target_service.output import OutputWorker
-
-            engine.executor.output = OutputWorker(engine.executor._stopped)
+    profiler = profile_thread(engine, args.profile)
     engine.executor.start()
     prompts = replay.pool if replay is not None else build_pool(True)[0]
     params_for = replay.params(args.max_new_tokens) if replay is not None else None
@@ -315,8 +284,7 @@ def main() -> int:
         pool.shutdown()
         if service is not None:
             stop_service(service)
-    if profiler is not None:
-        pstats.Stats(profiler).sort_stats(args.profile_sort).print_stats(args.profile_rows)
+    print_profile(profiler, args)
     return 0
 
 
