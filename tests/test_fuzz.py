@@ -8,6 +8,7 @@ boundary validation (tested with it)."""
 from __future__ import annotations
 
 import contextlib
+import string
 import threading
 
 import grpc
@@ -33,6 +34,7 @@ CLEAN = {
 }
 
 texts = st.text(max_size=80)
+LETTERS = string.ascii_lowercase + " "
 messages = st.lists(
     st.builds(
         pb.ChatMessage,
@@ -49,8 +51,9 @@ def requests(draw) -> pb.GenerateRequest:
     kind = draw(st.sampled_from(["prompt", "long", "ids", "chat", "none"]))
     if kind == "prompt":
         req.prompt = draw(texts)
-    elif kind == "long":  # over a step's token budget (--max-num-tokens 64): prefilled in chunks
-        req.prompt = draw(st.text(min_size=20, max_size=80)) * draw(st.integers(2, 8))
+    elif kind == "long":  # over a step's token budget (--max-num-tokens 64): prefilled in
+        # chunks, and mostly within the context (~40-340 tokens, two in three 65-199)
+        req.prompt = draw(st.text(LETTERS, min_size=20, max_size=60)) * draw(st.integers(2, 6))
     elif kind == "ids":
         req.prompt_token_ids.ids.extend(draw(st.lists(st.integers(-3, VOCAB + 3), max_size=40)))
     elif kind == "chat":

@@ -52,8 +52,9 @@ class TargetConfig:
     draft_on_device: bool | None = None
     # Drafting steps overlap as plain ones do (the next step is launched before this one is
     # read, and shifted on the device by what it accepted): with draft_on_device or a remote
-    # drafter. None = auto: on CUDA with graphs wherever draft_on_device resolved on (and
-    # overlap is on, and no --two-batch-rows); a remote drafter's stays opt-in.
+    # drafter. None = auto: on CUDA with graphs (not --attention sdpa) wherever
+    # draft_on_device resolved on (and overlap is on, and no --two-batch-rows); a remote
+    # drafter's stays opt-in.
     pipeline_drafts: bool | None = None
     device: str = "cpu"
     dtype: str = "float32"
@@ -238,8 +239,9 @@ class TargetConfig:
             object.__setattr__(self, "draft_on_device", on)
         if self.pipeline_drafts is None:
             # Measured with CUDA graphs only: eagerly, each pipelined step waits for the
-            # device to read its shifts (`ModelRunner`), so there it stays opt-in.
-            cuda = self.device.startswith("cuda") and self.cuda_graphs
+            # device to read its shifts (`ModelRunner`), so there it stays opt-in. The sdpa
+            # backend has no graphs either (`AttentionBackend.graphs`).
+            cuda = self.device.startswith("cuda") and self.cuda_graphs and self.attention != "sdpa"
             on = cuda and self.draft_on_device and self.overlap and not self.two_batch_rows
             object.__setattr__(self, "pipeline_drafts", bool(on))
 

@@ -319,8 +319,9 @@ class ModelRunner:
                 for r, (row, k) in enumerate(zip(rows, drafts, strict=True))
             ]
         dev = ids.device
-        if argmax.numel() == 0:  # only prefill chunks that do not end their prompts: no row
-            acc = torch.zeros(len(rows), dtype=torch.long, device=dev)  # verifies anything
+        if argmax.numel() == 0:
+            # Only prefill chunks that do not end their prompts: no row verifies anything.
+            acc = torch.zeros(len(rows), dtype=torch.long, device=dev)
         else:
             as_tensor = lambda v: torch.tensor(v, dtype=torch.long, device=dev)  # noqa: E731
             acc = accepted_counts(
