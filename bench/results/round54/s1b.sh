@@ -1,5 +1,0 @@
-# call 1 on a fresh machine: wheels into /tmp/site, then the tiny-model GPU tests of the device lookup and pipelined steps (the new CUDA default)
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-nvidia-smi --query-gpu=name,memory.total --format=csv | tee $OUT/smi.txt
-export PYTHONPATH=/tmp/site:$PWD:$PWD/tests PYTHONUNBUFFERED=1
-timeout ${T1_S:-120} python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_device_drafts.py tests/test_triton_pipeline.py tests/test_inputs.py > $OUT/gpu_tiny.txt 2>&1; echo "rc=$?" >> $OUT/gpu_tiny.txt; tail -15 $OUT/gpu_tiny.txt
