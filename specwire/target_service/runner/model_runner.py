@@ -319,15 +319,11 @@ class ModelRunner:
                 for r, (row, k) in enumerate(zip(rows, drafts, strict=True))
             ]
         dev = ids.device
-        if argmax.numel() == 0:
-            # Only prefill chunks that do not end their prompts: no row verifies anything.
-            acc = torch.zeros(len(rows), dtype=torch.long, device=dev)
-        else:
-            as_tensor = lambda v: torch.tensor(v, dtype=torch.long, device=dev)  # noqa: E731
-            acc = accepted_counts(
-                ids, argmax, as_tensor(first_draft), as_tensor(first_logit), as_tensor(drafts),
-                self._kidx,
-            )  # fmt: skip
+        as_tensor = lambda v: torch.tensor(v, dtype=torch.long, device=dev)  # noqa: E731
+        acc = accepted_counts(
+            ids, argmax, as_tensor(first_draft), as_tensor(first_logit), as_tensor(drafts),
+            self._kidx,
+        )  # fmt: skip
         self.last_acc = acc
         if self.graphs is not None:
             self.graphs.acc[: len(acc)].copy_(acc)

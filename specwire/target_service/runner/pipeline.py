@@ -27,8 +27,11 @@ def accepted_counts(
     drafts: torch.Tensor,  # [B] each row's drafts (0: none)
     kidx: torch.Tensor,  # [K] arange(K), K >= every row's drafts
 ) -> torch.Tensor:
-    """[B] how many of each row's drafts greedy verification accepts."""
+    """[B] how many of each row's drafts greedy verification accepts. A step with no logit
+    row (only prefill chunks that do not end their prompts; no row has drafts) accepts none."""
     rows, k = first_draft.numel(), kidx.numel()
+    if argmax.numel() == 0:
+        return torch.zeros(rows, dtype=torch.long, device=ids.device)
     at = (first_draft[:, None] + kidx).clamp(max=ids.numel() - 1).flatten()
     lg = (first_logit[:, None] + kidx).clamp(max=argmax.numel() - 1).flatten()
     ok = (ids.index_select(0, at) == argmax.index_select(0, lg)).view(rows, k)
