@@ -102,7 +102,7 @@ async def main_async(args) -> list[dict]:
     engine = build_engine(cfg)
     gc.collect()  # as `specwire target` does once warm
     gc.freeze()
-    profiler = profile_thread(engine, args.profile)
+    profiler = profile_thread(engine, args.profile, args.profile_mode, args.profile_interval_ms)
     engine.executor.start()
     pool = futures.ThreadPoolExecutor(4, "tokenize")
     prompts, _source = build_pool(True)

@@ -26,8 +26,9 @@ and every thread's contention for the GIL are real.
     python bench/host_only.py --replay bench/results/round24/greedy80.json.gz --concurrency 1,8 \
         --device-ms 0.7 --adaptive --drafter remote-ngram --min-prompts 24 --max-new-tokens 128
 
-Prints tok/s per pass and, with --profile, the top functions of that thread (cProfile;
-wall time, so a function's share includes its waits for the GIL); with --draft-lengths, how
+Prints tok/s per pass and, with --profile, the top functions of that thread (cProfile, or
+stack samples where cProfile would see every thread: `thread_profile.py`; wall time, so a
+function's share includes its waits for the GIL); with --draft-lengths, how
 many drafts each drafting row got over the run (0: a step that went without). With
 --device-ms, each pass also says how long the simulated device sat idle before each step that
 only decodes, drafted or plain: the host time on the critical path between one step's end and
@@ -214,7 +215,7 @@ def main() -> int:
     gc.freeze()
     if args.gc_threshold is not None:
         gc.set_threshold(args.gc_threshold, *gc.get_threshold()[1:])
-    profiler = profile_thread(engine, args.profile)
+    profiler = profile_thread(engine, args.profile, args.profile_mode, args.profile_interval_ms)
     engine.executor.start()
     prompts = replay.pool if replay is not None else build_pool(True)[0]
     params_for = replay.params(args.max_new_tokens) if replay is not None else None

@@ -1,15 +1,33 @@
-"""cProfile of one of the engine's threads, from that thread's start (`bench/host_only.py` and
+"""A profile of one of the engine's threads, from that thread's start (`bench/host_only.py` and
 `bench/engine_only.py --profile executor|output`). Wall time: a function's share includes
-its waits for the GIL."""
+its waits for the GIL (and, for a C call, the wait inside it: a CUDA sync, a full launch
+queue).
+
+Two modes (`--profile-mode`):
+- `cprofile`: deterministic, with call counts. Per thread only before Python 3.12: from 3.12
+  on cProfile hooks `sys.monitoring`, whose events come from every thread, so its table mixes
+  the output thread, the pipe and the benchmark's clients into the executor's.
+- `sample`: the thread's Python stack read every `--profile-interval-ms` from a thread of
+  its own (`sys._current_frames`), on any Python. Shares of samples, no call counts; the
+  sampler takes the GIL for ~10-30 us a sample (1-3 % at 1 ms).
+`auto` (the default) is cprofile where it sees one thread and sample where it would not.
+"""
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import pstats
+import sys
 import threading
+import time
+from collections import Counter
 
 THREADS = {"executor": "specwire-executor", "output": "specwire-output"}
+MODES = ("auto", "cprofile", "sample")
+# cProfile sees every thread's calls from Python 3.12 on (it is built on sys.monitoring).
+CPROFILE_PER_THREAD = sys.version_info < (3, 12)
 
 
 def add_profile_flags(ap: argparse.ArgumentParser) -> None:
@@ -19,15 +37,112 @@ def add_profile_flags(ap: argparse.ArgumentParser) -> None:
         "--profile-sort", choices=("tottime", "cumulative"), default="tottime",
         help="--profile's order: own time, or with what the function calls",
     )  # fmt: skip
+    ap.add_argument(
+        "--profile-mode", choices=MODES, default="auto",
+        help="cprofile (per thread before Python 3.12 only), sample, or auto: cprofile "
+        "where it sees one thread, else sample",
+    )  # fmt: skip
+    ap.add_argument(
+        "--profile-interval-ms", type=float, default=1.0, help="sample mode: ms between samples"
+    )
 
 
-def profile_thread(engine, which: str | None) -> cProfile.Profile | None:
+def resolve_mode(mode: str) -> str:
+    if mode == "auto":
+        return "cprofile" if CPROFILE_PER_THREAD else "sample"
+    return mode
+
+
+class StackSampler:
+    """Samples the Python stacks of the threads that enabled it, every `interval_s`.
+    `enable()` and `disable()` are called from the thread to sample, as cProfile's are (a
+    thread of the name started again, as a new engine's, is sampled from its own start); the
+    sampling runs in a daemon thread of its own. Per function (file, first line, name):
+    `own`, samples with it at the top of the stack; `inclusive`, samples with it anywhere on
+    the stack (once a sample, recursion or not)."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self.own: Counter = Counter()
+        self.inclusive: Counter = Counter()
+        self.samples = 0
+        self.seconds = 0.0  # time with a thread to sample
+        self._idents: set[int] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def enable(self) -> None:
+        with self._lock:
+            self._idents.add(threading.get_ident())
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="profile-sampler", daemon=True
+                )
+                self._thread.start()
+
+    def disable(self) -> None:
+        with self._lock:
+            self._idents.discard(threading.get_ident())
+
+    def _run(self) -> None:
+        own, inclusive = self.own, self.inclusive
+        last = time.perf_counter()
+        while not self._stop.wait(self.interval_s):
+            now = time.perf_counter()
+            with self._lock:
+                idents = tuple(self._idents)
+            if idents:
+                self.seconds += now - last
+            last = now
+            frames = sys._current_frames()
+            for ident in idents:
+                frame = frames.get(ident)
+                if frame is None:
+                    continue
+                self.samples += 1
+                code = frame.f_code
+                own[(code.co_filename, code.co_firstlineno, code.co_name)] += 1
+                seen = set()
+                while frame is not None:
+                    code = frame.f_code
+                    key = (code.co_filename, code.co_firstlineno, code.co_name)
+                    if key not in seen:
+                        seen.add(key)
+                        inclusive[key] += 1
+                    frame = frame.f_back
+
+    def print_stats(self, sort: str, rows: int) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        n = max(1, self.samples)
+        print(
+            f"sampled {self.samples} stacks, one every {self.interval_s * 1e3:g} ms, "
+            f"over {self.seconds:.3f} s (shares of the thread's wall time)"
+        )
+        primary = self.own if sort == "tottime" else self.inclusive
+        print(f"{'own %':>7} {'incl %':>7}  function")
+        for key, _count in primary.most_common(rows):
+            filename, line, name = key
+            where = os.path.relpath(filename) if filename.startswith(os.getcwd()) else filename
+            print(
+                f"{100 * self.own[key] / n:7.2f} {100 * self.inclusive[key] / n:7.2f}  "
+                f"{where}:{line}({name})"
+            )
+
+
+def profile_thread(engine, which: str | None, mode: str = "auto", interval_ms: float = 1.0):
     """Profile `engine`'s thread `which` (None: nothing). Call before `executor.start()`: the
     executor thread is profiled from its start; the output thread, already running, is
-    replaced by one started under the profiler."""
+    replaced by one started under the profiler. Returns the profiler (a `cProfile.Profile`
+    or a `StackSampler`), for `print_profile`."""
     if which is None:
         return None
-    profiler = cProfile.Profile()
+    if resolve_mode(mode) == "sample":
+        profiler = StackSampler(interval_ms / 1000)
+    else:
+        profiler = cProfile.Profile()
     name = THREADS[which]
     real_start = threading.Thread.start
 
@@ -54,6 +169,17 @@ def profile_thread(engine, which: str | None) -> cProfile.Profile | None:
     return profiler
 
 
-def print_profile(profiler: cProfile.Profile | None, args: argparse.Namespace) -> None:
-    if profiler is not None:
+def print_profile(profiler, args: argparse.Namespace) -> None:
+    if profiler is None:
+        return
+    print(f"profile of the {args.profile} thread ({type(profiler).__name__})")
+    if isinstance(profiler, StackSampler):
+        profiler.print_stats(args.profile_sort, args.profile_rows)
+    else:
+        if not CPROFILE_PER_THREAD:
+            print(
+                f"note: cProfile on Python {sys.version_info.major}.{sys.version_info.minor} "
+                "counts every thread's calls, not only this thread's (--profile-mode sample "
+                "for one thread)"
+            )
         pstats.Stats(profiler).sort_stats(args.profile_sort).print_stats(args.profile_rows)

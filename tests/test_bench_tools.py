@@ -10,6 +10,8 @@ import os
 import re
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -358,3 +360,68 @@ def _cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def _thread_profile():
+    spec = importlib.util.spec_from_file_location(
+        "thread_profile", ROOT / "bench/thread_profile.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_stack_sampler_samples_only_the_threads_that_enable_it():
+    """cProfile sees every thread's calls from Python 3.12 on; the sampler must not."""
+    sampler = _thread_profile().StackSampler(0.001)
+    stop = threading.Event()
+
+    def sampled_work():
+        end = time.perf_counter() + 0.5
+        while time.perf_counter() < end:
+            sum(range(200))
+
+    def other_work():
+        while not stop.is_set():
+            sum(range(200))
+
+    def profiled():
+        sampler.enable()
+        try:
+            sampled_work()
+        finally:
+            sampler.disable()
+
+    other = threading.Thread(target=other_work)
+    other.start()
+    try:
+        worker = threading.Thread(target=profiled)
+        worker.start()
+        worker.join()
+    finally:
+        stop.set()
+        other.join()
+    sampler._stop.set()
+    sampler._thread.join()
+    names = {name for _file, _line, name in sampler.inclusive}
+    assert sampler.samples >= 5, sampler.samples  # the sampler waits its turn for the GIL
+    assert "other_work" not in names, names
+    work = next(k for k in sampler.inclusive if k[2] == "sampled_work")
+    assert sampler.inclusive[work] == sampler.samples  # on every sampled stack
+    assert sampler.own[work] > sampler.samples // 2  # mostly its own time (sum is a C call)
+
+
+def test_host_only_profile_in_sample_mode_shows_the_executor_thread_alone():
+    out = _run(
+        "bench/host_only.py", "--concurrency", "4", "--pass-factor", "1", "--min-prompts", "4",
+        "--max-new-tokens", "16", "--drafter", "ngram", "--device-ms", "0.2",
+        "--profile", "executor", "--profile-mode", "sample", "--profile-rows", "1000",
+        "--profile-sort", "cumulative",
+    )  # fmt: skip
+    assert "profile of the executor thread (StackSampler)" in out, out
+    samples = int(re.search(r"sampled (\d+) stacks", out).group(1))
+    assert samples > 0, out
+    rows = re.findall(r"^ *([\d.]+) +([\d.]+)  (\S+)$", out, re.M)
+    loop = [float(incl) for _own, incl, fn in rows if re.search(r"executor\.py:\d+\(_loop\)$", fn)]
+    assert loop and loop[0] > 90, out  # the executor's loop is on (nearly) every stack
+    assert not any("output.py" in fn and fn.endswith("(_run)") for _o, _i, fn in rows), out
