@@ -60,6 +60,45 @@ def assert_same_tokenizer(a: Tokenizer, b: Tokenizer) -> None:
 # --- GGUF vs the HF folder exported from it ------------------------------------------------------
 
 
+def test_gguf_reader_over_a_plain_view_reads_what_gguf_reads() -> None:
+    """`read_gguf`'s reader slices a plain ndarray view of the file mapping (fast) instead of the
+    np.memmap itself: every field and tensor must come out the same."""
+    import gguf
+    import numpy as np
+
+    from specwire.common.model.gguf_checkpoint import _Reader
+
+    path = smollm2_gguf_path()
+    ours, theirs = _Reader(path), gguf.GGUFReader(path)
+    assert type(ours.data) is np.ndarray and len(ours.data) == path.stat().st_size
+    assert list(ours.fields) == list(theirs.fields)
+    for key, field in theirs.fields.items():
+        mine = ours.fields[key]
+        assert (mine.offset, mine.types, mine.data) == (field.offset, field.types, field.data)
+        assert all(np.array_equal(a, b) for a, b in zip(mine.parts, field.parts, strict=True))
+    assert len(ours.tensors) == len(theirs.tensors) == 272
+    for mine, t in zip(ours.tensors, theirs.tensors, strict=True):
+        assert (mine.name, mine.tensor_type, mine.data_offset) == (
+            t.name,
+            t.tensor_type,
+            t.data_offset,
+        )
+        assert mine.data.shape == t.data.shape and np.array_equal(mine.data, t.data), t.name
+
+
+def test_kv_cache_on_the_cpu_is_zero_and_writable(tiny) -> None:
+    """The CPU pool comes from lazily zeroed pages (not a memset): zero, contiguous, of the
+    asked dtype and shape, and each pool its own memory."""
+    model = tiny.model
+    for dtype in (torch.float32, torch.bfloat16):
+        a, b = model.allocate_kv_cache(9, dtype=dtype), model.allocate_kv_cache(9, dtype=dtype)
+        cfg = tiny.config
+        assert a.shape == (cfg.num_layers, 2, 9, model.block_size, cfg.num_kv_heads, cfg.head_dim)
+        assert a.dtype == dtype and a.is_contiguous() and not a.any()
+        a[1, 0, 3] = 1.5
+        assert float(a.sum()) == 1.5 * a[1, 0, 3].numel() and not b.any()
+
+
 @pytest.mark.slow
 def test_gguf_and_exported_folder_are_the_same_model(smollm2, smollm2_folder: Path) -> None:
     from_folder = load_model(str(smollm2_folder), progress=False)

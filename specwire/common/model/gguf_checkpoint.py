@@ -27,9 +27,24 @@ GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM"}
 _READ_ERRORS = (ValueError, IndexError, KeyError, OSError, EOFError)
 
 
+class _Reader(gguf.GGUFReader):
+    """`gguf.GGUFReader` over a plain ndarray view of its file mapping. The reader slices its
+    `data` once per metadata value and tensor, and a slice of an `np.memmap` runs Python code
+    (`__array_finalize__`); SmolLM2's ~100k vocabulary and merge strings made that 2.4 s of a
+    3.5 s load on the dev VM, 0.65 s with the plain view. Same bytes, same mapping."""
+
+    @property
+    def data(self) -> np.ndarray:
+        return self._plain
+
+    @data.setter
+    def data(self, value: np.ndarray) -> None:
+        self._plain = value.view(np.ndarray)
+
+
 def read_gguf(path: Path, *, progress: bool = True) -> Checkpoint:
     try:
-        reader = gguf.GGUFReader(path)
+        reader = _Reader(path)
     except _READ_ERRORS as exc:
         raise ModelError(f"cannot read GGUF file {path}: {exc}") from exc
     config = gguf_model_config(path, reader)
