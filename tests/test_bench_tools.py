@@ -425,3 +425,12 @@ def test_host_only_profile_in_sample_mode_shows_the_executor_thread_alone():
     loop = [float(incl) for _own, incl, fn in rows if re.search(r"executor\.py:\d+\(_loop\)$", fn)]
     assert loop and loop[0] > 90, out  # the executor's loop is on (nearly) every stack
     assert not any("output.py" in fn and fn.endswith("(_run)") for _o, _i, fn in rows), out
+
+
+def test_startup_times_a_target_to_listening_with_the_engines_phases():
+    out = _run("bench/startup.py", "--model", "tiny-random", "--runs", "1")
+    run = re.search(r"run 0 \S+: listening after ([\d.]+) s; engine: (.*)$", out, re.M)
+    assert run and float(run.group(1)) > 0, out
+    phases = dict(p.rsplit(" ", 1) for p in run.group(2).split(", "))
+    assert {"model", "KV cache and drafter", "executor"} <= phases.keys(), phases
+    assert re.search(r"^\| \S+ \| 1 \| [\d.]+ \| [\d.]+ \| 1\.000 \|$", out, re.M), out

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 import uuid
 from dataclasses import dataclass
 
@@ -306,6 +307,12 @@ class Engine(Admission):
 
 
 def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine:
+    # Where the start-up goes, for the ready line (GPU: graph capture and kernel compiles).
+    started, phases = time.perf_counter(), {}
+
+    def lap(phase: str) -> None:
+        phases[phase] = time.perf_counter() - started - sum(phases.values())
+
     # 1. model
     if loaded is None:
         loaded = load_model(
@@ -317,6 +324,7 @@ def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine
             progress=cfg.progress,
         )
     model = loaded.model
+    lap("model")
     # 2. resource managers
     k = cfg.max_draft_len if cfg.drafter != "none" else 0
     num_blocks = cfg.kv_pool_blocks
@@ -328,6 +336,7 @@ def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine
     drafter = make_drafter(cfg, loaded)
     if drafter is not None and getattr(drafter, "spec_resource_manager", None) is not None:
         resources.add(drafter.spec_resource_manager)
+    lap("KV cache and drafter")
     # 4. runner: attention backend, warm-up and graph capture
     model.set_attention(make_backend(cfg.attention, model, kv_caches.device))
     dtype = model.lm_head.weight.dtype
@@ -358,6 +367,7 @@ def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine
         else None,
     )
     runner.warmup(progress=cfg.progress)
+    lap("warm-up" + (" and graphs" if runner.graphs is not None else ""))
     # 5. executor
     eos_ids = (
         {loaded.tokenizer.eos_token_id} if loaded.tokenizer.eos_token_id is not None else set()
@@ -371,6 +381,7 @@ def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine
         replay = runner.graphs.measure()
         metrics.one_token_gpu.set(replay[min(replay)])
         policy.seed_costs(replay)
+        lap("cost table")
     if runner.graphs is None or k == 0:
         policy.adaptive = False
     executor = Executor(
@@ -389,9 +400,13 @@ def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine
         two_batch_rows=cfg.two_batch_rows,
         pipelined=cfg.pipeline_drafts,
     )
+    lap("executor")
     log.info(
-        "engine ready: model=%s device=%s drafter=%s K=%d graphs=%s attention=%s ops=%s exact=%s"
-        " policy=%s overlap=%s two-batch-rows=%d draft-on-device=%s pipeline-drafts=%s",
+        "engine ready in %.1f s (%s): model=%s device=%s drafter=%s K=%d graphs=%s attention=%s"
+        " ops=%s exact=%s policy=%s overlap=%s two-batch-rows=%d draft-on-device=%s"
+        " pipeline-drafts=%s",
+        sum(phases.values()),
+        ", ".join(f"{phase} {s:.1f}" for phase, s in phases.items()),
         cfg.model,
         cfg.device,
         cfg.drafter,
