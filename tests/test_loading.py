@@ -86,6 +86,24 @@ def test_gguf_reader_over_a_plain_view_reads_what_gguf_reads() -> None:
         assert mine.data.shape == t.data.shape and np.array_equal(mine.data, t.data), t.name
 
 
+def test_gguf_dequantize_is_the_gguf_packages_bit_for_bit() -> None:
+    """`dequantize` does Q4_1 and Q8_0 with torch: every tensor of SmolLM2's file (both types
+    and F32) must come out with the bits of `gguf.dequantize`."""
+    import gguf
+    import numpy as np
+
+    from specwire.common.model.gguf_checkpoint import _Reader, dequantize
+
+    reader = _Reader(smollm2_gguf_path())
+    types = {t.tensor_type.name for t in reader.tensors}
+    assert {"Q4_1", "Q8_0", "F32"} <= types, types
+    for t in reader.tensors:
+        ours = dequantize(t.data, t.tensor_type)
+        ref = torch.from_numpy(np.array(gguf.dequantize(t.data, t.tensor_type), np.float32))
+        assert ours.shape == ref.shape and ours.dtype == torch.float32, t.name
+        assert torch.equal(ours.view(torch.int32), ref.view(torch.int32)), t.name
+
+
 def test_kv_cache_on_the_cpu_is_zero_and_writable(tiny) -> None:
     """The CPU pool comes from lazily zeroed pages (not a memset): zero, contiguous, of the
     asked dtype and shape, and each pool its own memory."""
