@@ -27,8 +27,8 @@ and every thread's contention for the GIL are real.
         --device-ms 0.7 --adaptive --drafter remote-ngram --min-prompts 24 --max-new-tokens 128
 
 Prints tok/s per pass and, with --profile, the top functions of that thread (cProfile, or
-stack samples where cProfile would see every thread: `thread_profile.py`; wall time, so a
-function's share includes its waits for the GIL); with --draft-lengths, how
+with --profile-mode sample stack samples: `thread_profile.py`; wall time, so a function's
+share includes its waits for the GIL); with --draft-lengths, how
 many drafts each drafting row got over the run (0: a step that went without). With
 --device-ms, each pass also says how long the simulated device sat idle before each step that
 only decodes, drafted or plain: the host time on the critical path between one step's end and

@@ -4,13 +4,18 @@ its waits for the GIL (and, for a C call, the wait inside it: a CUDA sync, a ful
 queue).
 
 Two modes (`--profile-mode`):
-- `cprofile`: deterministic, with call counts. Per thread only before Python 3.12: from 3.12
-  on cProfile hooks `sys.monitoring`, whose events come from every thread, so its table mixes
-  the output thread, the pipe and the benchmark's clients into the executor's.
-- `sample`: the thread's Python stack read every `--profile-interval-ms` from a thread of
-  its own (`sys._current_frames`), on any Python. Shares of samples, no call counts; the
-  sampler takes the GIL for ~10-30 us a sample (1-3 % at 1 ms).
-`auto` (the default) is cprofile where it sees one thread and sample where it would not.
+- `cprofile` (the default): deterministic, with call counts. Per thread only before Python
+  3.12: from 3.12 on cProfile hooks `sys.monitoring`, whose events come from every thread, so
+  the table also holds the output thread's, the pipe's and the benchmark clients' functions
+  (it says so when printed). Most functions run in one thread only, so they can still be told
+  apart by name.
+- `sample`: the thread's Python stack read every `--profile-interval-ms` by a thread of its
+  own (`sys._current_frames`), one thread only on any Python, and far lighter than cProfile.
+  **Biased**: the sampler needs the GIL to take a sample, and a thread running Python hands
+  the GIL over only at the switch interval or when it calls something that releases it. So
+  samples pile up in calls that release the GIL (waits, syncs, sleeps, I/O) and stretches of
+  pure Python are under-counted (a thread alternating 4 ms of Python with 4 ms of sleep read
+  0-33 % busy). Read it for where a thread blocks, not for its Python hot spots.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import time
 from collections import Counter
 
 THREADS = {"executor": "specwire-executor", "output": "specwire-output"}
-MODES = ("auto", "cprofile", "sample")
+MODES = ("auto", "cprofile", "sample")  # auto: cprofile
 # cProfile sees every thread's calls from Python 3.12 on (it is built on sys.monitoring).
 CPROFILE_PER_THREAD = sys.version_info < (3, 12)
 
@@ -39,8 +44,8 @@ def add_profile_flags(ap: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     ap.add_argument(
         "--profile-mode", choices=MODES, default="auto",
-        help="cprofile (per thread before Python 3.12 only), sample, or auto: cprofile "
-        "where it sees one thread, else sample",
+        help="cprofile (auto; on Python >= 3.12 it counts every thread's calls) or sample "
+        "(one thread, but biased toward calls that release the GIL: thread_profile.py)",
     )  # fmt: skip
     ap.add_argument(
         "--profile-interval-ms", type=float, default=1.0, help="sample mode: ms between samples"
@@ -48,9 +53,7 @@ def add_profile_flags(ap: argparse.ArgumentParser) -> None:
 
 
 def resolve_mode(mode: str) -> str:
-    if mode == "auto":
-        return "cprofile" if CPROFILE_PER_THREAD else "sample"
-    return mode
+    return "cprofile" if mode == "auto" else mode
 
 
 class StackSampler:
@@ -63,8 +66,8 @@ class StackSampler:
 
     def __init__(self, interval_s: float) -> None:
         self.interval_s = interval_s
-        self.own: Counter = Counter()
-        self.inclusive: Counter = Counter()
+        self.own: Counter[tuple[str, int, str]] = Counter()
+        self.inclusive: Counter[tuple[str, int, str]] = Counter()
         self.samples = 0
         self.seconds = 0.0  # time with a thread to sample
         self._idents: set[int] = set()
@@ -119,7 +122,8 @@ class StackSampler:
         n = max(1, self.samples)
         print(
             f"sampled {self.samples} stacks, one every {self.interval_s * 1e3:g} ms, "
-            f"over {self.seconds:.3f} s (shares of the thread's wall time)"
+            f"over {self.seconds:.3f} s (shares of the samples, biased toward calls that "
+            "release the GIL: see bench/thread_profile.py)"
         )
         primary = self.own if sort == "tottime" else self.inclusive
         print(f"{'own %':>7} {'incl %':>7}  function")
@@ -132,7 +136,9 @@ class StackSampler:
             )
 
 
-def profile_thread(engine, which: str | None, mode: str = "auto", interval_ms: float = 1.0):
+def profile_thread(
+    engine, which: str | None, mode: str = "auto", interval_ms: float = 1.0
+) -> cProfile.Profile | StackSampler | None:
     """Profile `engine`'s thread `which` (None: nothing). Call before `executor.start()`: the
     executor thread is profiled from its start; the output thread, already running, is
     replaced by one started under the profiler. Returns the profiler (a `cProfile.Profile`
@@ -169,7 +175,9 @@ def profile_thread(engine, which: str | None, mode: str = "auto", interval_ms: f
     return profiler
 
 
-def print_profile(profiler, args: argparse.Namespace) -> None:
+def print_profile(
+    profiler: cProfile.Profile | StackSampler | None, args: argparse.Namespace
+) -> None:
     if profiler is None:
         return
     print(f"profile of the {args.profile} thread ({type(profiler).__name__})")
@@ -180,6 +188,6 @@ def print_profile(profiler, args: argparse.Namespace) -> None:
             print(
                 f"note: cProfile on Python {sys.version_info.major}.{sys.version_info.minor} "
                 "counts every thread's calls, not only this thread's (--profile-mode sample "
-                "for one thread)"
+                "for one thread, with its bias)"
             )
         pstats.Stats(profiler).sort_stats(args.profile_sort).print_stats(args.profile_rows)

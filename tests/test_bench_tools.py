@@ -407,7 +407,8 @@ def test_stack_sampler_samples_only_the_threads_that_enable_it():
     assert sampler.samples >= 5, sampler.samples  # the sampler waits its turn for the GIL
     assert "other_work" not in names, names
     work = next(k for k in sampler.inclusive if k[2] == "sampled_work")
-    assert sampler.inclusive[work] == sampler.samples  # on every sampled stack
+    # On every sampled stack (but one landing in `profiled` or `enable` itself).
+    assert sampler.inclusive[work] >= sampler.samples - 2
     assert sampler.own[work] > sampler.samples // 2  # mostly its own time (sum is a C call)
 
 

@@ -261,6 +261,18 @@ def test_a_gil_switch_interval_out_of_range_is_a_one_line_error(value) -> None:
     ]
 
 
+def test_a_kv_cache_bigger_than_the_memory_is_a_one_line_error() -> None:
+    """Refused before the block pool is built (whose free list alone would exhaust the host
+    at two billion blocks) and before any page is promised."""
+    proc = specwire(
+        "target", "--model", "tiny-random", "--port", "0", "--num-kv-blocks", "2000000000"
+    )
+    assert proc.returncode != 0
+    err = [ln for ln in proc.stderr.decode().splitlines() if ln.startswith("specwire: error")]
+    assert len(err) == 1 and "lower --num-kv-blocks" in err[0], proc.stderr.decode()
+    assert re.search(r"the KV cache needs [\d.]+ GiB and [\d.]+ GiB of memory", err[0]), err
+
+
 def test_version() -> None:
     proc = specwire("--version")
     assert proc.returncode == 0

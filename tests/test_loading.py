@@ -60,6 +60,7 @@ def assert_same_tokenizer(a: Tokenizer, b: Tokenizer) -> None:
 # --- GGUF vs the HF folder exported from it ------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_gguf_reader_over_a_plain_view_reads_what_gguf_reads() -> None:
     """`read_gguf`'s reader slices a plain ndarray view of the file mapping (fast) instead of the
     np.memmap itself: every field and tensor must come out the same."""
@@ -86,6 +87,7 @@ def test_gguf_reader_over_a_plain_view_reads_what_gguf_reads() -> None:
         assert mine.data.shape == t.data.shape and np.array_equal(mine.data, t.data), t.name
 
 
+@pytest.mark.slow
 def test_gguf_dequantize_is_the_gguf_packages_bit_for_bit() -> None:
     """`dequantize` does Q4_1 and Q8_0 with torch: every tensor of SmolLM2's file (both types
     and F32) must come out with the bits of `gguf.dequantize`."""
@@ -113,8 +115,11 @@ def test_kv_cache_on_the_cpu_is_zero_and_writable(tiny) -> None:
         cfg = tiny.config
         assert a.shape == (cfg.num_layers, 2, 9, model.block_size, cfg.num_kv_heads, cfg.head_dim)
         assert a.dtype == dtype and a.is_contiguous() and not a.any()
+        assert a.data_ptr() % 64 == 0  # as torch's own CPU allocator aligns
         a[1, 0, 3] = 1.5
         assert float(a.sum()) == 1.5 * a[1, 0, 3].numel() and not b.any()
+    with pytest.raises(UserError, match="lower --num-kv-blocks"):
+        model.allocate_kv_cache(1 << 40)  # refused before a page is promised
 
 
 @pytest.mark.slow

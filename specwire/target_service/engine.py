@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from specwire.common.drafters import NGramDrafter, load_model_drafter
 from specwire.common.drafting import check_compatible
 from specwire.common.errors import UserError
+from specwire.common.model.llama import check_kv_fits
 from specwire.common.model.loader import LoadedModel, load_model
 from specwire.common.model.triton_backend import make_backend, make_ops, resolve_exact
 from specwire.common.tokenizer import Tokenizer
@@ -328,6 +329,7 @@ def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine
     # 2. resource managers
     k = cfg.max_draft_len if cfg.drafter != "none" else 0
     num_blocks = cfg.kv_pool_blocks
+    check_kv_fits(model.kv_cache_bytes(num_blocks), model.embed_tokens.weight.device)
     kv = KVCacheManager(num_blocks, cfg.block_size, k)
     resources = ResourceRegistry()
     resources.add(kv)

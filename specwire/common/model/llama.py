@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from specwire.common.errors import UserError
 from specwire.common.model.attention import (
     AttentionMetadata,
     TorchPagedAttention,
@@ -222,25 +223,24 @@ class LlamaModel(nn.Module):
             return self.ops.linear(hidden, self.lm_head.weight, out_dtype=torch.float32)
         return self.lm_head(hidden).float()
 
+    def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
+        """[layers, K/V, blocks, block size, KV heads, head dim]"""
+        c = self.cfg
+        return (c.num_layers, 2, num_blocks, self.block_size, c.num_kv_heads, c.head_dim)
+
+    def kv_cache_bytes(self, num_blocks: int, dtype: torch.dtype | None = None) -> int:
+        dtype = dtype or self.embed_tokens.weight.dtype
+        return math.prod(self.kv_cache_shape(num_blocks)) * dtype.itemsize
+
     def allocate_kv_cache(
         self, num_blocks: int, dtype: torch.dtype | None = None, device=None
     ) -> torch.Tensor:
         p = self.embed_tokens.weight
-        shape = (
-            self.cfg.num_layers,
-            2,
-            num_blocks,
-            self.block_size,
-            self.cfg.num_kv_heads,
-            self.cfg.head_dim,
-        )
+        shape = self.kv_cache_shape(num_blocks)
         dtype, device = dtype or p.dtype, torch.device(device or p.device)
+        check_kv_fits(math.prod(shape) * dtype.itemsize, device)
         if device.type == "cpu":
-            # Zero pages from the OS (calloc), each zeroed when first touched, instead of
-            # torch.zeros's memset of the whole pool up front (1.7 s for 1.5 GB on the dev
-            # VM, at every start; most of a pool is never touched by a short run).
-            raw = np.zeros(math.prod(shape) * dtype.itemsize, dtype=np.uint8)
-            return torch.from_numpy(raw).view(dtype).view(shape)
+            return _lazy_zeros(shape, dtype)
         return torch.zeros(shape, dtype=dtype, device=device)
 
     def load_hf_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
@@ -278,3 +278,59 @@ class LlamaModel(nn.Module):
                 )
             with torch.no_grad():
                 param.copy_(value.to(param.dtype))
+
+
+ALIGN = 64  # bytes: what torch's CPU allocator gives
+
+
+def check_kv_fits(nbytes: int, device: torch.device) -> None:
+    """Refuse, with the flags to change, a KV pool bigger than the memory free now (the host's
+    for the CPU, the GPU's for CUDA); raises UserError. Checked before the pool's block lists
+    are built too (`build_engine`): an absurd `--num-kv-blocks` must not exhaust the host there."""
+    if device.type == "cpu":
+        available, where = memory_available(), "memory"
+    elif device.type == "cuda":
+        available, where = torch.cuda.mem_get_info(device)[0], f"free memory on {device}"
+    else:
+        return
+    if available is not None and nbytes > available:
+        raise UserError(
+            f"the KV cache needs {nbytes / 2**30:.2f} GiB and {available / 2**30:.2f} GiB of "
+            f"{where} is available: lower --num-kv-blocks, --max-batch-size or --max-context-len"
+        )
+
+
+def _lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A zero CPU tensor on pages the OS zeroes when first touched (calloc), instead of
+    torch.zeros's memset of the whole pool up front (1.7 s for the 1.5 GB default pool on the
+    dev VM at every start, where a short run touches a few blocks). The pages are only
+    promised, so the caller checks the pool against the memory available (`check_kv_fits`):
+    one too big would otherwise fail later, under load, when the OS kills the process."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    raw = np.zeros(nbytes + ALIGN, dtype=np.uint8)
+    skip = -raw.ctypes.data % ALIGN
+    return torch.from_numpy(raw[skip : skip + nbytes]).view(dtype).view(shape)
+
+
+def memory_available() -> int | None:
+    """Bytes this process may still take: /proc/meminfo's MemAvailable, or less where a cgroup
+    (v2) limit leaves less. None where neither can be read (not Linux)."""
+    found = []
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    found.append(int(line.split()[1]) * 1024)
+                    break
+    except (OSError, ValueError):
+        pass
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        with open("/sys/fs/cgroup/memory.current") as f:
+            used = int(f.read())
+        if limit != "max":
+            found.append(max(0, int(limit) - used))
+    except (OSError, ValueError):
+        pass
+    return min(found) if found else None
