@@ -31,7 +31,7 @@ for switch in (0.005, 0.0002, 0.00002):
     sys.setswitchinterval(switch)
     sampler = StackSampler(0.001)
 
-    def profiled() -> None:
+    def profiled(sampler: StackSampler = sampler) -> None:
         sampler.enable()
         work()
         sampler.disable()
