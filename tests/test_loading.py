@@ -87,6 +87,18 @@ def test_gguf_reader_over_a_plain_view_reads_what_gguf_reads() -> None:
         assert mine.data.shape == t.data.shape and np.array_equal(mine.data, t.data), t.name
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+def test_kv_cache_bigger_than_the_gpu_is_refused_and_one_that_fits_is_zero() -> None:
+    from specwire.common.model.loader import build_model
+
+    gpu = build_model("tiny-random", tiny_random_checkpoint(), device="cuda").model
+    with pytest.raises(UserError, match="free memory on cuda"):
+        gpu.allocate_kv_cache(1 << 40)
+    kv = gpu.allocate_kv_cache(9)
+    assert kv.is_cuda and not kv.any()
+
+
 @pytest.mark.slow
 def test_gguf_dequantize_is_the_gguf_packages_bit_for_bit() -> None:
     """`dequantize` does Q4_1 and Q8_0 with torch: every tensor of SmolLM2's file (both types

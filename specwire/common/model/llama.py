@@ -290,7 +290,10 @@ def check_kv_fits(nbytes: int, device: torch.device) -> None:
     if device.type == "cpu":
         available, where = memory_available(), "memory"
     elif device.type == "cuda":
-        available, where = torch.cuda.mem_get_info(device)[0], f"free memory on {device}"
+        # The driver's free memory, plus what torch's caching allocator holds unused.
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        available = torch.cuda.mem_get_info(device)[0] + cached
+        where = f"free memory on {device}"
     else:
         return
     if available is not None and nbytes > available:
