@@ -31,7 +31,7 @@ import time
 from collections import Counter
 
 THREADS = {"executor": "specwire-executor", "output": "specwire-output"}
-MODES = ("auto", "cprofile", "sample")  # auto: cprofile
+MODES = ("cprofile", "sample")
 # cProfile sees every thread's calls from Python 3.12 on (it is built on sys.monitoring).
 CPROFILE_PER_THREAD = sys.version_info < (3, 12)
 
@@ -44,17 +44,13 @@ def add_profile_flags(ap: argparse.ArgumentParser) -> None:
         help="--profile's order: own time, or with what the function calls",
     )  # fmt: skip
     ap.add_argument(
-        "--profile-mode", choices=MODES, default="auto",
-        help="cprofile (auto; on Python >= 3.12 it counts every thread's calls) or sample "
+        "--profile-mode", choices=MODES, default="cprofile",
+        help="cprofile (on Python >= 3.12 it counts every thread's calls) or sample "
         "(one thread, but biased toward calls that release the GIL: thread_profile.py)",
     )  # fmt: skip
     ap.add_argument(
         "--profile-interval-ms", type=float, default=1.0, help="sample mode: ms between samples"
     )
-
-
-def resolve_mode(mode: str) -> str:
-    return "cprofile" if mode == "auto" else mode
 
 
 class StackSampler:
@@ -89,6 +85,12 @@ class StackSampler:
         with self._lock:
             self._idents.discard(threading.get_ident())
 
+    def stop(self) -> None:
+        """End the sampling (for good); the counts stay."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
     def _run(self) -> None:
         own, inclusive = self.own, self.inclusive
         last = time.perf_counter()
@@ -117,9 +119,7 @@ class StackSampler:
                     frame = frame.f_back
 
     def print_stats(self, sort: str, rows: int) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        self.stop()
         n = max(1, self.samples)
         print(
             f"sampled {self.samples} stacks, one every {self.interval_s * 1e3:g} ms, "
@@ -138,7 +138,7 @@ class StackSampler:
 
 
 def profile_thread(
-    engine, which: str | None, mode: str = "auto", interval_ms: float = 1.0
+    engine, which: str | None, mode: str = "cprofile", interval_ms: float = 1.0
 ) -> cProfile.Profile | StackSampler | None:
     """Profile `engine`'s thread `which` (None: nothing). Call before `executor.start()`: the
     executor thread is profiled from its start; the output thread, already running, is
@@ -146,7 +146,7 @@ def profile_thread(
     or a `StackSampler`), for `print_profile`."""
     if which is None:
         return None
-    if resolve_mode(mode) == "sample":
+    if mode == "sample":
         profiler = StackSampler(interval_ms / 1000)
     else:
         profiler = cProfile.Profile()

@@ -401,8 +401,7 @@ def test_stack_sampler_samples_only_the_threads_that_enable_it():
     finally:
         stop.set()
         other.join()
-    sampler._stop.set()
-    sampler._thread.join()
+    sampler.stop()
     names = {name for _file, _line, name in sampler.inclusive}
     assert sampler.samples >= 5, sampler.samples  # the sampler waits its turn for the GIL
     assert "other_work" not in names, names

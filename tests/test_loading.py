@@ -67,10 +67,10 @@ def test_gguf_reader_over_a_plain_view_reads_what_gguf_reads() -> None:
     import gguf
     import numpy as np
 
-    from specwire.common.model.gguf_checkpoint import _Reader
+    from specwire.common.model.gguf_checkpoint import PlainViewReader
 
     path = smollm2_gguf_path()
-    ours, theirs = _Reader(path), gguf.GGUFReader(path)
+    ours, theirs = PlainViewReader(path), gguf.GGUFReader(path)
     assert type(ours.data) is np.ndarray and len(ours.data) == path.stat().st_size
     assert list(ours.fields) == list(theirs.fields)
     for key, field in theirs.fields.items():
@@ -106,9 +106,9 @@ def test_gguf_dequantize_is_the_gguf_packages_bit_for_bit() -> None:
     import gguf
     import numpy as np
 
-    from specwire.common.model.gguf_checkpoint import _Reader, dequantize
+    from specwire.common.model.gguf_checkpoint import PlainViewReader, dequantize
 
-    reader = _Reader(smollm2_gguf_path())
+    reader = PlainViewReader(smollm2_gguf_path())
     types = {t.tensor_type.name for t in reader.tensors}
     assert {"Q4_1", "Q8_0", "F32"} <= types, types
     for t in reader.tensors:

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from specwire.common.drafters import NGramDrafter, load_model_drafter
 from specwire.common.drafting import check_compatible
 from specwire.common.errors import UserError
-from specwire.common.model.llama import check_kv_fits
 from specwire.common.model.loader import LoadedModel, load_model
 from specwire.common.model.triton_backend import make_backend, make_ops, resolve_exact
 from specwire.common.tokenizer import Tokenizer
@@ -329,11 +328,12 @@ def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine
     # 2. resource managers
     k = cfg.max_draft_len if cfg.drafter != "none" else 0
     num_blocks = cfg.kv_pool_blocks
-    check_kv_fits(model.kv_cache_bytes(num_blocks), model.embed_tokens.weight.device)
+    # The pool first: it refuses a size the memory cannot hold, before the block pool's free
+    # list (which an absurd --num-kv-blocks would make exhaust the host) is built.
+    kv_caches = model.allocate_kv_cache(num_blocks)
     kv = KVCacheManager(num_blocks, cfg.block_size, k)
     resources = ResourceRegistry()
     resources.add(kv)
-    kv_caches = model.allocate_kv_cache(num_blocks)
     # 3. drafter (may bring its own resource manager)
     drafter = make_drafter(cfg, loaded)
     if drafter is not None and getattr(drafter, "spec_resource_manager", None) is not None:

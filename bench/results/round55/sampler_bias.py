@@ -39,7 +39,6 @@ for switch in (0.005, 0.0002, 0.00002):
     thread = threading.Thread(target=profiled)
     thread.start()
     thread.join()
-    sampler._stop.set()
-    sampler._thread.join()
+    sampler.stop()
     shares = {k[2]: f"{100 * v / sampler.samples:.0f} %" for k, v in sampler.own.items()}
     print(f"switch interval {switch * 1e3:g} ms: {sampler.samples} samples, own share", shares)

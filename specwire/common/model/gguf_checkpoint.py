@@ -27,7 +27,7 @@ GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM"}
 _READ_ERRORS = (ValueError, IndexError, KeyError, OSError, EOFError)
 
 
-class _Reader(gguf.GGUFReader):
+class PlainViewReader(gguf.GGUFReader):
     """`gguf.GGUFReader` over a plain ndarray view of its file mapping. The reader slices its
     `data` once per metadata value and tensor, and a slice of an `np.memmap` runs Python code
     (`__array_finalize__`); SmolLM2's ~100k vocabulary and merge strings made that 2.4 s of a
@@ -44,7 +44,7 @@ class _Reader(gguf.GGUFReader):
 
 def read_gguf(path: Path, *, progress: bool = True) -> Checkpoint:
     try:
-        reader = _Reader(path)
+        reader = PlainViewReader(path)
     except _READ_ERRORS as exc:
         raise ModelError(f"cannot read GGUF file {path}: {exc}") from exc
     config = gguf_model_config(path, reader)

@@ -228,10 +228,6 @@ class LlamaModel(nn.Module):
         c = self.cfg
         return (c.num_layers, 2, num_blocks, self.block_size, c.num_kv_heads, c.head_dim)
 
-    def kv_cache_bytes(self, num_blocks: int, dtype: torch.dtype | None = None) -> int:
-        dtype = dtype or self.embed_tokens.weight.dtype
-        return math.prod(self.kv_cache_shape(num_blocks)) * dtype.itemsize
-
     def allocate_kv_cache(
         self, num_blocks: int, dtype: torch.dtype | None = None, device=None
     ) -> torch.Tensor:
@@ -285,8 +281,8 @@ ALIGN = 64  # bytes: what torch's CPU allocator gives
 
 def check_kv_fits(nbytes: int, device: torch.device) -> None:
     """Refuse, with the flags to change, a KV pool bigger than the memory free now (the host's
-    for the CPU, the GPU's for CUDA); raises UserError. Checked before the pool's block lists
-    are built too (`build_engine`): an absurd `--num-kv-blocks` must not exhaust the host there."""
+    for the CPU, the GPU's for CUDA); raises UserError. `build_engine` allocates the pool before
+    the block pool's free list, so an absurd `--num-kv-blocks` is refused before that too."""
     if device.type == "cpu":
         available, where = memory_available(), "memory"
     elif device.type == "cuda":
