@@ -43,12 +43,16 @@ RUN pip install --constraint /tmp/requirements.lock /wheels/*.whl \
  && rm -rf /wheels /tmp/requirements.lock
 # /run/specwire: where a drafter serves its unix socket and a target on the same host reaches it
 # (docker-compose.yml mounts one volume there in both; the owner is the service's user).
+# /var/cache/specwire: Triton's compiled kernels on a GPU (TRITON_CACHE_DIR below); `target-gpu`
+# keeps it in a named volume, so a restarted or recreated container does not compile them again.
 RUN useradd --create-home --uid 10001 specwire \
- && install -d -o specwire -g specwire -m 0700 /run/specwire
+ && install -d -o specwire -g specwire -m 0700 /run/specwire \
+ && install -d -o specwire -g specwire -m 0700 /var/cache/specwire
 USER 10001
 WORKDIR /home/specwire
 
-ENV SPECWIRE_HOST=0.0.0.0 \
+ENV TRITON_CACHE_DIR=/var/cache/specwire/triton \
+    SPECWIRE_HOST=0.0.0.0 \
     SPECWIRE_PORT=50051 \
     SPECWIRE_MODEL=smollm2-135m \
     SPECWIRE_DRAFTER=ngram

@@ -149,6 +149,21 @@ def test_targets_reach_the_drafters_socket_in_a_shared_volume(compose: dict) -> 
         assert f"install -d -o specwire -g specwire -m 0700 {folder}" in text
 
 
+def test_gpu_target_keeps_its_compiled_kernels_in_a_named_volume(compose: dict) -> None:
+    """The target image points Triton's kernel cache into a folder it creates for its user, and
+    `target-gpu` mounts a named volume there, so a recreated container does not compile its
+    kernels again (the CPU target compiles none and mounts nothing there)."""
+    text = (ROOT / "docker" / "target.Dockerfile").read_text()
+    match = re.search(r"TRITON_CACHE_DIR=(\S+)", text)
+    assert match, "the target image sets no TRITON_CACHE_DIR"
+    folder = os.path.dirname(match[1])
+    assert f"install -d -o specwire -g specwire -m 0700 {folder}" in text
+    volume = _volume_at(compose["services"]["target-gpu"], folder)
+    assert volume in compose["volumes"], f"{volume}: not a named volume of the file"
+    with pytest.raises(AssertionError):
+        _volume_at(compose["services"]["target"], folder)
+
+
 def test_gpu_profile_reserves_an_nvidia_gpu(compose: dict) -> None:
     svc = compose["services"]["target-gpu"]
     assert svc["profiles"] == ["gpu"]

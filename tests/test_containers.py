@@ -136,6 +136,35 @@ def test_compose_stack_in_containers_matches_the_repo(images: dict[str, str]) ->
     assert f"(socket {socket})" in target_log.stdout + target_log.stderr, logs
 
 
+def test_target_image_kernel_cache_in_a_fresh_volume_is_the_service_users(
+    images: dict[str, str],
+) -> None:
+    """`target-gpu` mounts a named volume at the folder of the image's TRITON_CACHE_DIR: a
+    fresh volume there must take the folder's owner, so the service user can create the cache
+    (Triton would fail to compile, or compile again at every start)."""
+    compose = yaml.safe_load(COMPOSE_FILE.read_text())
+    entries = compose["services"]["target-gpu"]["volumes"]
+    probe = 'mkdir -p "$TRITON_CACHE_DIR" && touch "$TRITON_CACHE_DIR/probe" && id -u'
+    for entry in entries:
+        name, _, path = entry.partition(":")
+        if name != "kernel-cache":
+            continue
+        volume = f"specwire-test-{name}"
+        podman("volume", "rm", "-f", volume, check=False)
+        try:
+            out = podman("run", "--rm", f"--volume={volume}:{path}", "--entrypoint", "sh",
+                         images["target"], "-c", probe)  # fmt: skip
+            # and again: what the first run wrote is there for the next container
+            again = podman("run", "--rm", f"--volume={volume}:{path}", "--entrypoint", "sh",
+                           images["target"], "-c", 'ls "$TRITON_CACHE_DIR"')  # fmt: skip
+        finally:
+            podman("volume", "rm", "-f", volume, check=False)
+        assert out.stdout.strip() == "10001", out
+        assert again.stdout.split() == ["probe"], again
+        return
+    pytest.fail(f"target-gpu mounts no kernel-cache volume: {entries}")
+
+
 def _wait_container_healthy(name: str, address: str, timeout: float) -> None:
     """The image's own HEALTHCHECK passes (`podman healthcheck run`), and so does a probe from
     the host."""
