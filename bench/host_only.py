@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import gc
 import os
 import sys
@@ -61,6 +62,7 @@ from thread_profile import add_profile_flags, print_profile, profile_thread  # n
 
 from specwire.target_service.config import TargetConfig  # noqa: E402
 from specwire.target_service.engine import build_engine  # noqa: E402
+from specwire.target_service.params import GenerationParams  # noqa: E402
 from specwire.target_service.runner.graphs import token_buckets  # noqa: E402
 
 
@@ -134,6 +136,12 @@ def main() -> int:
     )
     ap.add_argument(
         "--gc-threshold", type=int, default=None, help="gc.set_threshold(N) after warm-up"
+    )
+    ap.add_argument(
+        "--speculation-off",
+        action="store_true",
+        help="every request with speculation disabled (serving.py's 'off' passes): what a"
+        " drafter costs the steps of requests that do not speculate",
     )
     ap.add_argument(
         "--pin",
@@ -219,6 +227,14 @@ def main() -> int:
     engine.executor.start()
     prompts = replay.pool if replay is not None else build_pool(True)[0]
     params_for = replay.params(args.max_new_tokens) if replay is not None else None
+    if args.speculation_off and params_for is not None:
+        with_spec = params_for
+
+        def params_for(name: str, i: int, prompt) -> GenerationParams:
+            return dataclasses.replace(with_spec(name, i, prompt), speculate=False)
+
+    elif args.speculation_off:
+        ap.error("--speculation-off needs --replay")
     levels = [int(c) for c in args.concurrency.split(",") if c]
     plans = plan_passes(prompts, levels, None, 16, args.min_prompts, args.pass_factor)
     pool = futures.ThreadPoolExecutor(4, "tokenize")

@@ -107,7 +107,8 @@ class StubForward:
             tok_row = np.repeat(np.arange(b), np.diff(step.cu_seqlens))
             after = np.array(step.after, np.int64)
             feed_rows = tok_row[[dst for dst, _ in step.feed]] if step.feed else None
-            np.array(step.verify, np.int64)  # (staged as the graph's verification inputs)
+            if step.verify is not None:  # (staged as the graph's verification inputs)
+                np.array(step.verify, np.int64)
         ids = self.h_ids[:t].copy()  # the "device" part from here on
         pos = self.h_pos[:t].copy()
         shift = np.zeros(b, np.int64)
@@ -166,7 +167,10 @@ class StubForward:
         return index.propose(cap)
 
     def _accepted(self, step, ids: np.ndarray, drafted) -> np.ndarray:
-        """Each row's accepted drafts (`pipeline.accepted_counts`' rule)."""
+        """Each row's accepted drafts (`pipeline.accepted_counts`' rule; none where no row
+        has drafts: `verify` None)."""
+        if step.verify is None:
+            return np.zeros(step.num_rows, np.int64)
         first, logit, drafts = step.verify
         caps = step.drafting[1] if step.drafting is not None else None
         found = drafted[1].numpy() if drafted is not None else None

@@ -22,14 +22,17 @@ def counter(engine, name: str) -> float:
 
 def run_to_completion(engine, prompts, max_new_tokens=24, speculate=True) -> list[Complete]:
     """Submit every prompt at once, run until idle, return each request's Complete event.
+    `speculate`: for every request, or one bool per prompt.
 
     Also checks that the KV cache is intact and every block is back in the pool."""
     tok = engine.loaded.tokenizer
+    if isinstance(speculate, bool):
+        speculate = [speculate] * len(prompts)
     streams = [
         engine.executor.submit(
-            engine.new_request(tok.encode(p), max_new_tokens=max_new_tokens, speculate=speculate)
+            engine.new_request(tok.encode(p), max_new_tokens=max_new_tokens, speculate=spec)
         )
-        for p in prompts
+        for p, spec in zip(prompts, speculate, strict=True)
     ]
     engine.executor.run_until_idle()
     results = [completion(s) for s in streams]

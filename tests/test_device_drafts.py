@@ -211,6 +211,26 @@ def test_pipelined_drafting_steps_are_lossless(kw):
         assert counter(eng, "preemptions") > 0
 
 
+def test_pipelined_steps_where_some_or_no_request_speculates_are_lossless():
+    """Requests that turned speculation off, beside ones that did not, and all of them: their
+    pipelined steps stage no verification (no row has drafts there) and each row accepts none;
+    the output is plain greedy decoding's, and a request that does not speculate gets no
+    drafts."""
+    plain, _ = _run(_engine("none"))
+    eng = _engine("ngram", draft_on_device=True, pipeline_drafts=True)
+    mixed = [i % 2 == 0 for i in range(len(PROMPTS))]
+    done = run_to_completion(eng, PROMPTS, speculate=mixed)
+    assert [c.token_ids for c in done] == plain
+    assert all(c.stats.draft_tokens == 0 for c, spec in zip(done, mixed, strict=True) if not spec)
+    assert sum(c.stats.accepted_tokens for c in done) > 0
+    assert counter(eng, "pipelined_steps") > 0
+    before = counter(eng, "pipelined_steps")
+    done = run_to_completion(eng, PROMPTS, speculate=False)
+    assert [c.token_ids for c in done] == plain
+    assert counter(eng, "pipelined_steps") == before  # no step drafted
+    assert all(c.stats.draft_tokens == 0 for c in done)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize(

@@ -531,6 +531,22 @@ def test_decisions_where_no_request_may_draft_leave_the_host_refresh_due_as_befo
     assert [p.step_draft_len(reqs) for _ in range(2 * n)] == ([0] * (n - 1) + [4]) * 2
 
 
+def test_a_step_where_no_row_may_draft_is_not_priced(monkeypatch):
+    """Where no decode row may draft (speculation off for each), k is 0 at once: the step is
+    plain whatever k, so the acceptance sums (most of the policy's work a step) are not made;
+    rows that may draft are priced again afterwards."""
+    p = _policy({8: 1.0e-3, 64: 1.01e-3})
+    reqs = [_req(f"r{i}") for i in range(8)]
+    _learnt(p, reqs)
+    assert p.step_draft_len(reqs) == 4
+    p.presum(reqs)
+    monkeypatch.setattr(p.acceptance, "sums", lambda *a: pytest.fail("priced a plain step"))
+    off = [_no_speculation(f"off{i}") for i in range(8)]
+    assert p.step_draft_len(off) == 0 and p.wait_worth_s is None
+    monkeypatch.undo()
+    assert p.step_draft_len(reqs) == 4
+
+
 def test_a_drafting_step_says_how_long_a_wait_for_its_drafts_is_worth():
     """`wait_worth_s`: the wait after which the drafting step commits tokens exactly as fast as
     the same synchronous step without drafts would (the remote drafter's "gain" patience)."""

@@ -561,8 +561,14 @@ class DraftLengthPolicy:
             # little next to the chunk): the maximum, which request caps then trim.
             return 0 if self.adaptive and self.mode == "plain" else self.max_draft_len
         K = self.max_draft_len
-        rows = len(decode) + (1 if prefill_tokens else 0)
         caps = [min(r.useful_drafts, K) for r in decode]
+        if not any(caps):
+            # No row may draft (speculation off for each, or none has room left): a plain
+            # step whatever k is, so nothing to price (the sums were most of a step's policy
+            # work, paid on every step of requests that do not speculate).
+            self.acceptance.drop_presum()
+            return 0
+        rows = len(decode) + (1 if prefill_tokens else 0)
         sums = self.acceptance.sums(decode, caps)  # (from `presum`'s when it made them)
         host = 0.0 if self.pipelined else self._host(rows)
         best_k, best, free_k, free = 0, -1.0, 0, -1.0

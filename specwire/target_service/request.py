@@ -193,6 +193,8 @@ class Request:
     @property
     def useful_drafts(self) -> int:
         """Drafts that could be used at all (never past max_new_tokens)."""
+        if not self.max_draft_len:  # speculation off for this request
+            return 0
         out = len(self.output_ids) + self.unread_drafts  # (the worst case in flight)
         remaining = self.max_new_tokens - out - 1
         if self.max_context_len:

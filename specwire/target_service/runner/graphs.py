@@ -353,6 +353,9 @@ class TokenGraphs:
         if f:
             feed_row[:f] = tok_row[[dst for dst, _ in step.feed]]
         feed_row[f:] = none
+        if step.verify is None:  # no row has drafts: each accepts none (the indices are
+            self.h_v_drafts[w][:] = 0  # clamped, so stale ones read in bounds)
+            return
         first, logit, drafts = step.verify
         self.h_v_first[w][:b] = first
         self.h_v_logit[w][:b] = logit

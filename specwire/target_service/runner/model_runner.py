@@ -263,7 +263,8 @@ class ModelRunner:
             step.drafting = self._drafting(rows, step.cu_seqlens, shifts)  # else no row drafts
         if self.config.pipelined:
             step.after = [row.after for row in rows]
-            step.verify = self._verify_inputs(rows, step.cu_seqlens, step.spans)
+            if any(row.drafts for row in rows):  # else every row accepts none (`verify` None)
+                step.verify = self._verify_inputs(rows, step.cu_seqlens, step.spans)
         return step
 
     @staticmethod
@@ -310,7 +311,14 @@ class ModelRunner:
 
     def _accept_eager(self, rows, ids, argmax, verify, drafted) -> None:
         """An eager step's accepted counts (`last_acc`; and in the graphs' buffer, where the
-        next step may be a graph's). A row drafted on the device without a match has none."""
+        next step may be a graph's). A row drafted on the device without a match has none;
+        `verify` None: no row has drafts, so none accepts any."""
+        if verify is None:
+            acc = torch.zeros(len(rows), dtype=torch.long, device=ids.device)
+            self.last_acc = acc
+            if self.graphs is not None:
+                self.graphs.acc[: len(acc)].copy_(acc)
+            return
         first_draft, first_logit, drafts = verify
         if drafted is not None:
             found = drafted[1].tolist()
