@@ -211,13 +211,27 @@ def test_pipelined_drafting_steps_are_lossless(kw):
         assert counter(eng, "preemptions") > 0
 
 
-def test_pipelined_steps_where_some_or_no_request_speculates_are_lossless():
+@pytest.mark.parametrize(
+    "kw",
+    [
+        pytest.param({}, id="cpu"),
+        pytest.param(
+            {"device": "cuda", "dtype": "float32", "draft_policy": "static"},
+            id="cuda-graphs",
+            marks=[
+                pytest.mark.gpu,
+                pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+            ],
+        ),
+    ],
+)
+def test_pipelined_steps_where_some_or_no_request_speculates_are_lossless(kw):
     """Requests that turned speculation off, beside ones that did not, and all of them: their
     pipelined steps stage no verification (no row has drafts there) and each row accepts none;
     the output is plain greedy decoding's, and a request that does not speculate gets no
-    drafts."""
-    plain, _ = _run(_engine("none"))
-    eng = _engine("ngram", draft_on_device=True, pipeline_drafts=True)
+    drafts. On a GPU the steps are the graphs' (CUDA's default: the device lookup, pipelined)."""
+    plain, _ = _run(_engine("none", **kw))
+    eng = _engine("ngram", draft_on_device=True, pipeline_drafts=True, **kw)
     mixed = [i % 2 == 0 for i in range(len(PROMPTS))]
     done = run_to_completion(eng, PROMPTS, speculate=mixed)
     assert [c.token_ids for c in done] == plain
