@@ -147,6 +147,64 @@ def test_a_model_that_cannot_load_is_one_line_and_a_nonzero_exit():
     assert "does not exist" in out.stderr, out.stderr
 
 
+def test_the_engine_child_is_spawned_before_anything_imports_torch():
+    """The CLI spawns the engine child first, so that it imports and loads while the front end
+    imports its own modules: that only overlaps if spawning imports no torch."""
+    import subprocess
+
+    code = (
+        "import sys\n"
+        "from specwire.target_service.engine_spawn import spawn_engine\n"
+        "from specwire.target_service.cli import run\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env={**os.environ, **ENV}, capture_output=True,
+        text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_a_front_end_that_cannot_listen_leaves_no_engine_behind():
+    """The child is spawned before the front end binds its port: when the bind fails, the
+    target exits non-zero with its error line naming the problem, and no engine process
+    stays."""
+    import socket
+    import subprocess
+    import uuid
+
+    mark = uuid.uuid4().hex
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        cmd = _cmd()
+        cmd[cmd.index("--port") + 1] = str(port)
+        out = subprocess.run(
+            cmd, env={**os.environ, **ENV, "SPECWIRE_TEST_MARK": mark}, capture_output=True,
+            text=True, timeout=120,
+        )  # fmt: skip
+    assert out.returncode != 0
+    # (gRPC's core may log its own line about the bind before ours)
+    errors = [line for line in out.stderr.splitlines() if line.startswith("specwire: error:")]
+    assert len(errors) == 1 and f"cannot listen on 127.0.0.1:{port}" in errors[0], out.stderr
+    wait_until(lambda: not _marked(mark), 30, 0.1, what="the engine process to end")
+
+
+def _marked(mark: str) -> list[int]:
+    """Processes of ours whose environment carries `mark`."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if f"SPECWIRE_TEST_MARK={mark}".encode() in f.read() and _alive(int(pid)):
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
 def test_n_completions_logprobs_and_stop_strings_cross_the_pipe(target):
     """What the output thread makes in the child — n completions tagged by index, logprobs,
     text cut at a stop string — reaches the client as it does in-process."""

@@ -217,11 +217,6 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specwire.common.transport import StopSignal
-    from specwire.target_service.engine import build_engine
-    from specwire.target_service.engine_process import EngineProcess
-    from specwire.target_service.server import TargetServer
-
     cfg = config_from_args(args)
     if not 1e-6 <= args.gil_switch_interval <= 0.1:  # CPython keeps whole microseconds
         raise UserError(
@@ -234,26 +229,43 @@ def run(args: argparse.Namespace) -> int:
     # every thread hand the GIL over mid-work: on the H200 host, host-bound serving ran
     # fastest at 0.5-1 ms and 25 % slower at 0.05 ms (bench/RESULTS.md, round 6).
     sys.setswitchinterval(args.gil_switch_interval)
-    server = TargetServer(args.host, args.port, server_security_from_args(args))
-    server.start()
+    own_process = args.engine_process == "on" or (
+        args.engine_process == "auto" and cfg.device.startswith("cuda")
+    )
+    engine_args = dict(
+        metrics_port=args.metrics_port,
+        metrics_host=args.host,
+        switch_interval=args.gil_switch_interval,
+        log_level=args.log_level,
+        log_format=args.log_format,
+    )
+    spawned = None
+    if own_process:
+        # The child first: it imports torch and loads the model while this process imports
+        # its own modules and starts listening (one after the other, a GPU start took
+        # seconds longer: bench/RESULTS.md, round 56).
+        from specwire.target_service.engine_spawn import spawn_engine
+
+        spawned = spawn_engine(cfg, **engine_args)
+    try:
+        from specwire.target_service.engine import build_engine
+        from specwire.target_service.engine_process import EngineProcess
+        from specwire.target_service.server import TargetServer
+
+        server = TargetServer(args.host, args.port, server_security_from_args(args))
+        server.start()
+    except BaseException:
+        if spawned is not None:
+            spawned.kill()
+        raise
     print(
         f"specwire target starting on {args.host}:{server.port} (loading {cfg.model})",
         file=sys.stderr,
         flush=True,
     )
-    own_process = args.engine_process == "on" or (
-        args.engine_process == "auto" and cfg.device.startswith("cuda")
-    )
     try:
         if own_process:
-            engine = EngineProcess(
-                cfg,
-                metrics_port=args.metrics_port,
-                metrics_host=args.host,
-                switch_interval=args.gil_switch_interval,
-                log_level=args.log_level,
-                log_format=args.log_format,
-            )
+            engine = EngineProcess(cfg, spawned=spawned)
             supervised, k, graphs = engine, engine.max_draft_len, engine.graphs
             where = f" engine-pid={engine.pid}"
         else:
@@ -270,6 +282,8 @@ def run(args: argparse.Namespace) -> int:
     gc.freeze()
     # From here SIGTERM drains (before the listening line: whoever waits for it may signal
     # at once); during the load above it still ends the process outright.
+    from specwire.common.transport import StopSignal
+
     stopped = StopSignal()
     server.attach(engine)
     if args.metrics_port and not own_process:  # the engine process serves its own

@@ -26,17 +26,14 @@ from __future__ import annotations
 
 import atexit
 import logging
-import multiprocessing as mp
-import os
 import queue
-import tempfile
 import threading
 
 from specwire.common.errors import UserError
 from specwire.common.tokenizer import Tokenizer
 from specwire.target_service.config import TargetConfig
 from specwire.target_service.engine import Admission
-from specwire.target_service.engine_child import engine_main
+from specwire.target_service.engine_spawn import SpawnedEngine, spawn_engine
 from specwire.target_service.events import (
     Complete,
     EventQueue,
@@ -103,19 +100,14 @@ class EngineProcess(Admission):
     with this process (PR_SET_PDEATHSIG, and a kill at exit), so a dead or interrupted
     front end never leaves an engine holding the GPU. Linux ties PR_SET_PDEATHSIG to the
     thread that started the child: build this on a thread that lives as long as the engine
-    should (the CLI builds it on the main thread)."""
+    should (the CLI builds it on the main thread). `spawned`: a child already started
+    (`engine_spawn.spawn_engine`), which this then waits for; else `settings` are
+    `spawn_engine`'s (metrics port and host, GIL switch interval, log level and format)."""
 
     INFO_TIMEOUT_S = 5.0  # below the gateway's 10 s deadline for GetModelInfo
 
     def __init__(
-        self,
-        cfg: TargetConfig,
-        *,
-        metrics_port: int = 0,
-        metrics_host: str = "127.0.0.1",
-        switch_interval: float = 5e-4,
-        log_level: str = "WARNING",
-        log_format: str = "text",
+        self, cfg: TargetConfig, *, spawned: SpawnedEngine | None = None, **settings
     ) -> None:
         self.config = cfg
         self.on_death = None  # called (from the reader thread) with the reason
@@ -128,30 +120,10 @@ class EngineProcess(Admission):
         self._stopping = False
         self._stopped = threading.Event()
         self._outq: queue.SimpleQueue = queue.SimpleQueue()
-        self._tok_dir = tempfile.TemporaryDirectory(prefix="specwire-tokenizer-")
-        ctx = mp.get_context("spawn")  # CUDA cannot be forked
-        self._conn, child_conn = ctx.Pipe()
-        self.proc = ctx.Process(
-            target=engine_main,
-            args=(
-                cfg,
-                child_conn,
-                self._tok_dir.name,
-                dict(
-                    metrics_port=metrics_port,
-                    metrics_host=metrics_host,
-                    switch_interval=switch_interval,
-                    log_level=log_level,
-                    log_format=log_format,
-                    parent=os.getpid(),
-                ),
-            ),
-            name="specwire-engine",
-            daemon=True,
-        )
-        self.proc.start()
+        if spawned is None:  # (the CLI spawns it first, so the child loads while it imports)
+            spawned = spawn_engine(cfg, **settings)
+        self.proc, self._conn, self._tok_dir = spawned.proc, spawned.conn, spawned.tok_dir
         atexit.register(self._kill)  # before multiprocessing's own exit join (which would wait)
-        child_conn.close()
         try:
             msg = self._conn.recv()
         except (EOFError, OSError):

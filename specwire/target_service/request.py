@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # (not imported at run time: the engine child's entry point imports this
+    import torch  # module, and the CLI spawns it before anything imports torch)
 
 
 class RequestState(enum.Enum):
