@@ -152,6 +152,8 @@ def main() -> int:
     args = ap.parse_args()
     if args.draft_on_device and not args.replay:
         ap.error("--draft-on-device needs --replay (the stub drafts from the recordings)")
+    if args.speculation_off and not args.replay:
+        ap.error("--speculation-off needs --replay")
     sys.setswitchinterval(5e-4)  # as `specwire target` sets it
     if args.pin:
         os.sched_setaffinity(0, {0})  # this process (the target's threads) on CPU 0
@@ -233,8 +235,6 @@ def main() -> int:
         def params_for(name: str, i: int, prompt) -> GenerationParams:
             return dataclasses.replace(with_spec(name, i, prompt), speculate=False)
 
-    elif args.speculation_off:
-        ap.error("--speculation-off needs --replay")
     levels = [int(c) for c in args.concurrency.split(",") if c]
     plans = plan_passes(prompts, levels, None, 16, args.min_prompts, args.pass_factor)
     pool = futures.ThreadPoolExecutor(4, "tokenize")

@@ -144,7 +144,11 @@ def test_target_image_kernel_cache_in_a_fresh_volume_is_the_service_users(
     (Triton would fail to compile, or compile again at every start)."""
     compose = yaml.safe_load(COMPOSE_FILE.read_text())
     entries = compose["services"]["target-gpu"]["volumes"]
-    probe = 'mkdir -p "$TRITON_CACHE_DIR" && touch "$TRITON_CACHE_DIR/probe" && id -u'
+    # the folder's owner (the volume's, once mounted), then a cache the service user writes
+    probe = (
+        'stat -c %u "$(dirname "$TRITON_CACHE_DIR")"'
+        ' && mkdir -p "$TRITON_CACHE_DIR" && touch "$TRITON_CACHE_DIR/probe"'
+    )
     for entry in entries:
         name, _, path = entry.partition(":")
         if name != "kernel-cache":
@@ -159,7 +163,7 @@ def test_target_image_kernel_cache_in_a_fresh_volume_is_the_service_users(
                            images["target"], "-c", 'ls "$TRITON_CACHE_DIR"')  # fmt: skip
         finally:
             podman("volume", "rm", "-f", volume, check=False)
-        assert out.stdout.strip() == "10001", out
+        assert out.stdout.strip() == "10001", out  # the image's user (USER 10001) owns it
         assert again.stdout.split() == ["probe"], again
         return
     pytest.fail(f"target-gpu mounts no kernel-cache volume: {entries}")

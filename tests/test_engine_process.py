@@ -169,7 +169,8 @@ def test_the_engine_child_is_spawned_before_anything_imports_torch():
 def test_a_front_end_that_cannot_listen_leaves_no_engine_behind():
     """The child is spawned before the front end binds its port: when the bind fails, the
     target exits non-zero with its error line naming the problem, and no engine process
-    stays."""
+    stays. (The outcome only: on Linux the child's PR_SET_PDEATHSIG would end it as well as
+    the CLI's kill does.)"""
     import socket
     import subprocess
     import uuid

@@ -182,3 +182,37 @@ def test_a_pipelined_step_shifted_on_the_device_is_the_step_staged_with_its_shif
         ), acc
         assert want.ids == staged.ids  # the ids do not move: gathered and drafted there
     assert staged.tables[1] == [4, 5, 7] and staged.tables[2] == [6, 9, 12]  # up to the slack
+
+
+def test_a_pipelined_step_without_drafts_stages_no_verification_and_accepts_none():
+    """Pipelined steps (`ModelRunner._varlen`): where no row has drafts (their requests turned
+    speculation off) the step carries no verification inputs, and an eager step's accepted
+    counts are then all 0; a step where one row has drafts carries them. (The GPU's graphs
+    stage the same None as zero draft counts: tests/test_device_drafts.py, on a GPU.)"""
+    from types import SimpleNamespace
+
+    import torch
+
+    from specwire.target_service.runner.model_runner import ModelRunner
+
+    prep = InputPreparer(block_size=4, max_blocks_per_seq=8, dummy_block=0, device="cpu")
+    runner = SimpleNamespace(
+        inputs=prep,
+        device_drafts=None,
+        config=SimpleNamespace(pipelined=True),
+        graphs=None,
+        last_acc=None,
+        _verify_inputs=ModelRunner._verify_inputs,
+    )
+    a = _req("a", [1, 2, 3, 4, 5], [6], 5)
+    b = _req("b", [7, 8, 9], [10], 3)
+    plain = [Row(a, 1, decode=True), Row(b, 1, decode=True)]
+    tables = [[4, 5, 7], [6]]
+    step = ModelRunner._varlen(runner, plain, tables, None)
+    assert step.after == [-1, -1] and step.verify is None
+    ids = torch.tensor(step.ids)
+    ModelRunner._accept_eager(runner, plain, ids, torch.tensor([6, 10]), step.verify, None)
+    assert runner.last_acc.tolist() == [0, 0]
+    drafted = [Row(a, 1, decode=True, drafts=[7, 8]), Row(b, 1, decode=True)]
+    step = ModelRunner._varlen(runner, drafted, tables, None)
+    assert step.verify == ([1, 4], [0, 3], [2, 0])  # (flat first draft, first logit, drafts)

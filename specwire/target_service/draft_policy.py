@@ -616,11 +616,10 @@ class DraftLengthPolicy:
         `step_draft_len` takes them, corrected for the rows that changed
         (`AcceptanceModel.sums`), so it prices the drafts with estimates one step older: what
         the step in between taught is in the step after."""
-        if self.adaptive and self.mode == "spec" and decode:
-            self.acceptance.presum(
-                decode, [min(r.useful_drafts, self.max_draft_len) for r in decode]
-            )
-        else:
+        caps = [min(r.useful_drafts, self.max_draft_len) for r in decode]
+        if self.adaptive and self.mode == "spec" and any(caps):
+            self.acceptance.presum(decode, caps)
+        else:  # (none may draft: the next step is not priced, `step_draft_len`)
             self.acceptance.drop_presum()
 
     def _wait_worth(

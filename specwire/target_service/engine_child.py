@@ -83,14 +83,16 @@ def engine_main(cfg, conn, tok_dir, opts) -> None:
     """The engine process: build, report ready, serve the front end's messages until "stop"
     or until the front end goes away."""
     _die_with_parent(opts["parent"])
+    # First: the imports below overlap the front end's start-up (the CLI spawns this first),
+    # and a Ctrl-C meanwhile is the front end's to handle, not a traceback here.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group: the front end decides
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # so does a drain
     from specwire.common.cli import setup_logging
     from specwire.target_service.engine import build_engine
     from specwire.target_service.server import engine_info
 
     setup_logging(opts["log_level"], opts["log_format"])
     sys.setswitchinterval(opts["switch_interval"])
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group: the front end decides
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # so does a drain
     # As the front end: SIGUSR1 prints every thread's stack (to the stderr both share) and
     # changes nothing else; without it the signal's default action would end the engine.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
