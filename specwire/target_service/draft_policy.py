@@ -563,9 +563,9 @@ class DraftLengthPolicy:
         K = self.max_draft_len
         caps = [min(r.useful_drafts, K) for r in decode]
         if not any(caps):
-            # No row may draft (speculation off for each, or none has room left): a plain
-            # step whatever k is, so nothing to price (the sums were most of a step's policy
-            # work, paid on every step of requests that do not speculate).
+            # No decode row may draft (speculation off for each, or none has room left):
+            # every k ties, and pricing them was most of the policy's work on every step of
+            # requests that do not speculate.
             self.acceptance.drop_presum()
             return 0
         rows = len(decode) + (1 if prefill_tokens else 0)

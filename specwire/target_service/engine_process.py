@@ -122,6 +122,7 @@ class EngineProcess(Admission):
         self._outq: queue.SimpleQueue = queue.SimpleQueue()
         if spawned is None:  # (the CLI spawns it first, so the child loads while it imports)
             spawned = spawn_engine(cfg, **settings)
+        self._spawned = spawned
         self.proc, self._conn, self._tok_dir = spawned.proc, spawned.conn, spawned.tok_dir
         atexit.register(self._kill)  # before multiprocessing's own exit join (which would wait)
         try:
@@ -234,9 +235,7 @@ class EngineProcess(Admission):
     def _kill(self) -> None:
         self._stopping = True  # an end we chose is no death to report
         self.proc.join(timeout=5 if self._stopped.is_set() else 0)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join(timeout=5)
+        self._spawned.kill()
 
     def _write(self) -> None:
         while (msg := self._outq.get()) is not None:

@@ -353,8 +353,11 @@ class TokenGraphs:
         if f:
             feed_row[:f] = tok_row[[dst for dst, _ in step.feed]]
         feed_row[f:] = none
-        if step.verify is None:  # no row has drafts: each accepts none (the indices are
-            self.h_v_drafts[w][:] = 0  # clamped, so stale ones read in bounds)
+        if step.verify is None:
+            # No row has drafts: each accepts none. The first-draft and logit indices stay
+            # stale: the kernel masks its loads where a row has no drafts, and the torch
+            # fallback clamps them into bounds.
+            self.h_v_drafts[w][:] = 0
             return
         first, logit, drafts = step.verify
         self.h_v_first[w][:b] = first

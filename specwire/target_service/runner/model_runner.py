@@ -313,25 +313,22 @@ class ModelRunner:
         """An eager step's accepted counts (`last_acc`; and in the graphs' buffer, where the
         next step may be a graph's). A row drafted on the device without a match has none;
         `verify` None: no row has drafts, so none accepts any."""
-        if verify is None:
-            acc = torch.zeros(len(rows), dtype=torch.long, device=ids.device)
-            self.last_acc = acc
-            if self.graphs is not None:
-                self.graphs.acc[: len(acc)].copy_(acc)
-            return
-        first_draft, first_logit, drafts = verify
-        if drafted is not None:
-            found = drafted[1].tolist()
-            drafts = [
-                0 if row.on_device and not found[r] else k
-                for r, (row, k) in enumerate(zip(rows, drafts, strict=True))
-            ]
         dev = ids.device
-        as_tensor = lambda v: torch.tensor(v, dtype=torch.long, device=dev)  # noqa: E731
-        acc = accepted_counts(
-            ids, argmax, as_tensor(first_draft), as_tensor(first_logit), as_tensor(drafts),
-            self._kidx,
-        )  # fmt: skip
+        if verify is None:
+            acc = torch.zeros(len(rows), dtype=torch.long, device=dev)
+        else:
+            first_draft, first_logit, drafts = verify
+            if drafted is not None:
+                found = drafted[1].tolist()
+                drafts = [
+                    0 if row.on_device and not found[r] else k
+                    for r, (row, k) in enumerate(zip(rows, drafts, strict=True))
+                ]
+            as_tensor = lambda v: torch.tensor(v, dtype=torch.long, device=dev)  # noqa: E731
+            acc = accepted_counts(
+                ids, argmax, as_tensor(first_draft), as_tensor(first_logit), as_tensor(drafts),
+                self._kidx,
+            )  # fmt: skip
         self.last_acc = acc
         if self.graphs is not None:
             self.graphs.acc[: len(acc)].copy_(acc)
