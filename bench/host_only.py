@@ -109,6 +109,11 @@ def main() -> int:
         action="store_true",
         help="with --draft-on-device: drafting steps launched before the one before is read",
     )
+    ap.add_argument(
+        "--pipeline-choice",
+        default="auto",
+        help="with --pipeline-drafts: measured | always | auto (TargetConfig.pipeline_choice)",
+    )
     ap.add_argument("--two-batch-rows", type=int, default=0)
     ap.add_argument(
         "--device-ms",
@@ -185,6 +190,7 @@ def main() -> int:
         max_draft_len=args.max_draft_len,
         draft_on_device=args.draft_on_device,
         pipeline_drafts=args.pipeline_drafts,
+        pipeline_choice=args.pipeline_choice,
         two_batch_rows=args.two_batch_rows,
         max_batch_size=args.max_batch_size,
         max_num_tokens=1024,
@@ -251,6 +257,7 @@ def main() -> int:
     label += f" two-batch>={args.two_batch_rows}" if args.two_batch_rows else ""
     label += " device-drafts" if args.draft_on_device else ""
     label += " pipelined" if args.pipeline_drafts else ""
+    label += " (measured)" if args.pipeline_drafts and cfg.pipeline_choice == "measured" else ""
 
     metrics = engine.executor.metrics
 
@@ -296,6 +303,14 @@ def main() -> int:
             timings = engine.drafter.timings()  # the auto patience's view (EMAs)
             ms = ", ".join(f"{k} {v * 1e3:.2f} ms" if v else f"{k} n/a" for k, v in timings.items())
             print(f"host-only {label}: {ms} (EMAs)")
+        choice = engine.executor.scheduler.policy.choice
+        if choice is not None:  # --pipeline-choice measured: what each load measured
+            snap = choice.snapshot()
+            rates = ", ".join(
+                f"{v}@{rows} {r:.0f} ({snap['windows'][(v, rows)]} windows)"
+                for (v, rows), r in sorted(snap["rates"].items(), key=lambda x: x[0][::-1])
+            )
+            print(f"host-only {label}: pipelining steps {snap['steps']}; tok/s/row {rates}")
     finally:
         engine.shutdown()
         pool.shutdown()

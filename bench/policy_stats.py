@@ -58,6 +58,10 @@ def policy_pass(before: dict[str, float], after: dict[str, float]) -> dict | Non
         has_draft=acc.get("p"),
         # past the first draft: acceptance of draft m once the drafts before it were accepted
         deeper=[acc[f"d{m}"] for m in range(1, len(acc) + 1) if f"d{m}" in acc],
+        # --pipeline-choice measured: the speculative windows' steps by variant, and each
+        # variant's rate by the clock per load ("rows,variant")
+        pipelining_steps=delta("pipelining_steps_total"),
+        pipelining_rates=dict(a.get("pipelining_rate", {})),
     )
 
 
@@ -89,9 +93,16 @@ def policy_table(passes: list[dict]) -> str:
             f"{n}: {_r(pol['rates'].get(f'spec@{n}'))} / {_r(pol['rates'].get(f'plain@{n}'))}"
             for n in loads
         )
+        variants = pol.get("pipelining_steps") or {}
+        split = (
+            f" (pipelined {variants.get('pipelined', 0):.0f} / synchronous "
+            f"{variants.get('synchronous', 0):.0f})"
+            if variants
+            else ""
+        )
         lines.append(
             f"| {p['name']} | {pol['steps'].get('spec', 0):.0f} / "
-            f"{pol['steps'].get('plain', 0):.0f} | "
+            f"{pol['steps'].get('plain', 0):.0f}{split} | "
             f"{f'{drafted / total:.0%}' if total else 'n/a'} | "
             f"{f'{mean_k:.1f}' if mean_k is not None else 'n/a'} | {rates or 'n/a'} | "
             f"{_buckets(pol['host_ms'], '.3f')} | {_buckets(pol['exposed_ms'], '.3f')} | "

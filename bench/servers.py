@@ -65,7 +65,10 @@ from specwire.target_service.drafters.remote_relay import SPIN_ENV  # noqa: E402
 # proxy: +5 % at one stream, +10 % at 8; round 39's H100: level) and "-socket-nobranch" for the
 # socket asking for no branches (round 42), "-pipe" for a remote drafter in pipelined drafting
 # steps (--pipeline-drafts: drafts on the hypothesis that the step in flight follows the
-# proposal; "-pipe-p0": never waiting for a reply), to measure them side by side.
+# proposal; "-pipe-p0": never waiting for a reply; "-pipe-always": every drafting step pipelined,
+# where "-pipe" alone lets each load run the faster of pipelined and synchronous drafting steps,
+# --pipeline-choice measured, the remote drafter's auto since round 57), to measure them side by
+# side.
 CONFIGS = {
     "none": "none",
     "none-sync": "none",
@@ -105,6 +108,7 @@ CONFIGS = {
     "remote-ngram-socket-nobranch": "remote",
     "remote-ngram-socket-pipe": "remote",
     "remote-ngram-socket-pipe-p0": "remote",
+    "remote-ngram-socket-pipe-always": "remote",
     "remote-ngram-pipe": "remote",
     "none-proc": "none",
     "ngram-proc": "ngram",
@@ -147,6 +151,7 @@ REMOTE_DRAFTERS = {  # service --drafter
     "remote-ngram-socket-nobranch": "ngram",
     "remote-ngram-socket-pipe": "ngram",
     "remote-ngram-socket-pipe-p0": "ngram",
+    "remote-ngram-socket-pipe-always": "ngram",
     "remote-ngram-pipe": "ngram",
     "remote-ngram-proc": "ngram",
     "remote-ngram-inproc": "ngram",
@@ -305,6 +310,8 @@ def running_config(config: str, args: argparse.Namespace) -> Iterator[Server]:
             cmd += ["--drafter-spin-ms", "0"]
         if "-gain" in config:
             cmd += ["--drafter-wait-rule", "gain"]
+        if config.endswith("-pipe-always"):
+            cmd += ["--pipeline-choice", "always"]
         if config.endswith("-p0"):
             cmd += ["--drafter-patience-ms", "0"]
         if config.endswith("-pwait"):

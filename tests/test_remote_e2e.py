@@ -336,6 +336,17 @@ def _nothing_lost(eng, server) -> None:
     eng.shutdown()
 
 
+def _lossless_at_once_and_long(eng, baseline) -> tuple:
+    """The 50 prompts at once and 6 long ones give plain greedy decoding's output; the
+    engine's metrics and their labels, for the test to read."""
+    results = run_all(eng, PROMPTS)
+    long = run_all(eng, PROMPTS[:6], 150)
+    assert [c.token_ids for c in results] == baseline["short"]
+    assert [c.token_ids for c in long] == baseline["long"]
+    metrics = eng.executor.metrics
+    return metrics, {"model": metrics.model}
+
+
 def _adaptive(eng, costs: dict[int, float]) -> None:
     """The draft-length policy of a GPU target on this CPU engine: k per step from `costs`
     (token count -> seconds), held in the speculative mode (no mode windows end). The table
@@ -830,12 +841,7 @@ def test_remote_drafter_in_pipelined_steps_is_lossless(tiny, baseline, drafters,
         drafter_patience_ms=patience_ms,
         **via(server, mode),
     )
-    results = run_all(eng, PROMPTS)
-    long = run_all(eng, PROMPTS[:6], 150)
-    assert [c.token_ids for c in results] == baseline["short"]
-    assert [c.token_ids for c in long] == baseline["long"]
-    metrics = eng.executor.metrics
-    labels = {"model": metrics.model}
+    metrics, labels = _lossless_at_once_and_long(eng, baseline)
     assert metrics.registry.get_sample_value("specwire_pipelined_steps_total", labels) > 0
     c = eng.drafter.counters()
     assert c["prefetched"] > 0 and c["lookahead"] > 0
@@ -843,6 +849,37 @@ def test_remote_drafter_in_pipelined_steps_is_lossless(tiny, baseline, drafters,
     assert c["hypotheses_held"] > 0
     held = metrics.registry.get_sample_value("specwire_drafter_hypotheses_held_total", labels)
     assert held == c["hypotheses_held"]
+    stats = eng.executor.stats
+    assert 0 < stats.accepted_tokens <= stats.draft_tokens
+    _nothing_lost(eng, server)
+
+
+def test_a_target_that_switches_between_pipelined_and_synchronous_drafting_is_lossless(
+    tiny, baseline, drafters
+):
+    """`--pipeline-choice measured` (a remote drafter's default with --pipeline-drafts): each
+    speculative window of the adaptive policy runs its drafting steps pipelined or
+    synchronous. Short windows here, so the target switches back and forth many times
+    (draining a pipelined step with unread drafts into a synchronous one, and staging a
+    pipelined one after a synchronous one): output unchanged, both kinds of drafting step
+    ran, both measured, nothing lost."""
+    server = drafters(drafter="ngram")
+    eng = engine(tiny, f"grpc://{server.address}", pipeline_drafts=True, **via(server, "socket"))
+    assert eng.config.pipeline_choice == "measured"
+    _adaptive(eng, {1: 1e-3, 64: 1e-3, 1024: 1e-3})
+    policy = eng.executor.scheduler.policy
+    policy.mode_window, policy.first_window = 4, 4
+    policy.spec_margin = -0.99  # speculation keeps winning: this is about its two variants
+    policy.choice.probe_every = policy.choice.max_probe_every = 2
+    metrics, labels = _lossless_at_once_and_long(eng, baseline)
+    sample = metrics.registry.get_sample_value
+    assert sample("specwire_pipelined_steps_total", labels) > 0
+    assert sample("specwire_sync_step_seconds_count", labels) > 0  # synchronous drafting
+    for variant in ("pipelined", "synchronous"):
+        steps = sample(
+            "specwire_draft_policy_pipelining_steps_total", {**labels, "variant": variant}
+        )
+        assert steps > 0, variant
     stats = eng.executor.stats
     assert 0 < stats.accepted_tokens <= stats.draft_tokens
     _nothing_lost(eng, server)

@@ -14,7 +14,7 @@ from specwire.common.security import (
     client_security_from_args,
     server_security_from_args,
 )
-from specwire.target_service.config import TargetConfig
+from specwire.target_service.config import PIPELINE_CHOICES, TargetConfig
 from specwire.target_service.drafters.remote_channel import (
     ASK_AT,
     BRANCHES_AT,
@@ -45,6 +45,12 @@ ENGINE_FLAGS = {
         " that step accepted; the host's work (and a remote drafter's round trip) leaves the"
         " critical path (auto: on CUDA where the lookup runs on the device; a remote drafter's"
         " pipelined steps are experimental)"
+    ),
+    "pipeline_choice": Flag(
+        "where drafting steps may be pipelined, under the adaptive policy: measured (each load"
+        " runs its drafting steps pipelined or synchronous, whichever measured faster there) |"
+        " always (auto: measured for a remote drafter, always for the device lookup)",
+        choices=PIPELINE_CHOICES,
     ),
     "device": Flag("cpu | cuda[:N]"),
     "dtype": Flag(

@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # torch loads when a config is built, not when the CLI reads 
     import torch
 
 DTYPES = ("float32", "bfloat16", "float16")  # names of torch dtypes
+PIPELINE_CHOICES = ("auto", "measured", "always")
 # --max-draft-len auto (-1): on a CUDA device with graphs and the adaptive policy, which picks
 # each step's k up to K from measured costs and acceptance (on an H100, K=8 ran SmolLM2 at one
 # stream 2-6 % faster than K=4 and stayed >= 0.98x of no drafter at 8-64 streams:
@@ -56,6 +57,12 @@ class TargetConfig:
     # draft_on_device resolved on (and overlap is on, and no --two-batch-rows); a remote
     # drafter's stays opt-in.
     pipeline_drafts: bool | None = None
+    # With pipeline_drafts and the adaptive policy: "measured" runs each speculative window's
+    # drafting steps pipelined or synchronous, whichever measured faster at its load
+    # (pipeline_choice.py); "always" pipelines every one. auto: measured for a remote
+    # drafter (which mode won flipped with the load on the H100: bench/RESULTS.md, round
+    # 56), always for the device lookup (pipelined won at 1-64 streams: rounds 51 and 53).
+    pipeline_choice: str = "auto"
     device: str = "cpu"
     dtype: str = "float32"
     cuda_graphs: bool = True
@@ -139,6 +146,14 @@ class TargetConfig:
                 "--pipeline-drafts overlaps drafting steps; it needs --draft-on-device or a"
                 " remote drafter (grpc://), and overlap on (not --no-overlap)"
             )
+        if self.pipeline_choice not in PIPELINE_CHOICES:
+            raise UserError(
+                f"--pipeline-choice must be one of {', '.join(PIPELINE_CHOICES)}, got "
+                f"{self.pipeline_choice!r}"
+            )
+        if self.pipeline_choice == "auto":
+            choice = "measured" if remote else "always"
+            object.__setattr__(self, "pipeline_choice", choice)
         if self.pipeline_drafts and self.two_batch_rows:
             raise UserError("--pipeline-drafts and --two-batch-rows cannot be combined")
         if self.dtype not in DTYPES:

@@ -58,6 +58,11 @@ maximises expected committed tokens per second:
 - exposed(rows): an EMA per row bucket of what an overlapped plain step's period (launch to
   launch) took beyond gpu(its tokens): the host work the overlap did not hide (0 until measured).
 
+With pipelined drafting steps (`pipelined`) a step of any k is priced as an overlapped one
+(no synchronous host time); with `choice` (`--pipeline-choice measured`, pipeline_choice.py)
+each speculative window runs its drafting steps pipelined or synchronous, whichever measured
+faster at its load, and is priced accordingly (`pipelines`).
+
 k = 0 there means a plain step, and the executor overlaps it: pricing it like a synchronous
 step (host + gpu) made drafting look better than it is wherever the host is a large share of a
 step. On the H200 in fp32 at 32-64 rows that chose verify steps of 12.6-18.2 ms against
@@ -76,11 +81,9 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from specwire.target_service.acceptance import AcceptanceModel
+from specwire.target_service.pipeline_choice import PipelineChoice, probe_interval
+from specwire.target_service.pipeline_choice import ema as _ema
 from specwire.target_service.request import Request
-
-
-def _ema(old: float | None, new: float, w: float) -> float:
-    return new if old is None else old + w * (new - old)
 
 
 def _row_bucket(rows: int) -> int:
@@ -158,6 +161,12 @@ class DraftLengthPolicy:
     # Drafting steps overlap as plain ones do (`--pipeline-drafts`): a step of any k is
     # priced as an overlapped one (`plain_cost`), no synchronous host time in it.
     pipelined: bool = False
+    # With `pipelined`: each speculative window runs its drafting steps pipelined or
+    # synchronous, whichever measured faster at its load (`--pipeline-choice measured`,
+    # pipeline_choice.py); None: always pipelined.
+    choice: PipelineChoice | None = None
+    _variant: bool = True  # the current speculative window's: pipelined?
+    _span: list[float] = field(default_factory=lambda: [0.0, 0.0, 0, 0])  # as `_window`, all steps
     mode: str = "spec"  # "spec" | "plain"
     # (mode, batch-size bucket) -> generated tokens per second per row (EMA over windows)
     rates: dict[tuple[str, int], float] = field(default_factory=dict)
@@ -313,6 +322,14 @@ class DraftLengthPolicy:
         draft well had come back (bench/RESULTS.md, round 40)."""
         if not self.adaptive:  # a static policy drafts K whatever it measures
             return False
+        if self.mode == "spec" and self.choice is not None:
+            # Every step of a speculative window, plain ones included, for its variant's
+            # wall-clock rate (`_record`).
+            span = self._span
+            span[0] += generated
+            span[1] += seconds
+            span[2] += 1
+            span[3] += rows
         if self.mode == "spec" and (overlapped or not may_draft):
             if overlapped and may_draft:
                 # The cost model drafted nothing for a window's worth of steps in a row: such a
@@ -325,6 +342,7 @@ class DraftLengthPolicy:
                 if self._spec_idle >= self.idle_handoff:
                     self._spec_idle = 0
                     self._window = [0.0, 0.0, 0, 0]
+                    self._span = [0.0, 0.0, 0, 0]
                     self._probing = False
                     self._planned = 0
                     return True
@@ -365,8 +383,20 @@ class DraftLengthPolicy:
         key = (self.mode, load)
         self.mode_steps[self.mode] += w[2]
         looks = self._looks[key] = self._looks.get(key, 0) + 1
-        weight = max(1.0 / looks, self.window_weight * min(1.0, rows / self.full_weight_rows))
-        self.rates[key] = _ema(self.rates.get(key), rate, weight * w[2] / self.mode_window)
+        floor = self.window_weight * min(1.0, rows / self.full_weight_rows)
+        share = w[2] / self.mode_window
+        self.rates[key] = _ema(self.rates.get(key), rate, max(1.0 / looks, floor) * share)
+        if self.mode == "spec" and self.choice is not None:
+            # The window ran one variant (pipelined or synchronous). The variants are compared
+            # by the window's wall-clock rate, every step counted: its rate counts only the
+            # steps that drafted, and a synchronous step's host time prices more steps to
+            # k = 0, so that rate looks at fewer, better steps (at one stream in the CPU proxy
+            # it picked synchronous steps, 1.18x pipelined ones by it, 0.87x by the clock).
+            # Speculation's rate here, against plain decoding, is the faster variant's.
+            span, self._span = self._span, [0.0, 0.0, 0, 0]
+            wall = span[0] / max(span[1], 1e-9) / max(span[3] / max(span[2], 1), 1.0)
+            self.choice.record(load, self._variant, wall, rate, floor * share, int(w[2]))
+            self.rates[key] = self.choice.spec_rate(load) or self.rates[key]
         self._window = [0.0, 0.0, 0, 0]
         self._probing = False
         self._shifted = 0
@@ -474,15 +504,15 @@ class DraftLengthPolicy:
         return best
 
     def probe_interval(self, load: int) -> int:
-        """Windows until the losing mode at `load` is measured again: a probe window costs
-        (1 - loser/winner) of one window's throughput (at most: a probe still far behind stops
-        after `first_window` steps), so probe as often as that stays within `probe_budget`,
-        between `probe_every` and `max_probe_every` windows."""
+        """Windows until the losing mode at `load` is measured again (at most one window's
+        throughput is lost per probe: one still far behind stops after `first_window` steps;
+        `pipeline_choice.probe_interval`)."""
         spec, plain = self.rates.get(("spec", load)), self.rates.get(("plain", load))
         if not spec or not plain:
             return self.probe_every
-        gap = 1.0 - min(spec, plain) / max(spec, plain)
-        return max(self.probe_every, min(self.max_probe_every, round(gap / self.probe_budget)))
+        return probe_interval(
+            spec, plain, self.probe_budget, self.probe_every, self.max_probe_every
+        )
 
     def ran(self, k: int) -> None:
         """A step was scheduled with draft length `k` (the executor, once per step run)."""
@@ -508,6 +538,7 @@ class DraftLengthPolicy:
             accept=self.acceptance.accept,
             has_draft=self.acceptance.has_draft,
             deeper=self.acceptance.deeper,
+            pipelining=None if self.choice is None else self.choice.snapshot(),
         )
 
     # -- per-request acceptance (acceptance.py) ---------------------------------------------------
@@ -536,6 +567,14 @@ class DraftLengthPolicy:
 
     # -- the decision ----------------------------------------------------------------------------
     @property
+    def pipelines(self) -> bool:
+        """Whether this step's drafts run pipelined (`pipelined`, and the current speculative
+        window's variant where `choice` picks one; outside an adaptive policy, always)."""
+        if not self.pipelined:
+            return False
+        return self.choice is None or not self.adaptive or self._variant
+
+    @property
     def plain_until_window_ends(self) -> bool:
         """Whether the next step decodes plainly whatever its rows (adaptive, in the plain
         mode, inside a window): the caller may skip collecting them (a hot path under load)."""
@@ -553,7 +592,10 @@ class DraftLengthPolicy:
     def step_draft_len(self, decode: list[Request], prefill_tokens: int = 0) -> int:
         """The draft length for a step whose decode rows are `decode` (caps still apply)."""
         if self.adaptive and self._window[2] == 0:
-            self._start_window(len(decode) + (1 if prefill_tokens else 0))
+            rows = len(decode) + (1 if prefill_tokens else 0)
+            self._start_window(rows)
+            if self.choice is not None and self.mode == "spec":
+                self._variant = self.choice.variant(_row_bucket(max(1, rows)))
         self.wait_worth_s = None
         if not self.adaptive or self.mode == "plain" or not decode:
             self.acceptance.drop_presum()  # made for this step only
@@ -570,7 +612,8 @@ class DraftLengthPolicy:
             return 0
         rows = len(decode) + (1 if prefill_tokens else 0)
         sums = self.acceptance.sums(decode, caps)  # (from `presum`'s when it made them)
-        host = 0.0 if self.pipelined else self._host(rows)
+        pipelines = self.pipelines
+        host = 0.0 if pipelines else self._host(rows)
         best_k, best, free_k, free = 0, -1.0, 0, -1.0
         per_k: list[tuple[float, int]] = []  # (expected committed, tokens fed) per k
         for k, (committed, fed) in enumerate(zip(*sums, strict=True)):
@@ -580,9 +623,7 @@ class DraftLengthPolicy:
                 goodput = committed / max(self.plain_cost(rows, tokens), 1e-9)
                 best, free = goodput, goodput
                 continue
-            gpu = self._gpu(tokens)
-            if self.pipelined:
-                gpu = self.plain_cost(rows, tokens)
+            gpu = self.plain_cost(rows, tokens) if pipelines else self._gpu(tokens)
             goodput = committed / max(host + gpu, 1e-9)
             if goodput > best * 1.0001:  # ties go to the shorter draft
                 best_k, best = k, goodput

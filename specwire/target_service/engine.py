@@ -31,6 +31,7 @@ from specwire.target_service.executor import Executor
 from specwire.target_service.metrics import TargetMetrics
 from specwire.target_service.output import EventQueue, OutputStream, StreamFactory
 from specwire.target_service.params import MAX_N, GenerationParams
+from specwire.target_service.pipeline_choice import PipelineChoice
 from specwire.target_service.request import Request, SamplingConfig
 from specwire.target_service.resources.base import ResourceRegistry
 from specwire.target_service.resources.kv_cache import KVCacheManager
@@ -375,8 +376,14 @@ def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine
         {loaded.tokenizer.eos_token_id} if loaded.tokenizer.eos_token_id is not None else set()
     )
     # The draft-length policy: adaptive where a measured cost table exists (CUDA graphs).
+    # With --pipeline-choice measured it runs each speculative window's drafting steps
+    # pipelined or synchronous, whichever measured faster at that load (pipeline_choice.py).
+    measured = cfg.pipeline_drafts and cfg.pipeline_choice == "measured"
     policy = DraftLengthPolicy(
-        k, adaptive=cfg.draft_policy == "adaptive", pipelined=cfg.pipeline_drafts
+        k,
+        adaptive=cfg.draft_policy == "adaptive",
+        pipelined=cfg.pipeline_drafts,
+        choice=PipelineChoice() if measured else None,
     )
     metrics = TargetMetrics(cfg.model)  # streams and the executor report to the same one
     if runner.graphs is not None:
@@ -406,7 +413,7 @@ def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine
     log.info(
         "engine ready in %.1f s (%s): model=%s device=%s drafter=%s K=%d graphs=%s attention=%s"
         " ops=%s exact=%s policy=%s overlap=%s two-batch-rows=%d draft-on-device=%s"
-        " pipeline-drafts=%s",
+        " pipeline-drafts=%s%s",
         sum(phases.values()),
         ", ".join(f"{phase} {s:.1f}" for phase, s in phases.items()),
         cfg.model,
@@ -422,5 +429,6 @@ def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine
         cfg.two_batch_rows,
         cfg.draft_on_device,
         cfg.pipeline_drafts,
+        f" ({cfg.pipeline_choice})" if cfg.pipeline_drafts else "",
     )
     return Engine(cfg, loaded, kv, resources, drafter, runner, executor)

@@ -312,7 +312,9 @@ class Executor(OverlappedSteps, TwoBatchSteps):
         overlap = self.overlap and self._sync_requests <= 0
         step_k = self.scheduler.draft_len() if self.drafter is not None else 0
         if step_k and self.scheduler.wants_drafts(step_k):
-            overlap = overlap and self.pipelined
+            # Pipelined unless the policy runs this window's drafting steps synchronously
+            # (`--pipeline-choice measured`: pipeline_choice.py).
+            overlap = overlap and self.pipelined and self.scheduler.policy.pipelines
         return overlap, step_k
 
     def _schedule(

@@ -540,6 +540,24 @@ class _ScrapeTimeCollector(Collector):
             ["mode", "rows"],
             snap["windows"].items(),
         )
+        if snap["pipelining"] is not None:  # --pipeline-choice measured (pipeline_choice.py)
+            pipelining = snap["pipelining"]
+            yield family(
+                CounterMetricFamily,
+                "specwire_draft_policy_pipelining_steps",
+                "Steps of the speculative mode's windows by how their drafting steps ran "
+                "(pipelined or synchronous; counted as each window closes)",
+                ["variant"],
+                pipelining["steps"].items(),
+            )
+            yield family(
+                GaugeMetricFamily,
+                "specwire_draft_policy_pipelining_rate",
+                "Measured generated tokens per second per row of the speculative mode run "
+                "pipelined or synchronous at each load (rows bucket): the faster runs there",
+                ["variant", "rows"],
+                pipelining["rates"].items(),
+            )
         for name, label, doc in (
             ("host", "rows", "Host seconds of a synchronous decode step (least of the last few)"),
             ("exposed", "rows", "Host seconds an overlapped plain step left exposed (EMA)"),
