@@ -871,7 +871,18 @@ def test_a_target_that_switches_between_pipelined_and_synchronous_drafting_is_lo
     policy.mode_window, policy.first_window = 4, 4
     policy.spec_margin = -0.99  # speculation keeps winning: this is about its two variants
     policy.choice.probe_every = policy.choice.max_probe_every = 2
+    ex, drained = eng.executor, []
+    finish = ex._finish_inflight
+
+    def counting_finish(observe: bool = True) -> None:
+        # A step read before a synchronous one: count those that still had unread drafts.
+        prev = ex._inflight
+        drained.append(prev is not None and prev.drafted and not observe)
+        finish(observe)
+
+    ex._finish_inflight = counting_finish
     metrics, labels = _lossless_at_once_and_long(eng, baseline)
+    assert sum(drained) > 0, "no pipelined step was drained into a synchronous one"
     sample = metrics.registry.get_sample_value
     assert sample("specwire_pipelined_steps_total", labels) > 0
     assert sample("specwire_sync_step_seconds_count", labels) > 0  # synchronous drafting

@@ -81,13 +81,11 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from specwire.target_service.acceptance import AcceptanceModel
-from specwire.target_service.pipeline_choice import PipelineChoice, probe_interval
-from specwire.target_service.pipeline_choice import ema as _ema
+from specwire.target_service.mode_rates import ema as _ema
+from specwire.target_service.mode_rates import implied, probe_interval
+from specwire.target_service.mode_rates import row_bucket as _row_bucket
+from specwire.target_service.pipeline_choice import PipelineChoice
 from specwire.target_service.request import Request
-
-
-def _row_bucket(rows: int) -> int:
-    return 1 << max(0, rows - 1).bit_length()  # 1, 2, 4, 8, ...
 
 
 @dataclass
@@ -163,10 +161,14 @@ class DraftLengthPolicy:
     pipelined: bool = False
     # With `pipelined`: each speculative window runs its drafting steps pipelined or
     # synchronous, whichever measured faster at its load (`--pipeline-choice measured`,
-    # pipeline_choice.py); None: always pipelined.
+    # pipeline_choice.py: `choice`, built with the probe settings above); else always pipelined.
+    choose_pipelining: bool = False
     choice: PipelineChoice | None = None
     _variant: bool = True  # the current speculative window's: pipelined?
-    _span: list[float] = field(default_factory=lambda: [0.0, 0.0, 0, 0])  # as `_window`, all steps
+    _variant_load: int = 0  # the load it was chosen for (0: no speculative window open)
+    # The open speculative window's steps by the clock (tokens, seconds, steps, rows as
+    # `_window`), the plain ones (k = 0) included
+    _span: list[float] = field(default_factory=lambda: [0.0, 0.0, 0, 0])
     mode: str = "spec"  # "spec" | "plain"
     # (mode, batch-size bucket) -> generated tokens per second per row (EMA over windows)
     rates: dict[tuple[str, int], float] = field(default_factory=dict)
@@ -199,6 +201,8 @@ class DraftLengthPolicy:
 
     def __post_init__(self) -> None:
         self.k_steps = [0] * (self.max_draft_len + 1)
+        if self.pipelined and self.choose_pipelining and self.choice is None:
+            self.choice = PipelineChoice(self.probe_every, self.max_probe_every, self.probe_budget)
         if self.acceptance is None:
             self.acceptance = AcceptanceModel(self.max_draft_len, ema=self.ema)
         if not 1 <= self.first_window <= self.mode_window:
@@ -322,9 +326,10 @@ class DraftLengthPolicy:
         draft well had come back (bench/RESULTS.md, round 40)."""
         if not self.adaptive:  # a static policy drafts K whatever it measures
             return False
-        if self.mode == "spec" and self.choice is not None:
-            # Every step of a speculative window, plain ones included, for its variant's
-            # wall-clock rate (`_record`).
+        if self._variant_load and may_draft:
+            # Every step of the open speculative window, plain ones included, for its
+            # variant's rate by the clock (`_record`); a step where no request may draft runs
+            # the same either way and says nothing about the variant.
             span = self._span
             span[0] += generated
             span[1] += seconds
@@ -342,7 +347,10 @@ class DraftLengthPolicy:
                 if self._spec_idle >= self.idle_handoff:
                     self._spec_idle = 0
                     self._window = [0.0, 0.0, 0, 0]
-                    self._span = [0.0, 0.0, 0, 0]
+                    # The variant's window decoded plainly throughout: that is its rate by the
+                    # clock here (else a synchronous window whose host time prices every step
+                    # to k = 0 would never end in a record, and keep its load synchronous).
+                    self._close_variant(None, None, 1.0)
                     self._probing = False
                     self._planned = 0
                     return True
@@ -386,22 +394,40 @@ class DraftLengthPolicy:
         floor = self.window_weight * min(1.0, rows / self.full_weight_rows)
         share = w[2] / self.mode_window
         self.rates[key] = _ema(self.rates.get(key), rate, max(1.0 / looks, floor) * share)
-        if self.mode == "spec" and self.choice is not None:
-            # The window ran one variant (pipelined or synchronous). The variants are compared
-            # by the window's wall-clock rate, every step counted: its rate counts only the
-            # steps that drafted, and a synchronous step's host time prices more steps to
-            # k = 0, so that rate looks at fewer, better steps (at one stream in the CPU proxy
-            # it picked synchronous steps, 1.18x pipelined ones by it, 0.87x by the clock).
-            # Speculation's rate here, against plain decoding, is the faster variant's.
-            span, self._span = self._span, [0.0, 0.0, 0, 0]
-            wall = span[0] / max(span[1], 1e-9) / max(span[3] / max(span[2], 1), 1.0)
-            self.choice.record(load, self._variant, wall, rate, floor * share, int(w[2]))
-            self.rates[key] = self.choice.spec_rate(load) or self.rates[key]
+        if self.mode == "spec":
+            # Speculation's rate here, against plain decoding, is its faster variant's.
+            chosen_for, best = self._close_variant(rate, floor, share)
+            if best is not None and chosen_for == load:
+                self.rates[key] = best
         self._window = [0.0, 0.0, 0, 0]
         self._probing = False
         self._shifted = 0
         seen = self._windows[load] = self._windows.get(load, 0) + 1
         return seen
+
+    def _close_variant(
+        self, rate: float | None, floor: float | None, share: float
+    ) -> tuple[int, float | None]:
+        """Close the open speculative window's variant (`choice`): its rate by the clock
+        counts toward that variant's at the load it was chosen for, weighted as `_record`
+        weighs a window (`floor` None: from the window's rows), and `rate` (None: no drafting
+        step counted) toward its speculative rate there. The variants are compared
+        by the clock, every step counted, not by `rate` (the policy's: only the steps that
+        drafted): a synchronous step's host time prices more steps to k = 0, so by that rate
+        a synchronous window looks at fewer, better steps (at one stream in the CPU proxy it
+        put them at 1.18x pipelined ones where the clock said 0.87x; bench/RESULTS.md, round
+        57). Returns (that load, speculation's rate by the policy's count of the faster
+        variant there, or None)."""
+        span, self._span = self._span, [0.0, 0.0, 0, 0]
+        load, self._variant_load = self._variant_load, 0
+        if self.choice is None or not load or span[1] <= 0:
+            return load, None
+        rows = max(span[3] / max(span[2], 1), 1.0)
+        if floor is None:
+            floor = self.window_weight * min(1.0, rows / self.full_weight_rows)
+        clock = span[0] / span[1] / rows
+        self.choice.record(load, self._variant, clock, rate, floor, share, int(span[2]))
+        return load, self.choice.spec_rate(load)
 
     def _moved_away(self, rows: int) -> bool:
         """Whether this step's load has been in another bucket than the one the window (not a
@@ -492,16 +518,12 @@ class DraftLengthPolicy:
         Speculation pays less as the batch grows (the verify step's extra tokens stop riding
         free, host work grows per row): plain winning at a smaller load wins here, speculation
         winning at a larger load wins here. The nearest such load decides."""
-        best, dist = None, None
-        for mode, b in self.rates:
-            if mode != "spec" or ("plain", b) not in self.rates:
-                continue
-            winner = self._winner(b)
-            if (winner == "plain" and b <= load) or (winner == "spec" and b >= load):
-                d = abs(b.bit_length() - load.bit_length())
-                if dist is None or d < dist:
-                    best, dist = winner, d
-        return best
+        winners = {
+            b: self._winner(b)
+            for mode, b in self.rates
+            if mode == "spec" and ("plain", b) in self.rates
+        }
+        return implied(winners, load, small="spec", large="plain")
 
     def probe_interval(self, load: int) -> int:
         """Windows until the losing mode at `load` is measured again (at most one window's
@@ -592,10 +614,14 @@ class DraftLengthPolicy:
     def step_draft_len(self, decode: list[Request], prefill_tokens: int = 0) -> int:
         """The draft length for a step whose decode rows are `decode` (caps still apply)."""
         if self.adaptive and self._window[2] == 0:
-            rows = len(decode) + (1 if prefill_tokens else 0)
-            self._start_window(rows)
-            if self.choice is not None and self.mode == "spec":
-                self._variant = self.choice.variant(_row_bucket(max(1, rows)))
+            self._start_window(len(decode) + (1 if prefill_tokens else 0))
+            if self.mode != "spec":
+                self._span, self._variant_load = [0.0, 0.0, 0, 0], 0
+            elif self.choice is not None and not self._variant_load:
+                # A speculative window opens: its variant, for the load of its decode rows
+                # (a prefill chunk's row would put 32 streams in the 64 bucket).
+                self._variant_load = _row_bucket(max(1, len(decode)))
+                self._variant = self.choice.variant(self._variant_load)
         self.wait_worth_s = None
         if not self.adaptive or self.mode == "plain" or not decode:
             self.acceptance.drop_presum()  # made for this step only

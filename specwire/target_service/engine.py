@@ -31,7 +31,6 @@ from specwire.target_service.executor import Executor
 from specwire.target_service.metrics import TargetMetrics
 from specwire.target_service.output import EventQueue, OutputStream, StreamFactory
 from specwire.target_service.params import MAX_N, GenerationParams
-from specwire.target_service.pipeline_choice import PipelineChoice
 from specwire.target_service.request import Request, SamplingConfig
 from specwire.target_service.resources.base import ResourceRegistry
 from specwire.target_service.resources.kv_cache import KVCacheManager
@@ -378,12 +377,11 @@ def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine
     # The draft-length policy: adaptive where a measured cost table exists (CUDA graphs).
     # With --pipeline-choice measured it runs each speculative window's drafting steps
     # pipelined or synchronous, whichever measured faster at that load (pipeline_choice.py).
-    measured = cfg.pipeline_drafts and cfg.pipeline_choice == "measured"
     policy = DraftLengthPolicy(
         k,
         adaptive=cfg.draft_policy == "adaptive",
         pipelined=cfg.pipeline_drafts,
-        choice=PipelineChoice() if measured else None,
+        choose_pipelining=cfg.pipeline_choice == "measured",
     )
     metrics = TargetMetrics(cfg.model)  # streams and the executor report to the same one
     if runner.graphs is not None:
@@ -429,6 +427,6 @@ def build_engine(cfg: TargetConfig, loaded: LoadedModel | None = None) -> Engine
         cfg.two_batch_rows,
         cfg.draft_on_device,
         cfg.pipeline_drafts,
-        f" ({cfg.pipeline_choice})" if cfg.pipeline_drafts else "",
+        f" (by load: {cfg.pipeline_choice})" if policy.choice and policy.adaptive else "",
     )
     return Engine(cfg, loaded, kv, resources, drafter, runner, executor)

@@ -14,7 +14,8 @@ hides less of the round trip's share).
 `PipelineChoice` is the draft-length policy's helper for this (draft_policy.py). The policy
 measures its speculative mode's rate over windows of steps; each speculative window runs one
 variant, pipelined or synchronous, and its rate (tokens per second per row) counts toward that
-variant's at its load (batch-size bucket), the same way the policy keeps its modes' rates.
+variant's at its load (the batch-size bucket of its decode rows when it opened), weighed as the
+policy weighs its modes' windows.
 The next speculative window at a load runs:
 
 - where both variants are measured, by `min_looks` windows each (they alternate until then),
@@ -38,18 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-
-def ema(old: float | None, new: float, w: float) -> float:
-    return new if old is None else old + w * (new - old)
-
-
-def probe_interval(a: float, b: float, budget: float, least: int, most: int) -> int:
-    """Windows until the slower of two choices (rates `a`, `b`) is measured again: a probe
-    window costs up to (1 - slower/faster) of one window's throughput, so probe as often as
-    that stays within `budget`, between `least` and `most` windows."""
-    gap = 1.0 - min(a, b) / max(a, b)
-    return max(least, min(most, round(gap / budget)))
-
+from specwire.target_service.mode_rates import ema, implied, probe_interval
 
 PIPELINED, SYNCHRONOUS = True, False
 NAMES = {PIPELINED: "pipelined", SYNCHRONOUS: "synchronous"}
@@ -61,8 +51,8 @@ class PipelineChoice:
     max_probe_every: int = 32  # most
     probe_budget: float = 0.01  # throughput share probing may cost (sets the interval)
     # Windows of each variant at a load before the faster one is trusted: the two alternate
-    # until then. A window's rate averages the requests it ran, and one window each picked the
-    # slower variant for most of a pass in the CPU proxy (round 57).
+    # until then. A window's rate averages the requests it ran, so one window each compares
+    # two sets of requests as much as the two variants.
     min_looks: int = 3
     # (pipelined?, batch-size bucket) -> tokens per second per row by the clock (every step of
     # its windows), and the windows behind it
@@ -85,28 +75,36 @@ class PipelineChoice:
         return PIPELINED if implied is None else implied
 
     def spec_rate(self, load: int) -> float | None:
-        """The policy's speculative rate of the faster variant at `load` (None: neither
-        measured there)."""
+        """The policy's speculative rate of the faster variant at `load` (None: not measured
+        there)."""
         measured = [p for p, b in self.rates if b == load]
         if not measured:
             return None
         best = self._faster(load) if len(measured) == 2 else measured[0]
-        return self.spec_rates[(best, load)]
+        return self.spec_rates.get((best, load))
 
     def record(
-        self, load: int, pipelined: bool, rate: float, spec_rate: float, weight: float, steps: int
+        self,
+        load: int,
+        pipelined: bool,
+        rate: float,
+        spec_rate: float | None,
+        floor: float,
+        share: float,
+        steps: int,
     ) -> None:
         """A speculative window of `steps` steps, run `pipelined` or not, measured `rate` at
-        `load` by the clock (`spec_rate` by the policy's count). `weight`: its say against the
-        windows before it (the policy's, for its own rates), at least 1/n for the n-th window
-        of that variant there (the mean of the first ones: no single look outweighs the
-        others); its next window there is planned."""
+        `load` by the clock (`spec_rate` by the policy's count; None: it drafted too little to
+        say). It is weighed as the policy weighs a window: the mean of the first windows (the
+        n-th has at least 1/n of the say), an EMA weight of at least `floor` after, times its
+        `share` of a whole window; then its next window there is planned."""
         key = (pipelined, load)
         self.steps[pipelined] += steps
         looks = self.looks[key] = self.looks.get(key, 0) + 1
-        w = max(1.0 / looks, weight)
+        w = max(1.0 / looks, floor) * share
         self.rates[key] = ema(self.rates.get(key), rate, w)
-        self.spec_rates[key] = ema(self.spec_rates.get(key), spec_rate, w)
+        if spec_rate is not None:
+            self.spec_rates[key] = ema(self.spec_rates.get(key), spec_rate, w)
         seen = self._seen[load] = self._seen.get(load, 0) + 1
         other = not pipelined
         if (other, load) in self.rates:
@@ -146,16 +144,12 @@ class PipelineChoice:
         """The variant other loads imply wins at `load`, or None: synchronous steps winning at
         a load no larger, or pipelined ones winning at a load no smaller. The nearest such
         load decides."""
-        best, dist = None, None
-        for pipelined, b in self.rates:
-            if not pipelined or (SYNCHRONOUS, b) not in self.rates:
-                continue
-            winner = self._faster(b)
-            if (winner == SYNCHRONOUS and b <= load) or (winner == PIPELINED and b >= load):
-                d = abs(b.bit_length() - load.bit_length())
-                if dist is None or d < dist:
-                    best, dist = winner, d
-        return best
+        winners = {
+            b: self._faster(b)
+            for pipelined, b in self.rates
+            if pipelined and (SYNCHRONOUS, b) in self.rates
+        }
+        return implied(winners, load, small=PIPELINED, large=SYNCHRONOUS)
 
     def snapshot(self) -> dict:
         return dict(
