@@ -414,10 +414,10 @@ class DraftLengthPolicy:
         step counted) toward its speculative rate there. The variants are compared
         by the clock, every step counted, not by `rate` (the policy's: only the steps that
         drafted): a synchronous step's host time prices more steps to k = 0, so by that rate
-        a synchronous window looks at fewer, better steps (at one stream in the CPU proxy it
-        put them at 1.18x pipelined ones where the clock said 0.87x; bench/RESULTS.md, round
-        57). Returns (that load, speculation's rate by the policy's count of the faster
-        variant there, or None)."""
+        a synchronous window looks at fewer, better steps (in one CPU-proxy run at one stream it
+        put them at 1.18x pipelined ones, and whole passes ran 0.87x as fast synchronous;
+        bench/RESULTS.md, round 57). Returns (that load, speculation's rate by the policy's
+        count of the faster variant there, or None)."""
         span, self._span = self._span, [0.0, 0.0, 0, 0]
         load, self._variant_load = self._variant_load, 0
         if self.choice is None or not load or span[1] <= 0:

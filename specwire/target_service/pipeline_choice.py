@@ -29,10 +29,11 @@ The next speculative window at a load runs:
 A window's rate here is by the clock: its tokens over its wall time, the steps the policy gave
 k = 0 included. The policy's own speculative rate counts only the steps that drafted, and a
 synchronous window prices more steps to k = 0 (its host time is on the critical path), so by
-that rate it looks at fewer and better steps: at one stream in the CPU proxy it put synchronous
-steps at 1.18x pipelined ones where the clock said 0.87x. The speculative mode's rate at a load,
-which the policy weighs against plain decoding, is its faster variant's (by the policy's count):
-speculation is worth what it makes run the way it runs best.
+that rate it looks at fewer and better steps: in one CPU-proxy run at one stream it put
+synchronous steps at 1.18x pipelined ones, and whole passes ran 0.87x as fast synchronous.
+The speculative mode's rate at a load, which the policy weighs against plain decoding, is its
+faster variant's (by the policy's count): speculation is worth what it makes run the way it
+runs best.
 """
 
 from __future__ import annotations
