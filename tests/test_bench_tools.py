@@ -79,6 +79,20 @@ def test_policy_cost_times_the_decision_with_and_without_presum():
         assert sum(map(int, hist.split(","))) == sum(map(int, hist_pre.split(","))) == 50
 
 
+def test_pipeline_choice_sim_runs_the_engines_choice_and_mostly_picks_the_better_variant():
+    """With little noise the choice runs the better variant on most windows at each of the
+    three loads (pipelined at 1 and 8 streams, synchronous at 32, as round 56's rates say)."""
+    out = _run(
+        "bench/pipeline_choice_sim.py", "--windows", "60", "--seeds", "20", "--noise", "0.05"
+    )
+    rows = re.findall(
+        r"^\| (\d+) \| [\d.]+ \| [\d.]+ \| 0\.05 \| ([\d.]+) .*\| (\d+)% \|", out, re.M
+    )
+    assert [r[0] for r in rows] == ["1", "8", "32"], out
+    for _streams, ratio, share in rows:
+        assert float(ratio) > 0.95 and int(share) > 75, out
+
+
 def test_branch_replay_cost_and_index_comparison_run_on_tiny_random(tmp_path):
     outputs = tmp_path / "greedy.json"
     out = _run(

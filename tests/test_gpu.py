@@ -262,17 +262,22 @@ def test_remote_drafter_with_branches_lossless_fp32_with_cuda_graphs(loaded, mod
         server.stop(None)
 
 
-@pytest.mark.parametrize("mode", ["stream", "socket"])
+@pytest.mark.parametrize("mode", ["stream", "socket", "switching"])
 def test_remote_drafter_in_pipelined_steps_lossless_fp32_with_cuda_graphs(loaded, mode, tmp_path):
     """--pipeline-drafts with a drafter service: each step staged before the one in flight is
     read, its drafts taken from the kept proposal on the hypothesis that the target follows
     it, the rows moved inside the graph by what was really accepted; auto patience (waiting
-    only while the step in flight runs). Output equal to plain decoding, 50 prompts at once."""
+    only while the step in flight runs). Output equal to plain decoding, 50 prompts at once.
+    `switching` (over the socket): the remote drafter's auto choice (`measured`) under the
+    adaptive policy with 4-step windows and speculation kept on, so the target switches between
+    pipelined drafting steps and synchronous ones many times; both kinds ran."""
     from engine_driver import counter
 
     from specwire.drafter_service.config import DrafterServiceConfig
     from specwire.drafter_service.server import serve
 
+    switching = mode == "switching"
+    mode = "socket" if switching else mode
     sock = str(tmp_path / "d.sock") if mode == "socket" else ""
     server = serve(DrafterServiceConfig(host="127.0.0.1", port=0, max_draft_len=48, socket=sock))
     try:
@@ -283,20 +288,32 @@ def test_remote_drafter_in_pipelined_steps_lossless_fp32_with_cuda_graphs(loaded
             drafter_mode=mode,
             drafter_socket=sock,
             pipeline_drafts=True,
-            draft_policy="static",
+            draft_policy="adaptive" if switching else "static",
         )
         eng = build_engine(cfg, loaded=loaded)
+        policy = eng.executor.scheduler.policy
+        if switching:
+            assert policy.adaptive and policy.choice is not None
+            policy.mode_window, policy.first_window, policy.spec_margin = 4, 4, -0.99
+            policy.choice.probe_every = policy.choice.max_probe_every = 2
         diff, c = _remote_run(eng, base, prompts)
-        stats = eng.executor.stats
+        stats, metrics = eng.executor.stats, eng.executor.metrics
+        sync_steps = metrics.registry.get_sample_value(
+            "specwire_sync_step_seconds_count", {"model": metrics.model}
+        )
         print(
-            f"remote ({mode}) pipelined fp32+graphs: {50 - len(diff)}/50 identical; accepted "
-            f"{stats.accepted_tokens}/{stats.draft_tokens} drafts; look-ahead "
-            f"{c['lookahead']}, deferred {c['deferred']}, pipelined steps "
-            f"{counter(eng, 'pipelined_steps'):.0f}"
+            f"remote ({'switching' if switching else mode}) pipelined fp32+graphs: "
+            f"{50 - len(diff)}/50 identical; accepted {stats.accepted_tokens}/"
+            f"{stats.draft_tokens} drafts; look-ahead {c['lookahead']}, deferred "
+            f"{c['deferred']}, pipelined steps {counter(eng, 'pipelined_steps'):.0f}, "
+            f"synchronous steps {sync_steps:.0f}"
         )
         assert not diff, f"prompts {diff} differ with the remote drafter in pipelined steps"
         assert c["failed"] == c["stale"] == c["unknown_request"] == 0
         assert stats.accepted_tokens > 0 and counter(eng, "pipelined_steps") > 0
+        if switching:  # synchronous drafting steps too (no sampled request here)
+            steps = policy.choice.steps
+            assert sync_steps > 0 and steps[True] > 0 and steps[False] > 0, steps
     finally:
         server.stop(None)
 

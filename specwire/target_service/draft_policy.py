@@ -202,7 +202,11 @@ class DraftLengthPolicy:
     def __post_init__(self) -> None:
         self.k_steps = [0] * (self.max_draft_len + 1)
         if self.pipelined and self.choose_pipelining and self.choice is None:
-            self.choice = PipelineChoice(self.probe_every, self.max_probe_every, self.probe_budget)
+            # Half the probe budget: a probe of the slower variant buys less than one of the
+            # slower mode (both variants speculate; pipeline_choice.py, `weight_scale`).
+            self.choice = PipelineChoice(
+                self.probe_every, self.max_probe_every, self.probe_budget / 2
+            )
         if self.acceptance is None:
             self.acceptance = AcceptanceModel(self.max_draft_len, ema=self.ema)
         if not 1 <= self.first_window <= self.mode_window:

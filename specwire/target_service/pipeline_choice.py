@@ -55,6 +55,12 @@ class PipelineChoice:
     # until then. A window's rate averages the requests it ran, so one window each compares
     # two sets of requests as much as the two variants.
     min_looks: int = 3
+    # A window's least say, as a share of the policy's (`DraftLengthPolicy.window_weight`):
+    # the two variants are both lossless and a window's rate is noisy, so a longer memory than
+    # the policy's costs little. With round 56's H100 gaps and one window's rate off by 10-30 %
+    # (lognormal), half the policy's weight and half its probe budget ran the better variant
+    # on 77-94 % of 100 windows against 69-90 % (bench/pipeline_choice_sim.py, round 57).
+    weight_scale: float = 0.5
     # (pipelined?, batch-size bucket) -> tokens per second per row by the clock (every step of
     # its windows), and the windows behind it
     rates: dict[tuple[bool, int], float] = field(default_factory=dict)
@@ -102,7 +108,7 @@ class PipelineChoice:
         key = (pipelined, load)
         self.steps[pipelined] += steps
         looks = self.looks[key] = self.looks.get(key, 0) + 1
-        w = max(1.0 / looks, floor) * share
+        w = max(1.0 / looks, floor * self.weight_scale) * share
         self.rates[key] = ema(self.rates.get(key), rate, w)
         if spec_rate is not None:
             self.spec_rates[key] = ema(self.spec_rates.get(key), spec_rate, w)
