@@ -103,21 +103,21 @@ class StubForward:
         self.h_pos[:t] = step.positions
         self.h_slots[:t] = step.slots
         pipelined = step.after is not None
-        if pipelined:  # the host staging `TokenGraphs._stage_pipeline` does
+        if pipelined and step.shifted:  # the host staging `TokenGraphs._stage_pipeline` does
             tok_row = np.repeat(np.arange(b), np.diff(step.cu_seqlens))
             after = np.array(step.after, np.int64)
             feed_rows = tok_row[[dst for dst, _ in step.feed]] if step.feed else None
-            if step.verify is not None:  # (staged as the graph's verification inputs)
-                np.array(step.verify, np.int64)
+        if pipelined and step.verify is not None:  # (staged as the graph's verification inputs)
+            np.array(step.verify, np.int64)
         ids = self.h_ids[:t].copy()  # the "device" part from here on
         pos = self.h_pos[:t].copy()
         shift = np.zeros(b, np.int64)
-        if pipelined and (after >= 0).any():
+        if pipelined and step.shifted:
             shift = np.where(after >= 0, self.last_acc[np.maximum(after, 0)], 0)
             pos += shift[tok_row]
         if step.feed:
             dst, src = np.array(step.feed, np.int64).T
-            if pipelined:
+            if pipelined and step.shifted:
                 src = src + shift[feed_rows]
             ids[dst] = self.last[src]
         drafted = self._draft(rows, step, ids, shift) if step.drafting is not None else None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 
 import pytest
 import torch
@@ -211,20 +212,21 @@ def test_pipelined_drafting_steps_are_lossless(kw):
         assert counter(eng, "preemptions") > 0
 
 
-@pytest.mark.parametrize(
-    "kw",
-    [
-        pytest.param({}, id="cpu"),
-        pytest.param(
-            {"device": "cuda", "dtype": "float32", "draft_policy": "static"},
-            id="cuda-graphs",
-            marks=[
-                pytest.mark.gpu,
-                pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-            ],
-        ),
-    ],
-)
+# The CPU, and on a GPU CUDA's default path: the device lookup in pipelined graph steps.
+_CPU_AND_GRAPHS = [
+    pytest.param({}, id="cpu"),
+    pytest.param(
+        {"device": "cuda", "dtype": "float32", "draft_policy": "static"},
+        id="cuda-graphs",
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize("kw", _CPU_AND_GRAPHS)
 def test_pipelined_steps_where_some_or_no_request_speculates_are_lossless(kw):
     """Requests that turned speculation off, beside ones that did not, and all of them: their
     pipelined steps stage no verification (no row has drafts there) and each row accepts none;
@@ -243,6 +245,31 @@ def test_pipelined_steps_where_some_or_no_request_speculates_are_lossless(kw):
     assert [c.token_ids for c in done] == plain
     assert counter(eng, "pipelined_steps") == before  # no step drafted
     assert all(c.stats.draft_tokens == 0 for c in done)
+
+
+@pytest.mark.parametrize("kw", _CPU_AND_GRAPHS)
+def test_a_pipelined_step_after_one_without_drafts_moves_no_row(kw):
+    """A pipelined step is moved on the device by what the step before accepted, but only a
+    step with drafts can accept any: after one without (requests that turned speculation off,
+    here every other one), the executor gives no row a source to move by, so the runner stages
+    no shift (on a GPU the graph's shift sources are all none). Output as plain decoding, and
+    steps after drafting ones still move."""
+    plain, _ = _run(_engine("none", **kw))
+    eng = _engine("ngram", draft_on_device=True, pipeline_drafts=True, **kw)
+    seen: list[tuple[bool, bool]] = []  # per launch: (some row has drafts, some row may move)
+    forward = eng.runner.forward
+
+    def watching(rows, tables, allow_graphs=True):
+        seen.append((any(r.drafts for r in rows), any(r.after >= 0 for r in rows)))
+        return forward(rows, tables, allow_graphs)
+
+    eng.runner.forward = watching
+    mixed = [i % 2 == 0 for i in range(len(PROMPTS))]
+    done = run_to_completion(eng, PROMPTS, speculate=mixed)
+    assert [c.token_ids for c in done] == plain
+    assert any(moves for _, moves in seen)  # after drafting steps rows may move ...
+    after_plain = [moves for (drafts, _), (_, moves) in itertools.pairwise(seen) if not drafts]
+    assert after_plain and not any(after_plain)  # ... after plain ones none does
 
 
 @pytest.mark.gpu

@@ -184,6 +184,43 @@ def test_a_pipelined_step_shifted_on_the_device_is_the_step_staged_with_its_shif
     assert staged.tables[1] == [4, 5, 7] and staged.tables[2] == [6, 9, 12]  # up to the slack
 
 
+def test_shifting_a_step_whose_sources_are_all_none_moves_nothing_whatever_its_rows():
+    """`pipeline.shift_rows` with every shift source none (a pipelined step after one without
+    drafts: `TokenGraphs._stage_pipeline` then leaves the token and feed rows stale) changes no
+    position, slot, context length, feed source or lookup length, even where the stale rows
+    point at rows whose counts are not 0. (The Triton launch's twin:
+    tests/test_triton_pipeline.py.)"""
+    import torch
+
+    from specwire.target_service.runner import pipeline
+
+    g = torch.Generator().manual_seed(3)
+    rows, tokens, bs = 64, 200, 16
+    acc = torch.randint(1, 5, (rows + 1,), generator=g)
+    acc[rows] = 0  # the none row's count (always 0)
+    src = torch.full((rows + 1,), rows)
+    tok_row = torch.randint(0, rows + 1, (tokens,), generator=g)  # stale: any row, or none
+    feed_row = torch.randint(0, rows + 1, (rows,), generator=g)
+    tables = torch.randperm(rows * 40, generator=g).view(rows, 40).int() + 1
+    pos = torch.randint(0, 35 * bs, (tokens,), generator=g)
+    slots = torch.randint(0, 10_000, (tokens,), generator=g)
+    seq_lens = torch.randint(1, 500, (rows,), generator=g).int()
+    feed_src = torch.randint(0, 100, (rows,), generator=g)
+    lookup = torch.randint(1, 500, (rows,), generator=g)
+    moved = [pos, slots, seq_lens, feed_src, lookup]
+    before = [t.clone() for t in moved]
+    pipeline.shift_rows(
+        acc, src, tok_row, feed_row, pos, slots, seq_lens, feed_src, tables, lookup, bs
+    )
+    for want, have in zip(before, moved, strict=True):
+        assert torch.equal(want, have)
+    src[5] = 3  # one real source: that row's tokens move (so the check above could fail)
+    pipeline.shift_rows(
+        acc, src, tok_row, feed_row, pos, slots, seq_lens, feed_src, tables, lookup, bs
+    )
+    assert not torch.equal(before[2], seq_lens)
+
+
 def test_a_pipelined_step_without_drafts_stages_no_verification_and_accepts_none():
     """Pipelined steps (`ModelRunner._varlen`): where no row has drafts (their requests turned
     speculation off) the step carries no verification inputs, and an eager step's accepted
@@ -209,10 +246,12 @@ def test_a_pipelined_step_without_drafts_stages_no_verification_and_accepts_none
     plain = [Row(a, 1, decode=True), Row(b, 1, decode=True)]
     tables = [[4, 5, 7], [6]]
     step = ModelRunner._varlen(runner, plain, tables, None)
-    assert step.after == [-1, -1] and step.verify is None
+    assert step.after == [-1, -1] and step.verify is None and not step.shifted
     ids = torch.tensor(step.ids)
     ModelRunner._accept_eager(runner, plain, ids, torch.tensor([6, 10]), step.verify, None)
     assert runner.last_acc.tolist() == [0, 0]
     drafted = [Row(a, 1, decode=True, drafts=[7, 8]), Row(b, 1, decode=True)]
+    drafted[1].after = 0  # b was row 0 of a step before that drafted: it may move
     step = ModelRunner._varlen(runner, drafted, tables, None)
     assert step.verify == ([1, 4], [0, 3], [2, 0])  # (flat first draft, first logit, drafts)
+    assert step.after == [-1, 0] and step.shifted

@@ -62,6 +62,27 @@ def test_shift_rows_in_one_launch_is_the_reference(rows, max_rows, tokens, looku
         assert torch.equal(ref[-1], got[-1].cpu())
 
 
+@pytest.mark.parametrize("impl", ["reference", "triton"])
+def test_a_step_that_moves_no_row_leaves_its_stale_rows_unread(impl):
+    """A pipelined step after one without drafts stages every shift source as none and leaves
+    the token and feed rows as an earlier step staged them (`TokenGraphs._stage_pipeline`):
+    every shift is then 0 whatever those rows say, so nothing moves."""
+    g = torch.Generator().manual_seed(7)
+    step = list(_step(g, 40, 64, 200))
+    step[0][:] = torch.randint(1, 5, step[0].shape, generator=g)  # counts from a drafting step
+    step[0][64] = 0
+    step[1][:] = 64  # every source none
+    before = [t.clone() for t in step[4:]]
+    if impl == "reference":
+        pipeline.shift_rows(*step, BS)
+    else:
+        step = [t.to(DEVICE) for t in step]
+        triton_pipeline.shift_rows_triton(*step, BS)
+    names = ("pos", "slots", "seq_lens", "feed_src", "tables", "lookup")
+    for name, want, have in zip(names, before, step[4:], strict=True):
+        assert torch.equal(want, have.cpu()), name
+
+
 @pytest.mark.parametrize(("rows", "k"), [(5, 4), (130, 8), (9, 1)])
 @pytest.mark.parametrize("with_found", [True, False])
 def test_accepted_counts_in_one_launch_are_the_reference(rows, k, with_found):

@@ -76,10 +76,11 @@ class OverlappedSteps:
         t0 = time.perf_counter()
         decode = batch.decode_rows
         if prev is not None:
+            row_of = prev.row_of  # (empty unless it drafted: no row moves after a plain step)
             for row in decode:
                 rid = row.request.request_id
                 row.feed_src = prev.src.get(rid, -1)
-                row.after = prev.row_of.get(rid, -1)
+                row.after = row_of.get(rid, -1) if row_of else -1
         try:
             self.resources.prepare(batch.requests)
             if self.pipelined and any(r.request.draft_budget > 0 for r in decode):
@@ -110,21 +111,25 @@ class OverlappedSteps:
             self.step_no, logits, [], t0, len(batch.rows), tokens, may_draft=batch.may_draft
         )
         pipelined = self.pipelined  # (its bookkeeping only where steps may draft)
+        # A pipelined step with drafts: the next step's rows move by what it accepts, and it
+        # is read as a drafting step. One without is read as a plain step, and the next
+        # moves nothing (plain steps under load skip the bookkeeping, and the staging).
+        drafted = launched.drafted = pipelined and any(row.drafts for row in decode)
         for i, row in enumerate(batch.rows):
             req = row.request
             req.num_computed += row.num_committed
-            if pipelined:
+            if drafted:
                 launched.row_of[req.request_id] = i
             if not row.decode:
                 continue
             req.state = RequestState.DECODE
             req.output_ids.append(PENDING)
             if pipelined:
+                req.drafts_in_flight = row.drafts  # (what a remote drafter's hypothesis reads)
+            if drafted:
                 req.unread_drafts += len(row.drafts)
-                req.drafts_in_flight = row.drafts
                 launched.unread.append(len(row.drafts))
                 launched.decode.append(row)
-                launched.drafted = launched.drafted or bool(row.drafts)
             off = logits.spans[len(launched.pending)][0]
             launched.pending.append((req, len(req.output_ids) - 1, off))
             launched.src[req.request_id] = off

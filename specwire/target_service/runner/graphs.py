@@ -342,17 +342,25 @@ class TokenGraphs:
         """Stage a pipelined step's shift sources, token rows and verification inputs."""
         t, b, none = step.num_tokens, step.num_rows, self.max_rows
         src = self.h_shift_src[w]
-        src[:b] = step.after
-        src[:b][src[:b] < 0] = none
-        src[b:] = none
-        tok_row = self.h_tok_row[w]
-        tok_row[:t] = np.repeat(np.arange(b), np.diff(step.cu_seqlens))
-        tok_row[t:bucket] = none
-        f = len(step.feed)
-        feed_row = self.h_feed_row[w]
-        if f:
-            feed_row[:f] = tok_row[[dst for dst, _ in step.feed]]
-        feed_row[f:] = none
+        if step.shifted:
+            src[:b] = step.after
+            src[:b][src[:b] < 0] = none
+            src[b:] = none
+            tok_row = self.h_tok_row[w]
+            tok_row[:t] = np.repeat(np.arange(b), np.diff(step.cu_seqlens))
+            tok_row[t:bucket] = none
+            f = len(step.feed)
+            feed_row = self.h_feed_row[w]
+            if f:
+                feed_row[:f] = tok_row[[dst for dst, _ in step.feed]]
+            feed_row[f:] = none
+        else:
+            # No row moves (the step before drafted nothing, or none of these rows was in it):
+            # every shift source is `none`, whose accepted count is always 0, so the token and
+            # feed rows, left as an earlier step staged them (row indices or `none`: in
+            # bounds), index only zeros. Most plain steps under load: this staging was a
+            # pipelined server's extra host work on them.
+            src[:] = none
         if step.verify is None:
             # No row has drafts: each accepts none. The first-draft and logit indices stay
             # stale: the kernel masks its loads where a row has no drafts, and the torch

@@ -58,6 +58,7 @@ class VarlenStep:
     # device (flat index of its first draft, its first logit row, its drafts).
     after: list[int] | None = None
     verify: tuple[list[int], list[int], list[int]] | None = None
+    shifted: bool = False  # some row has a row in the step before (`after` >= 0)
 
     @property
     def num_tokens(self) -> int:

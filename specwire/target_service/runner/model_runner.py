@@ -262,7 +262,8 @@ class ModelRunner:
         if self.device_drafts is not None and any(row.on_device for row in rows):
             step.drafting = self._drafting(rows, step.cu_seqlens, shifts)  # else no row drafts
         if self.config.pipelined:
-            step.after = [row.after for row in rows]
+            step.after = after = [row.after for row in rows]
+            step.shifted = any(a >= 0 for a in after)
             if any(row.drafts for row in rows):  # else every row accepts none (`verify` None)
                 step.verify = self._verify_inputs(rows, step.cu_seqlens, step.spans)
         return step
