@@ -8,7 +8,9 @@
 # pipelined (-pipe-always, round 56's -pipe), synchronous remote steps, and the in-process host
 # lookup that sees what a remote drafter sees (ngram-host). bf16, fresh HumanEval prompts, passes
 # interleaved server by server. The serving log's policy table says how many steps each load ran
-# pipelined and synchronous.
+# pipelined and synchronous. The speculation-off passes check d84994e (a pipelined step after one
+# without drafts moves no row): the pipelined servers' host ms a plain step should now be the
+# synchronous remote server's (round 56: 1.39-1.51 against 1.15-1.29 at 32 streams).
 source .devrun/join.sh > /dev/null 2>&1
 C=${C:-8}
 case $C in 1) MP=16 PAIRS=2 ;; 8) MP=128 PAIRS=3 ;; *) MP=256 PAIRS=2 ;; esac
