@@ -221,6 +221,79 @@ def test_shifting_a_step_whose_sources_are_all_none_moves_nothing_whatever_its_r
     assert not torch.equal(before[2], seq_lens)
 
 
+def test_the_graphs_staging_of_steps_that_move_no_row_keeps_every_shift_at_zero():
+    """`TokenGraphs._stage_pipeline` on the host buffers of both twins (stand-ins: the method
+    runs on numpy), over a random run of steps of changing sizes, shifted and not: a step that
+    moves no row stages every source none and leaves the token and feed rows as an earlier
+    step staged them; those stay in bounds, and `shift_rows` over the staged buffers then moves
+    nothing. A shifted step stages them afresh."""
+    import random
+    from types import SimpleNamespace
+
+    import numpy as np
+    import torch
+
+    from specwire.target_service.runner import pipeline
+    from specwire.target_service.runner.graphs import TokenGraphs
+    from specwire.target_service.runner.inputs import VarlenStep
+
+    rng, R, T, bs = random.Random(5), 16, 96, 16
+
+    def twins(n, fill):
+        return [np.full(n, fill, np.int64) for _ in range(2)]
+
+    g = SimpleNamespace(
+        max_rows=R,
+        h_shift_src=twins(R + 1, R),
+        h_tok_row=twins(T, R),
+        h_feed_row=twins(R, R),
+        h_v_first=twins(R, 0),
+        h_v_logit=twins(R, 0),
+        h_v_drafts=twins(R, 0),
+    )
+    for i in range(400):
+        w, b = i % 2, rng.randint(1, R)
+        lens = [rng.randint(1, 5) for _ in range(b)]
+        t = sum(lens)
+        bucket = min(T, t + rng.randint(0, 8))
+        cu = [0]
+        for n in lens:
+            cu.append(cu[-1] + n)
+        shifted = rng.random() < 0.5
+        after = [rng.choice([-1, rng.randrange(R)]) if shifted else -1 for _ in range(b)]
+        shifted = any(a >= 0 for a in after)
+        feed = [(cu[r], r) for r in range(b) if rng.random() < 0.7]
+        step = VarlenStep(
+            [0] * t, [0] * t, [0] * t, cu, [1] * b, [[]] * b, [], [], feed,
+            after=after, shifted=shifted,
+        )  # fmt: skip
+        tok_before, feed_before = g.h_tok_row[w].copy(), g.h_feed_row[w].copy()
+        TokenGraphs._stage_pipeline(g, w, step, bucket)
+        src, tok_row, feed_row = g.h_shift_src[w], g.h_tok_row[w], g.h_feed_row[w]
+        assert tok_row.max() <= R and feed_row.max() <= R and src.max() <= R
+        if not shifted:
+            assert (src == R).all()
+            assert (tok_row == tok_before).all() and (feed_row == feed_before).all()
+        else:
+            assert (tok_row[:t] == np.repeat(np.arange(b), lens)).all()
+        acc = torch.randint(1, 4, (R + 1,))
+        acc[R] = 0
+        pos = torch.randint(0, 30 * bs, (T,))
+        seq_lens = torch.randint(1, 500, (R,)).int()
+        feed_src = torch.randint(0, 100, (R,))
+        tables = torch.arange(R * 40).view(R, 40).int()
+        moved = [pos, torch.randint(0, 10_000, (T,)), seq_lens, feed_src]
+        before = [m.clone() for m in moved]
+        pipeline.shift_rows(
+            acc, torch.from_numpy(src), torch.from_numpy(tok_row[:bucket]),
+            torch.from_numpy(feed_row), pos[:bucket], moved[1][:bucket], seq_lens[:b],
+            feed_src, tables, None, bs,
+        )  # fmt: skip
+        if not shifted:
+            for want, have in zip(before, moved, strict=True):
+                assert torch.equal(want, have)
+
+
 def test_a_pipelined_step_without_drafts_stages_no_verification_and_accepts_none():
     """Pipelined steps (`ModelRunner._varlen`): where no row has drafts (their requests turned
     speculation off) the step carries no verification inputs, and an eager step's accepted

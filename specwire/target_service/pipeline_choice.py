@@ -55,11 +55,15 @@ class PipelineChoice:
     # until then. A window's rate averages the requests it ran, so one window each compares
     # two sets of requests as much as the two variants.
     min_looks: int = 3
-    # A window's least say, as a share of the policy's (`DraftLengthPolicy.window_weight`):
-    # the two variants are both lossless and a window's rate is noisy, so a longer memory than
-    # the policy's costs little. With round 56's H100 gaps and one window's rate off by 10-30 %
-    # (lognormal), half the policy's weight and half its probe budget ran the better variant
-    # on 77-94 % of 100 windows against 69-90 % (bench/pipeline_choice_sim.py, round 57).
+    # A window's least say in a variant's rate by the clock, as a share of the policy's
+    # (`DraftLengthPolicy.window_weight`; its speculative rate keeps the policy's weight): the
+    # two variants are both lossless and a window's rate is noisy, so a longer memory costs
+    # little while the rates hold. On round 56's H100 gaps with one window's rate off by 10-30 %
+    # (lognormal), half the policy's weight and half its probe budget ran the better variant on
+    # 77-93 % of windows at 8 and 32 streams against 69-90 %, and on about as many at one
+    # stream (where the policy's own floor is already an eighth); with the two rates trading
+    # places mid-run they followed as well at 8 and 32 streams and ~1 % slower at one
+    # (bench/pipeline_choice_sim.py, bench/RESULTS.md round 57).
     weight_scale: float = 0.5
     # (pipelined?, batch-size bucket) -> tokens per second per row by the clock (every step of
     # its windows), and the windows behind it
@@ -110,7 +114,8 @@ class PipelineChoice:
         looks = self.looks[key] = self.looks.get(key, 0) + 1
         w = max(1.0 / looks, floor * self.weight_scale) * share
         self.rates[key] = ema(self.rates.get(key), rate, w)
-        if spec_rate is not None:
+        if spec_rate is not None:  # (speculation's rate against plain decoding: the policy's say)
+            w = max(1.0 / looks, floor) * share
             self.spec_rates[key] = ema(self.spec_rates.get(key), spec_rate, w)
         seen = self._seen[load] = self._seen.get(load, 0) + 1
         other = not pipelined
