@@ -395,7 +395,7 @@ class DraftLengthPolicy:
         key = (self.mode, load)
         self.mode_steps[self.mode] += w[2]
         looks = self._looks[key] = self._looks.get(key, 0) + 1
-        floor = self.window_weight * min(1.0, rows / self.full_weight_rows)
+        floor = self._least_weight(rows)
         share = w[2] / self.mode_window
         self.rates[key] = _ema(self.rates.get(key), rate, max(1.0 / looks, floor) * share)
         if self.mode == "spec":
@@ -408,6 +408,10 @@ class DraftLengthPolicy:
         self._shifted = 0
         seen = self._windows[load] = self._windows.get(load, 0) + 1
         return seen
+
+    def _least_weight(self, rows: float) -> float:
+        """A whole window's least EMA weight at a mean of `rows` rows (`full_weight_rows`)."""
+        return self.window_weight * min(1.0, rows / self.full_weight_rows)
 
     def _close_variant(
         self, rate: float | None, floor: float | None, share: float
@@ -428,7 +432,7 @@ class DraftLengthPolicy:
             return load, None
         rows = max(span[3] / max(span[2], 1), 1.0)
         if floor is None:
-            floor = self.window_weight * min(1.0, rows / self.full_weight_rows)
+            floor = self._least_weight(rows)
         clock = span[0] / span[1] / rows
         self.choice.record(load, self._variant, clock, rate, floor, share, int(span[2]))
         return load, self.choice.spec_rate(load)
@@ -532,7 +536,7 @@ class DraftLengthPolicy:
     def probe_interval(self, load: int) -> int:
         """Windows until the losing mode at `load` is measured again (at most one window's
         throughput is lost per probe: one still far behind stops after `first_window` steps;
-        `pipeline_choice.probe_interval`)."""
+        `mode_rates.probe_interval`)."""
         spec, plain = self.rates.get(("spec", load)), self.rates.get(("plain", load))
         if not spec or not plain:
             return self.probe_every

@@ -72,7 +72,6 @@ class PipelineChoice:
     spec_rates: dict[tuple[bool, int], float] = field(default_factory=dict)
     looks: dict[tuple[bool, int], int] = field(default_factory=dict)
     steps: dict[bool, int] = field(default_factory=lambda: {PIPELINED: 0, SYNCHRONOUS: 0})
-    _seen: dict[int, int] = field(default_factory=dict)  # speculative windows per load
     _next: dict[int, bool] = field(default_factory=dict)  # load -> the next window's variant
     _best: dict[int, bool] = field(default_factory=dict)  # load -> the faster there
     _probe_at: dict[int, int] = field(default_factory=dict)  # load -> window of its next probe
@@ -82,8 +81,8 @@ class PipelineChoice:
         planned = self._next.get(load)
         if planned is not None:
             return planned
-        implied = self._infer(load)
-        return PIPELINED if implied is None else implied
+        hint = self._infer(load)
+        return PIPELINED if hint is None else hint
 
     def spec_rate(self, load: int) -> float | None:
         """The policy's speculative rate of the faster variant at `load` (None: not measured
@@ -117,8 +116,8 @@ class PipelineChoice:
         if spec_rate is not None:  # (speculation's rate against plain decoding: the policy's say)
             w = max(1.0 / looks, floor) * share
             self.spec_rates[key] = ema(self.spec_rates.get(key), spec_rate, w)
-        seen = self._seen[load] = self._seen.get(load, 0) + 1
         other = not pipelined
+        seen = looks + self.looks.get((other, load), 0)  # speculative windows at `load`
         if (other, load) in self.rates:
             if min(self.looks[key], self.looks[(other, load)]) < self.min_looks:
                 self._next[load] = other  # not trusted yet: alternate
@@ -140,9 +139,9 @@ class PipelineChoice:
             else:
                 self._next[load] = best
             return
-        implied = self._infer(load)
+        hint = self._infer(load)
         probe_at = self._probe_at.setdefault(load, seen - 1 + self.max_probe_every)
-        if implied is None or implied == other or seen >= probe_at:
+        if hint is None or hint == other or seen >= probe_at:
             self._probe_at[load] = seen + 1 + self.probe_every
             self._next[load] = other
         else:
